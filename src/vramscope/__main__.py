@@ -1,0 +1,5 @@
+"""``python -m vramscope``."""
+
+from vramscope.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Analysis: pure functions over sample series (peaks, leak trend, OOM forecast)."""

@@ -1,0 +1,1 @@
+"""Sources of readings. Each module alone imports its library (pynvml, torch, psutil)."""

@@ -1,0 +1,85 @@
+"""The ``vramscope`` command: parse, call the library, print, exit.
+
+Each subcommand lives in its own module with ``register(subparsers)`` and ``run(args) -> int``.
+Errors people can fix are :class:`UsageError` (exit 2) or :class:`CommandError` (exit 1): one line,
+no traceback unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+
+from vramscope import __version__
+from vramscope.cli.common import CommandError, UsageError
+
+# Subcommand modules, in the order --help lists them. Imported lazily so that `vramscope watch`
+# never pays for the planner or the report's imports.
+SUBCOMMANDS: dict[str, str] = {
+    "watch": "vramscope.cli.watch",
+    "run": "vramscope.cli.run",
+    "report": "vramscope.cli.report",
+    "plan": "vramscope.cli.plan",
+    "tune": "vramscope.cli.tune",
+}
+HELP = {
+    "watch": "live memory of every GPU and its processes",
+    "run": "run a command under the memory monitor and log it",
+    "report": "summarise a memory log (terminal, JSON, HTML, PNG)",
+    "plan": "predict a QLoRA/LoRA run's peak memory before it starts",
+    "tune": "find the largest batch that fits in a few real steps",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: 'vramscope: error: ...' plus a hint, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vramscope", description="Watch, explain and plan GPU memory of LLM fine-tuning.")
+    parser.add_argument("--version", action="version", version=f"vramscope {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module_name in SUBCOMMANDS.items():
+        try:
+            module = import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # not written yet in this build
+                continue
+            raise
+        sub_parser = sub.add_parser(name, help=HELP.get(name), description=HELP.get(name))
+        module.register(sub_parser)
+        sub_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_list
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s")
+    try:
+        parser = build_parser()
+        args = parser.parse_args(args_list)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return int(args._run(args))
+    except UsageError as exc:
+        print(f"vramscope: error: {exc}", file=sys.stderr)
+        return 2
+    except CommandError as exc:
+        print(f"vramscope: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"vramscope: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
+        return 1

@@ -1,0 +1,1 @@
+"""Training-framework integrations. Never imported by vramscope/__init__.py."""

@@ -1,0 +1,63 @@
+"""Byte formatting and parsing. Inside vramscope memory is an int of bytes; GiB is for people."""
+
+from __future__ import annotations
+
+import re
+
+GIB = 1024**3
+MIB = 1024**2
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": MIB,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": GIB,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str) -> int:
+    """``"24GiB"`` -> 25769803776; ``"80GB"`` -> 80e9; a bare number is bytes.
+
+    Raises:
+        ValueError: with a message that shows the accepted forms.
+    """
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a memory size; write it like 24GiB, 80GB or 16384MiB")
+    value = float(match.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise ValueError(f"memory size must be positive, got {text!r}")
+    return int(value)
+
+
+def gib(n: int | float | None, digits: int = 2) -> str:
+    """``None`` -> ``"?"``; otherwise ``"12.34 GiB"``."""
+    if n is None:
+        return "?"
+    return f"{n / GIB:.{digits}f} GiB"
+
+
+def human(n: int | float | None) -> str:
+    """Pick a unit that keeps the number short: ``"812 MiB"``, ``"12.3 GiB"``."""
+    if n is None:
+        return "?"
+    size = abs(n)
+    if size >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    if size >= MIB:
+        return f"{n / MIB:.0f} MiB"
+    if size >= 1024:
+        return f"{n / 1024:.0f} KiB"
+    return f"{int(n)} B"
