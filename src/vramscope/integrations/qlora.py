@@ -56,10 +56,13 @@ def torch_dtype(name: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
-def write_random_checkpoint(config: dict[str, Any] | Any, out_dir: str | os.PathLike[str], dtype: str = "bf16") -> Path:
+def write_random_checkpoint(
+    config: dict[str, Any] | Any, out_dir: str | os.PathLike[str], dtype: str = "bf16", device: str | None = None
+) -> Path:
     """Save a randomly initialised model built from ``config`` (a config.json dict or a PretrainedConfig).
 
     Memory does not depend on the weights' values, so a random checkpoint measures like the real one.
+    ``device="cuda"`` initialises on the GPU, which is minutes faster for a 7B model than the CPU.
     """
     require("torch", "transformers")
     import torch
@@ -71,8 +74,12 @@ def write_random_checkpoint(config: dict[str, Any] | Any, out_dir: str | os.Path
     else:
         cfg = config
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch_dtype(dtype))
+    with torch.device(device or "cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype(dtype))
     model.save_pretrained(out, safe_serialization=True)
+    del model
+    if device and device.startswith("cuda"):
+        torch.cuda.empty_cache()
     return out
 
 
