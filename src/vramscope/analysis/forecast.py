@@ -1,0 +1,196 @@
+"""OOM forecast: how long until a growing run runs out of memory, and whether its longest batch fits.
+
+Two risks, two forecasts:
+
+* a leak: with the slope from :mod:`vramscope.analysis.leak` and the room left between the recent
+  per-step peak and what the allocator can get, the steps (and, from the step rate, the seconds)
+  until the peak reaches the capacity;
+* the longest batch: a step's peak follows the number of tokens in its batch (activations, logits
+  and the cross-entropy scale with it). A robust line of peak against tokens predicts the peak of the
+  longest batch the run can see, and the largest batch that still fits, before that batch arrives.
+
+Pure functions over lists of numbers; no numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vramscope.analysis.leak import median, thin, trend
+
+# Under this share of the capacity left free, a predicted peak counts as an OOM risk: the allocator
+# needs some slack (rounding to blocks, fragmentation) beyond the bytes it hands out.
+SAFETY_FRACTION = 0.03
+
+
+def allocator_capacity(
+    total_bytes: int | None, device_used_bytes: int | None, reserved_bytes: int | None
+) -> int | None:
+    """What torch's allocator can reach on a GPU: its total minus what others hold there.
+
+    ``device_used - reserved`` is the CUDA context, libraries' workspaces and other processes; they
+    are not the allocator's to use. Without ``reserved`` (no allocator readings), the total.
+    """
+    if total_bytes is None:
+        return None
+    if device_used_bytes is None or reserved_bytes is None:
+        return total_bytes
+    others = max(0, device_used_bytes - reserved_bytes)
+    return total_bytes - others
+
+
+def seconds_per_step(steps: Sequence[float], elapsed_s: Sequence[float], recent: int = 200) -> float | None:
+    """The recent step time: Theil-Sen slope of elapsed seconds over steps (robust to eval pauses)."""
+    pairs = [(s, e) for s, e in zip(steps, elapsed_s, strict=True)][-recent:]
+    if len(pairs) < 3 or pairs[-1][0] == pairs[0][0]:
+        return None
+    xs, ys = thin([p[0] for p in pairs], [p[1] for p in pairs], 80)
+    slope = trend(xs, ys).slope
+    return slope if slope > 0 else None
+
+
+@dataclass
+class OomForecast:
+    """Steps and seconds until the leak takes the peak to the capacity; None where not predictable."""
+
+    steps_to_oom: float | None
+    seconds_to_oom: float | None
+    capacity_bytes: int | None
+    current_peak_bytes: int | None
+    headroom_bytes: int | None
+    slope_bytes_per_step: float | None
+    seconds_per_step: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def forecast_oom(
+    slope_bytes_per_step: float | None,
+    current_peak_bytes: int | None,
+    capacity_bytes: int | None,
+    step_seconds: float | None = None,
+) -> OomForecast:
+    """Steps (and seconds) until ``current_peak + slope * steps`` reaches the capacity (less a margin)."""
+
+    def out(steps: float | None, reason: str, headroom: int | None = None) -> OomForecast:
+        seconds = steps * step_seconds if steps is not None and step_seconds is not None else None
+        return OomForecast(steps, seconds, capacity_bytes, current_peak_bytes, headroom, slope_bytes_per_step,
+                           step_seconds, reason)
+
+    if capacity_bytes is None:
+        return out(None, "capacity unknown (no GPU total in the log; pass the capacity to forecast)")
+    if current_peak_bytes is None:
+        return out(None, "no peak readings")
+    usable = int(capacity_bytes * (1 - SAFETY_FRACTION))
+    headroom = usable - current_peak_bytes
+    if headroom <= 0:
+        return out(0.0, "the peak is already at the capacity", headroom)
+    if slope_bytes_per_step is None or slope_bytes_per_step <= 0:
+        return out(None, "memory is not growing", headroom)
+    return out(headroom / slope_bytes_per_step, "the leak's growth reaches the capacity", headroom)
+
+
+@dataclass
+class LongestBatch:
+    """Peak against batch tokens, and what the longest batch will need."""
+
+    available: bool
+    reason: str
+    points: int = 0
+    bytes_per_token: float | None = None
+    base_bytes: float | None = None  # the fitted peak at zero tokens (weights, optimizer, ...)
+    tokens_seen_max: int | None = None
+    peak_at_seen_max_bytes: int | None = None  # the measured peak of the longest batch seen so far
+    max_tokens: int | None = None  # the longest batch the run can see (given, or the longest seen)
+    predicted_peak_bytes: float | None = None
+    capacity_bytes: int | None = None
+    max_tokens_that_fit: int | None = None
+    at_risk: bool = False
+    warning: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def longest_batch(
+    tokens: Sequence[int],
+    peaks: Sequence[int],
+    capacity_bytes: int | None,
+    max_tokens: int | None = None,
+    recent: int = 400,
+) -> LongestBatch:
+    """Fit peak = base + bytes_per_token * tokens and predict the peak of the longest batch.
+
+    Args:
+        tokens: tokens of each step's batch (the largest forward since the previous logged row).
+        peaks: each step's peak bytes.
+        capacity_bytes: what the allocator can reach (see :func:`allocator_capacity`).
+        max_tokens: the longest batch the run can see (batch size times the maximum sequence
+            length); None uses the longest seen so far.
+        recent: only the newest rows count, so that a leak's drift weighs less on the fit.
+    """
+    pairs = [(t, p) for t, p in zip(tokens, peaks, strict=True)][-recent:]
+    if not pairs:
+        return LongestBatch(False, "no step has both a token count and a peak reading")
+    seen_max = max(t for t, _ in pairs)
+    peak_at_max = max(p for t, p in pairs if t == seen_max)
+    target = max_tokens if max_tokens is not None else seen_max
+    distinct = {t for t, _ in pairs}
+    result = LongestBatch(
+        available=False,
+        reason="",
+        points=len(pairs),
+        tokens_seen_max=seen_max,
+        peak_at_seen_max_bytes=peak_at_max,
+        max_tokens=target,
+        capacity_bytes=capacity_bytes,
+    )
+    if len(distinct) < 3:
+        # One batch shape: its peak is known, a slope is not.
+        result.reason = "every batch had the same size; the peak does not depend on tokens in this run"
+        result.predicted_peak_bytes = float(peak_at_max) if target == seen_max else None
+        result.available = target == seen_max
+        _judge(result)
+        return result
+    xs, ys = thin([float(t) for t, _ in sorted(pairs)], [float(p) for _, p in sorted(pairs)], 150)
+    fit = trend(xs, ys)
+    slope = max(0.0, fit.slope)
+    # The line through the medians (Theil-Sen's intercept) sits in the middle of the cloud; memory
+    # risk is about the top of it, so shift it up by the typical excess of the points above the line.
+    above = [y - (fit.intercept + slope * x) for x, y in zip(xs, ys, strict=True)]
+    upper = [a for a in above if a > 0]
+    lift = median(upper) if upper else 0.0
+    base = fit.intercept + lift
+    result.available = True
+    result.reason = "fitted"
+    result.bytes_per_token = slope
+    result.base_bytes = base
+    predicted = base + slope * target
+    # Never predict less than what was measured for the longest batch already seen.
+    if target >= seen_max:
+        predicted = max(predicted, float(peak_at_max))
+    result.predicted_peak_bytes = predicted
+    if capacity_bytes is not None and slope > 0:
+        room = capacity_bytes * (1 - SAFETY_FRACTION) - base
+        result.max_tokens_that_fit = max(0, math.floor(room / slope))
+    _judge(result)
+    return result
+
+
+def _judge(result: LongestBatch) -> None:
+    if result.capacity_bytes is None or result.predicted_peak_bytes is None or result.max_tokens is None:
+        return
+    usable = result.capacity_bytes * (1 - SAFETY_FRACTION)
+    if result.predicted_peak_bytes >= usable:
+        result.at_risk = True
+        fit = f"; about {result.max_tokens_that_fit} tokens fit" if result.max_tokens_that_fit is not None else ""
+        result.warning = (
+            f"a batch of {result.max_tokens} tokens would peak at about {result.predicted_peak_bytes / 2**30:.1f} GiB, "
+            f"over the {result.capacity_bytes / 2**30:.1f} GiB the allocator can use{fit}: "
+            "cap the sequence length or lower the batch size before it arrives"
+        )

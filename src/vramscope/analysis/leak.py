@@ -1,0 +1,334 @@
+"""Leak detection on what stays allocated after each training step.
+
+A leak is memory that keeps growing step after step and is never given back. The test runs on the
+memory left *after* each step (``allocated_bytes`` of the step rows; host RSS on a CPU), not on the
+per-step peak, because the peak follows each batch's size while a leak shows in what remains.
+
+The test is built to stay silent on what is not a leak:
+
+* a noisy but flat series: the trend must be significant (Mann-Kendall test on the Theil-Sen slope,
+  both robust to outliers) *and* large enough to matter (``min_growth_bytes`` over the window);
+* a plateau after warm-up (optimizer state created on the first step, the allocator or glibc warming
+  up): the first part of the run is skipped, and a growth that has stopped (a "rise then flat" shape
+  fits better than "flat then rise") is reported as a plateau;
+* variable sequence lengths: the growth must go on through the whole window (the median of each
+  chunk above the one before), so that one long batch, or a few record-breaking ones, is not a trend;
+* the allocator caching more (reserved grows, allocated flat): that test runs on allocated memory;
+  :func:`vramscope.analysis.summary.analyze` runs it on reserved memory too and calls that caching.
+
+Windows of several lengths ending at the newest step are tried, so a leak that begins late in a long
+run is caught about as fast as one that begins at once. Pure Python (no numpy), O(n^2) on at most
+``max_points`` points, so it is cheap enough to run every few dozen steps inside training.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LeakConfig:
+    """Thresholds of the leak test.
+
+    Attributes:
+        min_growth_bytes: growth over the tested window (slope times its span) below which a trend
+            does not matter, however significant.
+        z_critical: one-sided Mann-Kendall z to call a trend significant (3.29 is p = 0.0005).
+        chunks: the window is cut into this many chunks; each chunk's median must rise above the last.
+        min_points: fewest post-warm-up points to test at all.
+        warmup_fraction: share of the points at the start that are skipped as warm-up ...
+        min_warmup_points: ... and at least this many.
+        max_points: longer series are thinned evenly to this many points (keeps the cost bounded).
+    """
+
+    min_growth_bytes: float = 16 * MIB
+    z_critical: float = 3.29
+    chunks: int = 3
+    min_points: int = 16
+    warmup_fraction: float = 0.1
+    min_warmup_points: int = 5
+    max_points: int = 120
+
+
+DEFAULT_CONFIG = LeakConfig()
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A robust linear trend: Theil-Sen slope and intercept, Mann-Kendall z."""
+
+    slope: float
+    intercept: float
+    z: float
+    n: int
+
+
+@dataclass
+class LeakResult:
+    """What the leak test found. ``x`` is the step (or seconds when the log has no steps)."""
+
+    detected: bool
+    kind: str  # "leak", "none", "plateau", "insufficient"
+    verdict: str
+    slope_per_x: float | None = None  # bytes per step (or per second)
+    start_x: float | None = None  # where the growth began
+    growth_bytes: float | None = None  # growth from the start to the newest point, along the trend
+    z: float | None = None
+    window: tuple[float, float] | None = None  # the x range of the window that decided
+    points: int = 0
+    checked: list[dict[str, Any]] = field(default_factory=list)  # per window, for --debug and tests
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("checked")
+        return out
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (mean of the middle two for an even count)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("median of an empty sequence")
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def trend(xs: Sequence[float], ys: Sequence[float]) -> Trend:
+    """Theil-Sen slope (median of pairwise slopes) and the Mann-Kendall z of ``ys`` ordered by ``xs``.
+
+    One pass over the pairs gives both. The z uses the variance with the correction for tied values
+    (memory readings are often exactly equal); a series with no variation has z = 0.
+    """
+    n = len(xs)
+    slopes: list[float] = []
+    s = 0
+    for i in range(n - 1):
+        xi, yi = xs[i], ys[i]
+        for j in range(i + 1, n):
+            dy = ys[j] - yi
+            if dy > 0:
+                s += 1
+            elif dy < 0:
+                s -= 1
+            dx = xs[j] - xi
+            if dx != 0:
+                slopes.append(dy / dx)
+    slope = median(slopes) if slopes else 0.0
+    intercept = median([y - slope * x for x, y in zip(xs, ys, strict=True)]) if n else 0.0
+    ties: dict[float, int] = {}
+    for y in ys:
+        ties[y] = ties.get(y, 0) + 1
+    var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18.0
+    z = 0.0 if var <= 0 or s == 0 else (s - 1 if s > 0 else s + 1) / math.sqrt(var)
+    return Trend(slope=slope, intercept=intercept, z=z, n=n)
+
+
+def thin(xs: Sequence[float], ys: Sequence[float], limit: int) -> tuple[list[float], list[float]]:
+    """Keep at most ``limit`` points, evenly spaced by index, always keeping the newest."""
+    n = len(xs)
+    if n <= limit:
+        return list(xs), list(ys)
+    stride = n / limit
+    picks = sorted({n - 1 - int(k * stride) for k in range(limit)})
+    return [xs[i] for i in picks], [ys[i] for i in picks]
+
+
+def _chunk_medians(ys: Sequence[float], chunks: int) -> list[float]:
+    n = len(ys)
+    bounds = [round(k * n / chunks) for k in range(chunks + 1)]
+    return [median(ys[bounds[k] : bounds[k + 1]]) for k in range(chunks)]
+
+
+def _abs_cost(xs: Sequence[float], ys: Sequence[float], slope: float, intercept: float) -> float:
+    return sum(abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True))
+
+
+def _flat_cost(ys: Sequence[float]) -> float:
+    if not ys:
+        return 0.0
+    level = median(ys)
+    return sum(abs(y - level) for y in ys)
+
+
+def _segment_cost(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, Trend]:
+    t = trend(xs, ys)
+    return _abs_cost(xs, ys, t.slope, t.intercept), t
+
+
+def _breakpoints(n: int, minimum: int) -> list[int]:
+    # A handful of candidate change points keeps the fits cheap; the start step is refined later.
+    if n < 2 * minimum:
+        return []
+    count = min(12, n - 2 * minimum + 1)
+    span = n - 2 * minimum
+    return sorted({minimum + round(k * span / max(1, count - 1)) for k in range(count)})
+
+
+def growth_stopped(xs: Sequence[float], ys: Sequence[float]) -> bool:
+    """True when "rise, then flat" explains the window clearly better than "flat (or not), then rise".
+
+    That is the shape of a warm-up that has ended (or of one large allocation spread over a few
+    steps), not of a leak, whose growth goes on up to the newest step.
+    """
+    n = len(xs)
+    minimum = max(4, n // 8)
+    best_rise_then_flat = math.inf
+    best_leak = _segment_cost(xs, ys)[0]  # a straight line: the leak began before the window
+    for b in _breakpoints(n, minimum):
+        rise, _ = _segment_cost(xs[:b], ys[:b])
+        best_rise_then_flat = min(best_rise_then_flat, rise + _flat_cost(ys[b:]))
+        late, _ = _segment_cost(xs[b:], ys[b:])
+        best_leak = min(best_leak, _flat_cost(ys[:b]) + late)
+    # A clear margin: noise alone makes either fit a little better than the other.
+    return best_rise_then_flat < 0.7 * best_leak
+
+
+def find_start(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
+    """The x where growth of ``slope`` began: the best "flat, then rising at ``slope``" hinge.
+
+    With the slope fixed, each candidate start costs O(n): the flat level is the median before it and
+    the line's offset the median of ``y - slope * x`` after it. The level before and the line meet at
+    the start, so the hinge is continuous, as memory is.
+    """
+    n = len(xs)
+    best_cost = math.inf
+    best_x = xs[0]
+    for k in range(0, n - 2):
+        before = ys[:k]
+        after_offsets = [y - slope * x for x, y in zip(xs[k:], ys[k:], strict=True)]
+        offset = median(after_offsets)
+        if before:
+            level = median(before)
+            cost = sum(abs(y - level) for y in before)
+        else:
+            level = offset + slope * xs[0]
+            cost = 0.0
+        cost += sum(abs(o - offset) for o in after_offsets)
+        if cost < best_cost:
+            best_cost = cost
+            # Where the flat level meets the rising line; clamped to the data around k.
+            meet = (level - offset) / slope if slope else xs[k]
+            low = xs[k - 1] if k > 0 else xs[0]
+            best_x = min(max(meet, low), xs[k])
+    return best_x
+
+
+def detect_leak(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    config: LeakConfig = DEFAULT_CONFIG,
+    unit: str = "step",
+) -> LeakResult:
+    """Test whether ``ys`` (bytes left after each step) keeps growing with ``xs`` (steps).
+
+    Args:
+        xs: steps (or seconds), increasing; repeated values are allowed.
+        ys: bytes at each x.
+        config: thresholds.
+        unit: what x counts, for the verdict ("step" or "s").
+
+    Returns:
+        A :class:`LeakResult`; ``detected`` is True only for a significant, continuing growth of at
+        least ``config.min_growth_bytes``.
+    """
+    pairs = sorted((float(x), float(y)) for x, y in zip(xs, ys, strict=True))
+    skip = max(config.min_warmup_points, int(len(pairs) * config.warmup_fraction))
+    body = pairs[skip:]
+    if len(body) < config.min_points:
+        need = config.min_points + config.min_warmup_points
+        return LeakResult(
+            detected=False,
+            kind="insufficient",
+            verdict=f"not enough steps to test for a leak: {len(pairs)} logged, need at least {need}",
+            points=len(pairs),
+        )
+    bx, by = thin([p[0] for p in body], [p[1] for p in body], config.max_points)
+    n = len(bx)
+    sizes = []
+    size = config.min_points
+    while size < n:
+        sizes.append(size)
+        size *= 2
+    sizes.append(n)
+
+    checked: list[dict[str, Any]] = []
+    found: tuple[int, Trend] | None = None
+    plateau = False
+    for size in sizes:
+        wx, wy = bx[n - size :], by[n - size :]
+        t = trend(wx, wy)
+        span = wx[-1] - wx[0]
+        growth = t.slope * span
+        meds = _chunk_medians(wy, config.chunks)
+        rising = all(b > a for a, b in itertools.pairwise(meds))
+        ok = t.z >= config.z_critical and growth >= config.min_growth_bytes and rising
+        stopped = ok and growth_stopped(wx, wy)
+        checked.append(
+            {"points": size, "from": wx[0], "z": round(t.z, 2), "slope": t.slope, "growth": growth,
+             "rising": rising, "stopped": stopped}
+        )
+        if ok and not stopped:
+            found = (size, t)
+            break  # the shortest window that shows it: its slope is the most recent one
+        plateau = plateau or stopped
+
+    if found is None:
+        if plateau:
+            kind, verdict = "plateau", "no leak: memory rose, then stayed flat (a warm-up or a one-off allocation)"
+        else:
+            kind, verdict = "none", "no leak: no significant, continuing growth"
+        return LeakResult(detected=False, kind=kind, verdict=verdict, points=len(pairs), checked=checked)
+
+    size, t = found
+    # The growth began somewhere in or before the window: look for it over the whole series.
+    allx = [p[0] for p in pairs]
+    ally = [p[1] for p in pairs]
+    tx, ty = thin(allx, ally, config.max_points)
+    start = find_start(tx, ty, t.slope)
+    # Re-fit the slope on the growing part only (the window may also hold some flat steps).
+    gx = [x for x in tx if x >= start]
+    gy = [y for x, y in zip(tx, ty, strict=True) if x >= start]
+    slope = trend(gx, gy).slope if len(gx) >= 4 else t.slope
+    if slope <= 0:
+        slope = t.slope
+    growth_total = slope * (allx[-1] - start)
+    per = "s" if unit == "s" else "step"
+    verdict = (
+        f"leak: memory left after each {'step' if per == 'step' else 'second'} grows "
+        f"{_rate(slope)}/{per} since {unit} {_fmt_x(start)} (+{_size(growth_total)} so far)"
+    )
+    return LeakResult(
+        detected=True,
+        kind="leak",
+        verdict=verdict,
+        slope_per_x=slope,
+        start_x=start,
+        growth_bytes=growth_total,
+        z=t.z,
+        window=(bx[n - size], bx[-1]),
+        points=len(pairs),
+        checked=checked,
+    )
+
+
+def _fmt_x(x: float) -> str:
+    return str(round(x)) if abs(x - round(x)) < 1e-9 or x > 100 else f"{x:.1f}"
+
+
+def _rate(bytes_per: float) -> str:
+    if abs(bytes_per) >= MIB:
+        return f"{bytes_per / MIB:.2f} MiB"
+    return f"{bytes_per / 1024:.1f} KiB"
+
+
+def _size(n: float) -> str:
+    if abs(n) >= 1024 * MIB:
+        return f"{n / (1024 * MIB):.2f} GiB"
+    return f"{n / MIB:.0f} MiB"
