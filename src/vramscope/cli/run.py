@@ -10,7 +10,7 @@ import sys
 from vramscope.cli.common import CommandError, UsageError, gpu_list, interval
 from vramscope.runner import ProgramNotFoundError, RunResult, run_monitored
 from vramscope.sampler import DEFAULT_INTERVAL_S
-from vramscope.sinks.base import LogPathError
+from vramscope.sinks.base import LogPathError, Sink
 from vramscope.units import gib
 
 
@@ -23,6 +23,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fsync", action="store_true", help="force every row to disk (slower; survives power loss)")
     parser.add_argument("--no-inject", dest="inject", action="store_false",
                         help="do not attach the step-aligned callback to HF Trainers inside the command")
+    parser.add_argument("--prometheus", metavar="[HOST:]PORT",
+                        help="serve /metrics for Prometheus while the command runs (binds 127.0.0.1 unless HOST)")
+    parser.add_argument("--push", metavar="URL", help="push metrics to this Prometheus Pushgateway on a timer")
+    parser.add_argument("--push-interval", type=interval, metavar="S", help="seconds between pushes (default 15)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the command to run")
 
 
@@ -35,16 +39,36 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if args.inject:
         env.update(_injection_env(args))
+    exporters = _exporters(args)  # before the command starts: a port in use must not cost a run
     try:
         result = run_monitored(command, log_path=args.log, interval=args.interval, gpus=args.gpus, env=env,
-                               fsync=args.fsync)
+                               fsync=args.fsync, extra_sinks=exporters)
     except ProgramNotFoundError as exc:
         raise CommandError(str(exc), exit_code=127) from None
     except LogPathError as exc:
         raise UsageError(str(exc)) from None
+    finally:
+        for sink in exporters:  # the sampler closes them too; closing is idempotent
+            sink.close()
     if not args.quiet:
         print(format_summary(result), file=sys.stderr)
     return result.exit_code
+
+
+def _exporters(args: argparse.Namespace) -> list[Sink]:
+    """The Prometheus endpoint and Pushgateway pusher that --prometheus and --push ask for."""
+    if args.prometheus is None and args.push is None and args.push_interval is None:
+        return []
+    from vramscope.sinks.prometheus import PrometheusSinkError, open_exporters
+
+    try:
+        sinks = open_exporters(args.prometheus, args.push, args.push_interval)
+    except PrometheusSinkError as exc:
+        raise UsageError(str(exc)) from None
+    if not args.quiet:
+        for sink in sinks:
+            print(f"vramscope: {sink.where}", file=sys.stderr)
+    return [*sinks]
 
 
 def _injection_env(args: argparse.Namespace) -> dict[str, str]:

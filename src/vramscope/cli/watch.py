@@ -17,19 +17,34 @@ from vramscope.types import Sample
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--interval", type=interval, default=1.0, metavar="S", help="seconds between readings (default 1)")
+    parser.add_argument(
+        "--interval", type=interval, default=1.0, metavar="S", help="seconds between readings (default 1)"
+    )
     parser.add_argument("--gpus", type=gpu_list, metavar="0,1", help="only these GPUs (NVML indices)")
     parser.add_argument("--csv", metavar="FILE", help="also log every reading to this CSV file")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N readings")
+    parser.add_argument(
+        "--prometheus",
+        metavar="[HOST:]PORT",
+        help="also serve /metrics for Prometheus while watching (binds 127.0.0.1 unless HOST)",
+    )
+    parser.add_argument("--push", metavar="URL", help="also push metrics to this Prometheus Pushgateway on a timer")
+    parser.add_argument("--push-interval", type=interval, metavar="S", help="seconds between pushes (default 15)")
 
 
 def run(args: argparse.Namespace) -> int:
-    sinks: list[Sink] = []
+    if args.once and args.prometheus is not None:
+        raise UsageError("--once exits at once, so nothing could scrape --prometheus; drop --once or use --push")
+    # Sinks of the sampler: every reading the loop takes reaches the exporter, whose HTTP server answers
+    # scrapes on its own threads while the dashboard or plain loop runs.
+    sinks: list[Sink] = _exporters(args)
     if args.csv:
         try:
             sinks.append(CsvSink(args.csv))
         except LogPathError as exc:
+            for sink in sinks:  # free the exporter's port before reporting the bad path
+                sink.close()
             raise UsageError(str(exc)) from None
     nvml = NvmlBackend(gpus=args.gpus)
     collector = Collector(nvml=nvml, host=HostBackend(), name_processes=True)
@@ -54,6 +69,21 @@ def run(args: argparse.Namespace) -> int:
         sampler.close()
         nvml.close()
     return 0
+
+
+def _exporters(args: argparse.Namespace) -> list[Sink]:
+    """The Prometheus endpoint and Pushgateway pusher that --prometheus and --push ask for."""
+    if args.prometheus is None and args.push is None and args.push_interval is None:
+        return []
+    from vramscope.sinks.prometheus import PrometheusSinkError, open_exporters
+
+    try:
+        sinks = open_exporters(args.prometheus, args.push, args.push_interval)
+    except PrometheusSinkError as exc:
+        raise UsageError(str(exc)) from None
+    for sink in sinks:
+        print(f"vramscope: {sink.where}", file=sys.stderr)
+    return [*sinks]
 
 
 def _ticks(args: argparse.Namespace) -> int | None:

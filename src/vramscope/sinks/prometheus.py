@@ -420,6 +420,11 @@ class PrometheusSink(_Exporter):
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
+    @property
+    def where(self) -> str:
+        """One line for people: where the metrics are served."""
+        return f"serving Prometheus metrics at {self.url}"
+
     def close(self) -> None:
         """Stop serving and free the port (idempotent)."""
         if self._closed:
@@ -547,6 +552,11 @@ class PushgatewaySink(_Exporter):
                 self._grouping["rank"] = base["rank"]
         return self._grouping
 
+    @property
+    def where(self) -> str:
+        """One line for people: where the metrics go."""
+        return f"pushing metrics to {self.url} every {self.interval:g} s (job {self.job!r})"
+
     def push_now(self) -> bool:
         """Push the current state now if it changed since the last push; True when the gateway has it."""
         with self._push_lock:
@@ -618,6 +628,8 @@ def open_exporters(
     Raises:
         PrometheusSinkError: a bad address or URL, a port in use, or prometheus-client missing.
     """
+    if push is None and push_interval is not None:
+        raise PushgatewayURLError("a push interval needs a Pushgateway to push to; add --push http://HOST:9091")
     sinks: list[PrometheusSink | PushgatewaySink] = []
     try:
         if push is not None:
