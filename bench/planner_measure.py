@@ -35,16 +35,40 @@ from vramscope.integrations.qlora import QLoraSpec, load_model, make_optimizer, 
 from vramscope.sampler import Collector, Sampler
 
 FIELDS = [
-    "arch", "batch_size", "seq_len", "gradient_checkpointing", "optim", "bits", "lora_r", "status",
-    "peak_allocated_bytes", "peak_reserved_bytes", "process_bytes", "weights_allocated_bytes",
-    "weights_reserved_bytes", "step_seconds", "device", "torch", "transformers", "peft", "bitsandbytes", "date",
+    "arch",
+    "batch_size",
+    "seq_len",
+    "gradient_checkpointing",
+    "optim",
+    "bits",
+    "lora_r",
+    "status",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "process_bytes",
+    "weights_allocated_bytes",
+    "weights_reserved_bytes",
+    "step_seconds",
+    "device",
+    "torch",
+    "transformers",
+    "peft",
+    "bitsandbytes",
+    "date",
 ]
 
 # (gradient checkpointing, batch, seq) per optimizer. Few optimizer variants: states scale with LoRA size only.
 GRID: dict[str, list[tuple[bool, int, int]]] = {
     "paged_adamw_32bit": [
-        (True, 1, 512), (True, 4, 512), (True, 1, 2048), (True, 4, 1024), (True, 8, 1024), (True, 2, 4096),
-        (False, 1, 512), (False, 4, 1024), (False, 2, 2048),
+        (True, 1, 512),
+        (True, 4, 512),
+        (True, 1, 2048),
+        (True, 4, 1024),
+        (True, 8, 1024),
+        (True, 2, 4096),
+        (False, 1, 512),
+        (False, 4, 1024),
+        (False, 2, 2048),
     ],
     "adamw_torch": [(True, 4, 1024), (False, 1, 512)],
     "paged_adamw_8bit": [(True, 4, 1024)],
@@ -55,8 +79,14 @@ QUICK_GRID: dict[str, list[tuple[bool, int, int]]] = {
 }
 DEFAULT_ARCHS = ["TinyLlama-1.1B", "Qwen2.5-1.5B", "Llama-2-7B", "Mistral-7B", "Llama-3-8B"]
 TINY_CONFIG = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
 }
 
 
@@ -68,13 +98,15 @@ def versions() -> dict[str, str]:
     for name in ("peft", "bitsandbytes"):
         try:
             out[name] = __import__(name).__version__
-        except Exception:  # noqa: BLE001 - absent on a CPU machine
+        except Exception:
             out[name] = ""
     out["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return out
 
 
-def measure_point(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, sampler: Sampler | None) -> dict[str, Any]:
+def measure_point(
+    model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, sampler: Sampler | None
+) -> dict[str, Any]:
     import torch
 
     cuda = torch.cuda.is_available()
@@ -129,8 +161,16 @@ def measure_point(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int,
     return row
 
 
-def run_arch(arch: str, config: dict[str, Any], grid: dict[str, list[tuple[bool, int, int]]], root: Path,
-             writer: csv.DictWriter, out_file: Any, env: dict[str, str], sampler: Sampler | None) -> None:
+def run_arch(
+    arch: str,
+    config: dict[str, Any],
+    grid: dict[str, list[tuple[bool, int, int]]],
+    root: Path,
+    writer: csv.DictWriter,
+    out_file: Any,
+    env: dict[str, str],
+    sampler: Sampler | None,
+) -> None:
     import torch
 
     ckpt = root / arch
@@ -148,15 +188,27 @@ def run_arch(arch: str, config: dict[str, Any], grid: dict[str, list[tuple[bool,
             spec = base.with_(optim=optim, gradient_checkpointing=gckpt)
             t1 = time.time()
             row = measure_point(model, spec, batch, seq, vocab, sampler)
-            row.update(arch=arch, batch_size=batch, seq_len=seq, gradient_checkpointing=int(gckpt), optim=optim,
-                       bits=spec.bits, lora_r=spec.lora_r, weights_allocated_bytes=weights_alloc,
-                       weights_reserved_bytes=weights_res, date=env["date"], **{k: env[k] for k in
-                       ("device", "torch", "transformers", "peft", "bitsandbytes")})
+            row.update(
+                arch=arch,
+                batch_size=batch,
+                seq_len=seq,
+                gradient_checkpointing=int(gckpt),
+                optim=optim,
+                bits=spec.bits,
+                lora_r=spec.lora_r,
+                weights_allocated_bytes=weights_alloc,
+                weights_reserved_bytes=weights_res,
+                date=env["date"],
+                **{k: env[k] for k in ("device", "torch", "transformers", "peft", "bitsandbytes")},
+            )
             writer.writerow(row)
             out_file.flush()
-            print(f"[{arch}] {optim} gc={int(gckpt)} b={batch} s={seq}: {row['status']} "
-                  f"alloc={row['peak_allocated_bytes']} res={row['peak_reserved_bytes']} "
-                  f"proc={row['process_bytes']} ({time.time() - t1:.1f} s)", flush=True)
+            print(
+                f"[{arch}] {optim} gc={int(gckpt)} b={batch} s={seq}: {row['status']} "
+                f"alloc={row['peak_allocated_bytes']} res={row['peak_reserved_bytes']} "
+                f"proc={row['process_bytes']} ({time.time() - t1:.1f} s)",
+                flush=True,
+            )
     del model
     gc.collect()
     if torch.cuda.is_available():
@@ -170,7 +222,9 @@ def main() -> int:
     parser.add_argument("--archs", default=",".join(DEFAULT_ARCHS))
     parser.add_argument("--quick", action="store_true", help="a few points per architecture")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run on a tiny model")
-    parser.add_argument("--ckpt-root", default="/dev/shm/vramscope-ckpt" if os.path.isdir("/dev/shm") else "/tmp/vs-ckpt")
+    parser.add_argument(
+        "--ckpt-root", default="/dev/shm/vramscope-ckpt" if os.path.isdir("/dev/shm") else "/tmp/vs-ckpt"
+    )
     args = parser.parse_args()
 
     out = Path(args.out)
@@ -188,14 +242,16 @@ def main() -> int:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         if args.tiny:
-            run_arch("tiny", TINY_CONFIG, {"adamw_torch": [(True, 2, 32), (False, 2, 32)]}, root, writer, f, env, sampler)
+            run_arch(
+                "tiny", TINY_CONFIG, {"adamw_torch": [(True, 2, 32), (False, 2, 32)]}, root, writer, f, env, sampler
+            )
         else:
             from vramscope.planner.registry import get_config
 
             for arch in args.archs.split(","):
                 try:
                     run_arch(arch, get_config(arch), QUICK_GRID if args.quick else GRID, root, writer, f, env, sampler)
-                except Exception as exc:  # noqa: BLE001 - one failing architecture must not lose the others
+                except Exception as exc:
                     print(f"[{arch}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     if sampler is not None:
         sampler.close()

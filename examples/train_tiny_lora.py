@@ -35,7 +35,9 @@ class RandomTokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def __init__(self, count: int, vocab: int, max_len: int, seed: int = 0) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.items = [
-            torch.randint(0, vocab, (int(torch.randint(max_len // 2, max_len + 1, (1,), generator=gen)),), generator=gen)
+            torch.randint(
+                0, vocab, (int(torch.randint(max_len // 2, max_len + 1, (1,), generator=gen)),), generator=gen
+            )
             for _ in range(count)
         ]
 

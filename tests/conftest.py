@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can `import fake_nvml`
 
-import fake_nvml  # noqa: E402
+import fake_nvml
 
 
 def _cuda_available() -> bool:

@@ -89,8 +89,9 @@ class FakeNvml:
             self._check("nvmlDeviceGetMemoryInfo", handle)
         gpu = self.gpus[handle]
         if version is not None:
-            return SimpleNamespace(total=gpu.total, used=gpu.used, free=gpu.total - gpu.used - gpu.reserved,
-                                   reserved=gpu.reserved)
+            return SimpleNamespace(
+                total=gpu.total, used=gpu.used, free=gpu.total - gpu.used - gpu.reserved, reserved=gpu.reserved
+            )
         # v1 counts the driver's reserve as used
         return SimpleNamespace(total=gpu.total, used=gpu.used + gpu.reserved, free=gpu.total - gpu.used - gpu.reserved)
 
@@ -115,24 +116,42 @@ class FakeNvml:
 
 
 def two_healthy_gpus(pid: int = 4242) -> FakeNvml:
-    return FakeNvml([
-        FakeGpu(used=20 * GIB, util=87, processes={pid: 18 * GIB, 999_001: 1 * GIB}),
-        FakeGpu(used=2 * GIB, util=3, processes={}),
-    ])
+    return FakeNvml(
+        [
+            FakeGpu(used=20 * GIB, util=87, processes={pid: 18 * GIB, 999_001: 1 * GIB}),
+            FakeGpu(used=2 * GIB, util=3, processes={}),
+        ]
+    )
 
 
 def one_gpu_lost() -> FakeNvml:
-    lost = {f: NVML_ERROR_GPU_IS_LOST for f in (
-        "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetUtilizationRates",
-        "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetComputeRunningProcesses")}
+    lost = {
+        f: NVML_ERROR_GPU_IS_LOST
+        for f in (
+            "nvmlDeviceGetMemoryInfo",
+            "nvmlDeviceGetMemoryInfo_v2",
+            "nvmlDeviceGetUtilizationRates",
+            "nvmlDeviceGetUUID",
+            "nvmlDeviceGetName",
+            "nvmlDeviceGetComputeRunningProcesses",
+        )
+    }
     return FakeNvml([FakeGpu(used=10 * GIB), FakeGpu(errors=lost)])
 
 
 def not_supported_fields() -> FakeNvml:
-    return FakeNvml([FakeGpu(used=5 * GIB, processes={1234: None}, errors={
-        "nvmlDeviceGetUtilizationRates": NVML_ERROR_NOT_SUPPORTED,
-        "nvmlDeviceGetComputeRunningProcesses": NVML_ERROR_NOT_SUPPORTED,
-    })])
+    return FakeNvml(
+        [
+            FakeGpu(
+                used=5 * GIB,
+                processes={1234: None},
+                errors={
+                    "nvmlDeviceGetUtilizationRates": NVML_ERROR_NOT_SUPPORTED,
+                    "nvmlDeviceGetComputeRunningProcesses": NVML_ERROR_NOT_SUPPORTED,
+                },
+            )
+        ]
+    )
 
 
 def old_driver_without_v2() -> FakeNvml:

@@ -68,16 +68,35 @@ def test_run_logs_child_gpu_memory_matching_nvidia_smi(tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vramscope", "run", "--log", str(log), "--interval", "0.2", "--",
-         sys.executable, str(script), "2048", "6"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "vramscope",
+            "run",
+            "--log",
+            str(log),
+            "--interval",
+            "0.2",
+            "--",
+            sys.executable,
+            str(script),
+            "2048",
+            "6",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(1.5)
-    listing = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, check=True).stdout
-    out, err = proc.communicate(timeout=60)
+    listing = subprocess.run(
+        [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     smi_mib = {int(p): int(m) for p, m in (line.split(",") for line in listing.strip().splitlines() if line.strip())}
     with open(log, newline="") as f:

@@ -85,8 +85,11 @@ def run_monitored(
     sinks.extend(extra_sinks)
 
     started = time.monotonic()
-    with _terminal_handed_to_child() as hand_over:
+    # Signals are caught before the child exists, so that one arriving during start-up is not lost:
+    # it is delivered to the child as soon as there is one.
+    with _terminal_handed_to_child() as hand_over, _forward_signals() as forwarder:
         child = _spawn([program, *command[1:]], env)
+        forwarder.attach(child.pid)
         hand_over(child.pid)
         collector = Collector(nvml=nvml if nvml is not None else NvmlBackend(gpus=gpus), host=HostBackend(child.pid))
         sampler = Sampler(collector, sinks, interval=interval)
@@ -94,8 +97,7 @@ def run_monitored(
         sampler.start()
         if on_start is not None:
             on_start(child)
-        with _forward_signals(child):
-            exit_code = _wait(child)
+        exit_code = _wait(child)
         sampler.close()
     code = exit_code if exit_code >= 0 else 128 - exit_code  # killed by signal N -> 128+N, as shells do
     return RunResult(
@@ -122,22 +124,40 @@ def _wait(child: subprocess.Popen[bytes]) -> int:
             continue
 
 
-@contextlib.contextmanager
-def _forward_signals(child: subprocess.Popen[bytes]) -> Iterator[None]:
-    def forward(signum: int, frame: FrameType | None) -> None:
+class _Forwarder:
+    """Sends the signals vramscope receives to the child's process group (its workers too)."""
+
+    def __init__(self) -> None:
+        self.pgid: int | None = None
+        self.pending: list[int] = []
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.pgid is None:
+            self.pending.append(signum)
+            return
         try:
-            os.killpg(child.pid, signum)
+            os.killpg(self.pgid, signum)
         except ProcessLookupError:
             pass
 
+    def attach(self, pgid: int) -> None:
+        self.pgid = pgid
+        for signum in self.pending:
+            self(signum, None)
+        self.pending.clear()
+
+
+@contextlib.contextmanager
+def _forward_signals() -> Iterator[_Forwarder]:
+    forwarder = _Forwarder()
     previous = {}
     for sig in FORWARDED_SIGNALS:
         try:
-            previous[sig] = signal.signal(sig, forward)
+            previous[sig] = signal.signal(sig, forwarder)
         except (ValueError, OSError):  # not the main thread: leave signals alone
             pass
     try:
-        yield
+        yield forwarder
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -98,7 +98,9 @@ class Collector:
         except Exception as exc:  # a monitor must never take the training down with it
             if what not in self._failed:
                 self._failed.add(what)
-                log.warning("vramscope: reading %s failed (%s: %s); it will show as unknown", what, type(exc).__name__, exc)
+                log.warning(
+                    "vramscope: reading %s failed (%s: %s); it will show as unknown", what, type(exc).__name__, exc
+                )
             return default
         return value
 

@@ -49,7 +49,9 @@ class PeakTracker:
                     peak.process_peak_elapsed_s = sample.elapsed_s
         for reading in sample.allocator:
             peak = self.gpus.setdefault(reading.device, GpuPeak(index=reading.device))
-            value = reading.peak_allocated_bytes if reading.peak_allocated_bytes is not None else reading.allocated_bytes
+            value = (
+                reading.peak_allocated_bytes if reading.peak_allocated_bytes is not None else reading.allocated_bytes
+            )
             peak.allocated_bytes = _max(peak.allocated_bytes, value)
             peak.reserved_bytes = _max(peak.reserved_bytes, reading.reserved_bytes)
         self.tree_gpu_bytes = _max(self.tree_gpu_bytes, tree_total)

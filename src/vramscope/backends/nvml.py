@@ -40,7 +40,8 @@ def _load_pynvml() -> ModuleType | None:
         import pynvml  # nvidia-ml-py
     except ImportError:
         return None
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 class NvmlUnavailableError(RuntimeError):

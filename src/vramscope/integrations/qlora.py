@@ -75,7 +75,7 @@ def write_random_checkpoint(
         cfg = config
     torch.manual_seed(0)
     with torch.device(device or "cpu"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype(dtype))
+        model: Any = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype(dtype))
     model.save_pretrained(out, safe_serialization=True)
     del model
     if device and device.startswith("cuda"):
@@ -106,7 +106,7 @@ def load_model(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: str |
             bnb_4bit_compute_dtype=dtype,
         )
         kwargs["device_map"] = {"": device or torch.cuda.current_device()}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if not quantized and cuda:
         model = model.to(device or "cuda")
     if quantized:
@@ -143,8 +143,11 @@ def make_optimizer(model: Any, spec: QLoraSpec) -> Any:
         require("bitsandbytes")
         import bitsandbytes as bnb
 
-        cls = {"paged_adamw_32bit": bnb.optim.PagedAdamW32bit, "paged_adamw_8bit": bnb.optim.PagedAdamW8bit,
-               "adamw_8bit": bnb.optim.AdamW8bit}[name]
+        cls = {
+            "paged_adamw_32bit": bnb.optim.PagedAdamW32bit,
+            "paged_adamw_8bit": bnb.optim.PagedAdamW8bit,
+            "adamw_8bit": bnb.optim.AdamW8bit,
+        }[name]
         return cls(params, lr=spec.learning_rate)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 

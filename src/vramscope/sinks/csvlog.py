@@ -24,9 +24,7 @@ class CsvSink:
         fsync: force every sample's rows to the disk, for those who cannot lose a row to a power cut.
     """
 
-    def __init__(
-        self, path: str | os.PathLike[str], extra_columns: Sequence[str] = (), fsync: bool = False
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], extra_columns: Sequence[str] = (), fsync: bool = False) -> None:
         self.path = os.fspath(path)
         self.columns = list(COLUMNS) + [c for c in extra_columns if c not in COLUMNS]
         self._fsync = fsync

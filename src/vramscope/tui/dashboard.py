@@ -41,15 +41,26 @@ def render(history: Sequence[Sample], interval: float) -> RenderableType:
 
     for gpu in latest.gpus:
         used, total = gpu.used_bytes, gpu.total_bytes
-        bar: RenderableType = ProgressBar(total=float(total), completed=float(used), width=None) if (
-            used is not None and total
-        ) else Text("?")
+        bar: RenderableType = (
+            ProgressBar(total=float(total), completed=float(used), width=None)
+            if (used is not None and total)
+            else Text("?")
+        )
         series = [next((g.used_bytes for g in s.gpus if g.index == gpu.index), None) for s in history]
         util = f"{gpu.utilization_pct}%" if gpu.utilization_pct is not None else "?"
         name = escape(gpu.name or "?") + (f" [red]{escape(gpu.error)}[/]" if gpu.error else "")
-        gpus.add_row(str(gpu.index), name, bar, f"{gib(used, 1)} / {gib(total, 1)}", util,
-                     sparkline([float(v) if v is not None else None for v in series], HISTORY_WIDTH,
-                               top=float(total) if total else None))
+        gpus.add_row(
+            str(gpu.index),
+            name,
+            bar,
+            f"{gib(used, 1)} / {gib(total, 1)}",
+            util,
+            sparkline(
+                [float(v) if v is not None else None for v in series],
+                HISTORY_WIDTH,
+                top=float(total) if total else None,
+            ),
+        )
         for proc in sorted(gpu.processes, key=lambda p: -(p.gpu_bytes or 0)):
             # Text, not markup: a command line can hold '[' and ']' that rich would read as styles.
             procs.add_row(str(gpu.index), str(proc.pid), human(proc.gpu_bytes), Text(proc.cmdline or proc.name or "?"))

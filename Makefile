@@ -1,0 +1,22 @@
+# The two commands of the README:
+#   make demo   set up, then a tiny real LoRA fine-tune under `vramscope run`, ending in its summary
+#   make test   set up, then the whole test suite
+.PHONY: demo test setup lint gpu-test
+
+setup:
+	@./scripts/setup.sh
+
+demo: setup
+	@mkdir -p out
+	.venv/bin/vramscope run --log out/demo_memory.csv -- .venv/bin/python examples/train_tiny_lora.py
+	.venv/bin/vramscope report out/demo_memory.csv
+
+test: setup
+	.venv/bin/python -m pytest -q
+
+lint: setup
+	.venv/bin/ruff check src tests bench examples
+	.venv/bin/mypy
+
+gpu-test: setup
+	.venv/bin/python -m pytest -q -m gpu
