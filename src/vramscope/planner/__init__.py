@@ -1,8 +1,34 @@
-"""Predict a QLoRA/LoRA run's GPU memory before it starts: pure functions over config.json fields."""
+"""Predict a QLoRA/LoRA run's GPU memory before it starts: pure functions over config.json fields.
+
+``plan(model, batch_size, seq_len, spec)`` returns a :class:`Plan` (three totals and a breakdown);
+``recommend(...)`` ranks ways to use less memory. Nothing here imports torch except
+:mod:`vramscope.planner.calibrate`.
+"""
 
 from __future__ import annotations
 
+from vramscope.planner.api import Plan, Recommendation, max_batch_size, max_seq_len, plan, recommend, resolve_model
 from vramscope.planner.errors import PlanInputError, UnknownModelError
+from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate
 from vramscope.planner.registry import get_config
+from vramscope.planner.shapes import ModelShape, load_config_file, shape_from_config
 
-__all__ = ["PlanInputError", "UnknownModelError", "get_config"]
+__all__ = [
+    "Breakdown",
+    "Estimate",
+    "Hardware",
+    "ModelShape",
+    "Plan",
+    "PlanInputError",
+    "Recommendation",
+    "UnknownModelError",
+    "estimate",
+    "get_config",
+    "load_config_file",
+    "max_batch_size",
+    "max_seq_len",
+    "plan",
+    "recommend",
+    "resolve_model",
+    "shape_from_config",
+]

@@ -1,0 +1,336 @@
+"""The planner's public functions: :func:`plan` and :func:`recommend`.
+
+Both take the model as a registry name, a config.json dict or a :class:`ModelShape`, the recipe as a
+:class:`~vramscope.integrations.qlora.QLoraSpec` and the batch shape, and return plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramscope.integrations.qlora import QLoraSpec
+from vramscope.planner import gpus, registry
+from vramscope.planner.errors import PlanInputError
+from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
+from vramscope.planner.shapes import ModelShape, shape_from_config
+from vramscope.units import parse_bytes
+
+ModelRef = str | Mapping[str, Any] | ModelShape
+MAX_BATCH = 1 << 16
+MAX_SEQ = 1 << 20
+# expandable_segments lets the allocator grow segments in place instead of keeping freed blocks it cannot
+# reuse; what stays is rounding to 2 MiB pages, so most of the fragmentation goes away.
+EXPANDABLE_SEGMENTS_RECLAIM = 0.8
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One way to use less GPU memory, with the planner's predicted saving.
+
+    Attributes:
+        name: a stable key (``gradient_checkpointing``, ``micro_batch``, ``optimizer``, ``seq_len``,
+            ``expandable_segments``, ``lora_rank``, ``lora_targets``).
+        saving_bytes: predicted drop of the step's peak GPU memory (process memory less pageable states).
+        text: one line for people.
+        change: what to change, as settings (e.g. ``{"batch_size": 2, "grad_accum": 2}``).
+        sufficient: with a capacity and a peak: whether this change alone brings the peak under it.
+    """
+
+    name: str
+    saving_bytes: int
+    text: str
+    change: dict[str, Any] = field(default_factory=dict)
+    sufficient: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "saving_bytes": self.saving_bytes, "text": self.text, "change": self.change,
+                "sufficient": self.sufficient}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A prediction of one QLoRA/LoRA run's GPU memory."""
+
+    model: str
+    batch_size: int
+    seq_len: int
+    spec: QLoraSpec
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    process_bytes: int
+    peak_phase: str
+    breakdown: Breakdown
+    phases: dict[str, int]
+    trainable_params: int
+    total_params: int
+    gpu_memory_bytes: int | None = None
+    fits: bool | None = None
+    max_batch_size: int | None = None
+    max_seq_len: int | None = None
+    target_batch: int | None = None
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    recommendations: tuple[Recommendation, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model, "batch_size": self.batch_size, "seq_len": self.seq_len, "spec": self.spec.to_dict(),
+            "peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
+            "process_bytes": self.process_bytes, "peak_phase": self.peak_phase,
+            "breakdown": self.breakdown.to_dict(), "phases": dict(self.phases),
+            "trainable_params": self.trainable_params, "total_params": self.total_params,
+        }
+        if self.gpu_memory_bytes is not None:
+            out.update(gpu_memory_bytes=self.gpu_memory_bytes, fits=self.fits, max_batch_size=self.max_batch_size,
+                       max_seq_len=self.max_seq_len)
+        if self.target_batch is not None:
+            out.update(target_batch=self.target_batch, micro_batch_size=self.micro_batch_size,
+                       grad_accum_steps=self.grad_accum_steps)
+        out["recommendations"] = [r.to_dict() for r in self.recommendations]
+        out["notes"] = list(self.notes)
+        return out
+
+
+def resolve_model(model: ModelRef) -> tuple[str, ModelShape]:
+    """(display name, shape) for a registry name, a config.json dict or a shape."""
+    if isinstance(model, ModelShape):
+        return model.model_type, model
+    if isinstance(model, str):
+        name = registry.resolve(model)
+        return name, shape_from_config(registry.get_config(name))
+    if isinstance(model, Mapping):
+        shape = shape_from_config(model)
+        raw = model.get("_name_or_path") or model.get("name_or_path")
+        return (str(raw) if raw else f"{shape.model_type} ({shape.total_params() / 1e9:.2f}B)"), shape
+    raise PlanInputError(f"model must be a registry name or a config dict, got {type(model).__name__}")
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PlanInputError(f"{name} must be a positive whole number, got {value!r}")
+    return value
+
+
+def capacity_of(gpu_memory: int | str | None = None, gpu: str | None = None) -> tuple[int | None, Hardware]:
+    """GPU memory in bytes (from ``--gpu-memory`` or ``--gpu``) and the matching :class:`Hardware`."""
+    hw = Hardware()
+    cap: int | None = None
+    if gpu is not None:
+        g = gpus.get_gpu(gpu)
+        cap = g.memory_bytes
+        hw = Hardware(cublas_workspace_bytes=g.cublas_workspace_bytes)
+    if gpu_memory is not None:
+        if isinstance(gpu_memory, str):
+            try:
+                cap = parse_bytes(gpu_memory)
+            except ValueError as exc:
+                raise PlanInputError(str(exc)) from None
+        else:
+            cap = _positive("GPU memory", gpu_memory)
+    return cap, hw
+
+
+def _largest(fits: Any, hi: int) -> int:
+    """Largest n in [1, hi] with fits(n) true (fits is monotone), or 0 when even 1 does not fit."""
+    if not fits(1):
+        return 0
+    lo, n = 1, 2
+    while n <= hi and fits(n):
+        lo, n = n, n * 2
+    top = min(n, hi + 1)
+    while top - lo > 1:
+        mid = (lo + top) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            top = mid
+    return lo
+
+
+def max_batch_size(shape: ModelShape, spec: QLoraSpec, seq_len: int, capacity: int, hw: Hardware | None = None) -> int:
+    """The largest micro-batch whose predicted peak fits in ``capacity`` bytes (0 if none does)."""
+    return _largest(lambda b: estimate(shape, spec, b, seq_len, hw).device_bytes <= capacity, MAX_BATCH)
+
+
+def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: int, hw: Hardware | None = None) -> int:
+    """The longest sequence whose predicted peak fits in ``capacity`` bytes at ``batch_size`` (0 if none)."""
+    return _largest(lambda s: estimate(shape, spec, batch_size, s, hw).device_bytes <= capacity, MAX_SEQ)
+
+
+def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
+                     peak: int, capacity: int | None) -> list[Recommendation]:
+    """Alternatives ranked by predicted saving; each saving is a difference of two model predictions, so it
+    stays meaningful when ``peak`` is a measurement rather than the model's own figure."""
+    out: list[Recommendation] = []
+    base = current.device_bytes
+    deficit = peak - capacity if capacity is not None else None
+
+    def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any]) -> None:
+        saving = base - estimate(shape, new_spec, b, s, hw).device_bytes
+        if saving > 0:
+            enough = None if deficit is None else saving >= deficit
+            out.append(Recommendation(name, saving, text.format(saving=saving / 2**30), change, enough))
+
+    if not spec.gradient_checkpointing:
+        add("gradient_checkpointing", spec.with_(gradient_checkpointing=True), batch, seq,
+            "turn gradient checkpointing on (recompute each layer in backward): saves {saving:.2f} GiB",
+            {"gradient_checkpointing": True})
+    if batch > 1:
+        if capacity is not None:
+            fit_b = max_batch_size(shape, spec, seq, capacity - (peak - base), hw)
+            micro = max(1, min(batch - 1, fit_b)) if fit_b else 1
+        else:
+            micro = max(1, batch // 2)
+        accum = math.ceil(batch / micro)
+        add("micro_batch", spec, micro, seq,
+            f"micro-batch {micro} with gradient accumulation {accum} (same effective batch {micro * accum}): "
+            "saves {saving:.2f} GiB", {"batch_size": micro, "grad_accum": accum})
+    if spec.optim in ("adamw_torch", "adamw_torch_fused", "adamw_8bit"):
+        add("optimizer", spec.with_(optim="paged_adamw_8bit"), batch, seq,
+            "use paged_adamw_8bit (8-bit states in unified memory, paged out under pressure): saves {saving:.2f} GiB",
+            {"optim": "paged_adamw_8bit"})
+    if seq > 64:
+        shorter = max(64, seq // 2)
+        add("seq_len", spec, batch, shorter,
+            f"cap the maximum length at {shorter} tokens, or pack short examples into full rows: "
+            "saves {saving:.2f} GiB", {"seq_len": shorter})
+    frag = current.breakdown.allocator_overhead
+    if frag > 0:
+        saving = int(frag * EXPANDABLE_SEGMENTS_RECLAIM)
+        out.append(Recommendation(
+            "expandable_segments", saving,
+            f"set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation): "
+            f"saves about {saving / 2**30:.2f} GiB",
+            {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+            None if deficit is None else saving >= deficit))
+    if spec.lora_r > 8:
+        lower = max(8, spec.lora_r // 4)
+        add("lora_rank", spec.with_(lora_r=lower), batch, seq,
+            f"lower the LoRA rank from {spec.lora_r} to {lower}: saves {{saving:.2f}} GiB", {"lora_r": lower})
+    attn_only = tuple(n for n in shape.linear_names() if n in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj",
+                                                                  "query_key_value", "dense"))
+    current_targets = {m.name for m in lora_modules(shape, spec)}
+    if attn_only and set(attn_only) < current_targets:
+        add("lora_targets", spec.with_(lora_targets=attn_only), batch, seq,
+            f"put LoRA on the attention projections only ({','.join(attn_only)}): saves {{saving:.2f}} GiB",
+            {"lora_targets": list(attn_only)})
+    out.sort(key=lambda r: r.saving_bytes, reverse=True)
+    return out
+
+
+def recommend(
+    model: ModelRef,
+    batch_size: int,
+    seq_len: int,
+    spec: QLoraSpec | None = None,
+    *,
+    peak_bytes: int | None = None,
+    capacity_bytes: int | None = None,
+    gpu: str | None = None,
+) -> list[Recommendation]:
+    """Ways to cut a run's GPU memory, ranked by predicted saving (largest first).
+
+    Args:
+        model: registry name (``"Llama-2-7B"``), config.json dict, or :class:`ModelShape`.
+        batch_size: the micro-batch of the run.
+        seq_len: its (maximum) sequence length.
+        spec: the recipe; default the QLoRA reference recipe.
+        peak_bytes: the run's measured peak GPU memory (e.g. from an OOM post-mortem); default the
+            planner's own prediction. Used to judge whether one change is enough.
+        capacity_bytes: the GPU's memory; with ``peak_bytes`` it marks each recommendation ``sufficient``.
+        gpu: a GPU registry name, for its capacity (when ``capacity_bytes`` is not given) and its cuBLAS workspace.
+
+    Returns:
+        Recommendations with ``name``, ``saving_bytes`` (predicted), ``text`` (one line), ``change`` and
+        ``sufficient``; only those predicted to save something.
+
+    Raises:
+        PlanInputError: unknown model or GPU, malformed config, non-positive sizes, bad recipe values.
+    """
+    spec = spec or QLoraSpec()
+    _, shape = resolve_model(model)
+    batch_size, seq_len = _positive("batch size", batch_size), _positive("sequence length", seq_len)
+    cap, hw = capacity_of(None, gpu)
+    if capacity_bytes is not None:
+        cap = _positive("capacity", capacity_bytes)
+    current = estimate(shape, spec, batch_size, seq_len, hw)
+    peak = current.device_bytes if peak_bytes is None else _positive("peak", peak_bytes)
+    return _recommendations(shape, spec, batch_size, seq_len, hw, current, peak, cap)
+
+
+def plan(
+    model: ModelRef,
+    batch_size: int,
+    seq_len: int,
+    spec: QLoraSpec | None = None,
+    *,
+    gpu_memory: int | str | None = None,
+    gpu: str | None = None,
+    target_batch: int | None = None,
+    hardware: Hardware | None = None,
+) -> Plan:
+    """Predict the GPU memory of a QLoRA/LoRA run before it starts.
+
+    Args:
+        model: registry name (case-insensitive), config.json dict, or :class:`ModelShape`.
+        batch_size: micro-batch size.
+        seq_len: tokens per sequence.
+        spec: the recipe (bits, LoRA, optimizer, checkpointing, attention); default the QLoRA reference recipe.
+        gpu_memory: the GPU's memory as bytes or text (``"24GiB"``); enables ``fits`` and the maxima.
+        gpu: a GPU registry name instead of ``gpu_memory`` (``"RTX-4090"``, ``"A100-80GB"``).
+        target_batch: an effective batch to reach with gradient accumulation (needs a GPU memory).
+        hardware: override the device constants (context size, workspaces, fragmentation), e.g. from calibration.
+
+    Returns:
+        A :class:`Plan` with the three totals (peak allocated, peak reserved, process memory), the breakdown at
+        the peak, and, given a GPU memory, whether it fits, the largest batch and sequence length, and the
+        recommendations.
+
+    Raises:
+        PlanInputError: unknown model or GPU, malformed config, non-positive sizes, unparsable memory, bad recipe.
+    """
+    spec = spec or QLoraSpec()
+    name, shape = resolve_model(model)
+    batch_size, seq_len = _positive("batch size", batch_size), _positive("sequence length", seq_len)
+    cap, hw = capacity_of(gpu_memory, gpu)
+    if hardware is not None:
+        hw = hardware
+    if target_batch is not None:
+        _positive("target batch", target_batch)
+    est = estimate(shape, spec, batch_size, seq_len, hw)
+    notes: list[str] = []
+    if est.breakdown.optimizer_states_paged:
+        notes.append("paged optimizer states live in CUDA unified memory: outside torch's counters, paged to the "
+                     "host under memory pressure")
+    if shape.max_positions is not None and seq_len > shape.max_positions:
+        notes.append(f"sequence length {seq_len} exceeds the model's max_position_embeddings {shape.max_positions}")
+    if shape.experts:
+        notes.append("MoE experts are fused parameters in transformers 5: bitsandbytes leaves them unquantized "
+                     "(fp32 after prepare_model_for_kbit_training) and all-linear LoRA does not reach them")
+    fits = mb = ms = micro = accum = None
+    if cap is not None:
+        fits = est.device_bytes <= cap
+        mb = max_batch_size(shape, spec, seq_len, cap, hw)
+        ms = max_seq_len(shape, spec, batch_size, cap, hw)
+        if target_batch is not None:
+            if mb:
+                accum = math.ceil(target_batch / mb)
+                micro = math.ceil(target_batch / accum)
+            else:
+                notes.append(f"no batch fits in {cap / 2**30:.1f} GiB at {seq_len} tokens, so target batch "
+                             f"{target_batch} cannot be reached by accumulation")
+    elif target_batch is not None:
+        raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
+    recs = _recommendations(shape, spec, batch_size, seq_len, hw, est, est.device_bytes, cap)
+    return Plan(
+        model=name, batch_size=batch_size, seq_len=seq_len, spec=spec, peak_allocated_bytes=est.peak_allocated_bytes,
+        peak_reserved_bytes=est.peak_reserved_bytes, process_bytes=est.process_bytes, peak_phase=est.peak_phase,
+        breakdown=est.breakdown, phases=est.phases, trainable_params=est.trainable_params,
+        total_params=shape.total_params(), gpu_memory_bytes=cap, fits=fits, max_batch_size=mb, max_seq_len=ms,
+        target_batch=target_batch, micro_batch_size=micro, grad_accum_steps=accum, recommendations=tuple(recs),
+        notes=tuple(notes),
+    )
