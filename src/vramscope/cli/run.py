@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 
 from vramscope.cli.common import CommandError, UsageError, gpu_list, interval
@@ -83,7 +84,7 @@ def _injection_env(args: argparse.Namespace) -> dict[str, str]:
 
 def format_summary(result: RunResult) -> str:
     peaks = result.peaks
-    lines = [f"vramscope: {' '.join(result.command)} exited with {result.exit_code} after {result.duration_s:.1f} s"]
+    lines = [f"vramscope: {shlex.join(result.command)} exited with {result.exit_code} after {result.duration_s:.1f} s"]
     if not peaks.gpus:
         lines.append("  no NVIDIA GPU seen; host memory only")
     for gpu in sorted(peaks.gpus.values(), key=lambda g: g.index):
