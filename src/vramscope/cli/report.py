@@ -1,0 +1,111 @@
+"""``vramscope report LOG [LOG2 ...] [--html OUT] [--png OUT] [--json]``
+
+Reads each log (vramscope CSV or JSON Lines, or nvidia-smi's CSV), prints a summary (or JSON), and
+writes the HTML page and the PNG. Output paths are checked before any work, and each file is written
+to a temporary name beside it and renamed into place, so a failure never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from vramscope.cli.common import UsageError
+from vramscope.logfile import LogFormatError, read_log
+from vramscope.report.compare import compare
+from vramscope.report.html import render_html
+from vramscope.report.model import EmptyLogError, LogReport, build_report
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("logs", nargs="+", metavar="LOG",
+                        help="memory logs (vramscope .csv/.jsonl or nvidia-smi CSV); two or more are compared")
+    parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML page with the charts here")
+    parser.add_argument("--png", metavar="OUT", help="write the charts as a PNG here (needs vramscope[plot])")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    outputs = [(flag, path) for flag, path in (("--html", args.html), ("--png", args.png)) if path]
+    for flag, path in outputs:
+        _check_output(flag, path, args.logs)
+    if args.png:
+        from vramscope.report.png import plot_available
+
+        if not plot_available():
+            raise UsageError("--png needs matplotlib; install it with: pip install 'vramscope[plot]'")
+
+    reports: list[LogReport] = []
+    for path in args.logs:
+        try:
+            reports.append(build_report(read_log(path)))
+        except (LogFormatError, EmptyLogError) as exc:
+            raise UsageError(str(exc)) from None
+
+    written: list[str] = []
+    if args.html:
+        _write(args.html, render_html(reports).encode("utf-8"))
+        written.append(args.html)
+    if args.png:
+        from vramscope.report.png import render_png
+
+        _write(args.png, render_png(reports))
+        written.append(args.png)
+
+    if args.json:
+        data: object = reports[0].summary if len(reports) == 1 else {
+            "logs": [r.summary for r in reports],
+            "comparison": compare(reports),
+        }
+        json.dump(data, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        from vramscope.report.terminal import print_report
+
+        print_report(reports, Console(highlight=False))
+    for path in written:
+        print(f"vramscope: wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _check_output(flag: str, path: str, logs: list[str]) -> None:
+    """Refuse an output path that cannot be written, before reading a single log."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; give a file name such as {target / 'report' }.{flag[2:]}")
+    if not target.parent.exists():
+        raise UsageError(f"{flag} {path}: folder {target.parent} does not exist; create it first")
+    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"{flag} {path} is not writable; choose another path")
+    for log in logs:
+        if Path(log).exists() and target.exists() and os.path.samefile(log, target):
+            raise UsageError(f"{flag} {path} is one of the logs; writing it would destroy the log")
+
+
+def _write(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (temporary file beside it, then rename)."""
+    target = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        if target.exists():
+            os.chmod(tmp, target.stat().st_mode & 0o777)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be shared
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}; choose a writable path") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)

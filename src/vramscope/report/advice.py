@@ -1,0 +1,180 @@
+"""What to do about what the log shows: advice derived from the log alone.
+
+A log does not say which model or optimizer ran, so the planner's per-setting savings cannot be
+computed from it; each piece of advice here rests on a measured fact of the log (an eval peak above
+the training peak, memory reserved but not allocated, a leak, a batch far longer than the rest) and
+states the bytes it could save where the log shows them. Ranked by those bytes, then by urgency.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GIB = 1024**3
+MIB = 1024**2
+# Below this share of the GPU left free at the peak, a longer batch or a fragmented cache can OOM.
+TIGHT_HEADROOM = 0.08
+# Above this share left free, a larger micro-batch would likely fit and run faster.
+ROOMY_HEADROOM = 0.45
+# Memory the CUDA context and libraries take outside torch's allocator on a typical GPU.
+CONTEXT_ALLOWANCE = 1536 * MIB
+
+
+def advise(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Advice for one log's summary (see :func:`vramscope.report.model.build_report`).
+
+    Returns:
+        ``[{"title": str, "detail": str, "saves_bytes": int | None, "urgent": bool, "device": str}, ...]``,
+        most bytes saved first; advice without a measured saving after, urgent first.
+    """
+    items: list[dict[str, Any]] = []
+    leak = summary.get("leak") or {}
+    for key, dev in (summary.get("devices") or {}).items():
+        where = dev.get("title") or key
+        items.extend(_leak_advice(key, where, (leak.get("devices") or {}).get(key) or {}, summary))
+        items.extend(_eval_advice(key, where, dev))
+        items.extend(_cache_advice(key, where, dev))
+        items.extend(_headroom_advice(key, where, dev))
+        items.extend(_batch_advice(key, where, dev, summary))
+        items.extend(_foreign_advice(key, where, dev))
+    items.sort(key=lambda a: (a["saves_bytes"] is None, -(a["saves_bytes"] or 0), not a["urgent"]))
+    return items
+
+
+def _item(title: str, detail: str, device: str, saves: float | None = None, urgent: bool = False) -> dict[str, Any]:
+    return {"title": title, "detail": detail, "saves_bytes": None if saves is None else int(saves),
+            "urgent": urgent, "device": device}
+
+
+def _leak_advice(key: str, where: str, leak: dict[str, Any], summary: dict[str, Any]) -> list[dict[str, Any]]:
+    if not leak.get("detected"):
+        return []
+    forecast = ((summary.get("forecast") or {}).get("devices") or {}).get(key) or {}
+    when = ""
+    if forecast.get("steps_to_oom") is not None:
+        when = f"; at this rate it runs out of memory in ~{forecast['steps_to_oom']:,.0f} steps"
+    return [_item(
+        "Find what keeps memory from one step to the next",
+        f"{where}: {leak.get('verdict', 'memory grows step after step')}{when}. Usual causes: a loss or logits kept "
+        "without .item() or .detach() (e.g. appended to a list), a growing cache, hooks that store activations.",
+        key, leak.get("growth_bytes"), urgent=True,
+    )]
+
+
+def _eval_advice(key: str, where: str, dev: dict[str, Any]) -> list[dict[str, Any]]:
+    phases = dev.get("phases") or {}
+    train, evaluation = phases.get("train") or {}, phases.get("eval") or {}
+    for metric in ("peak_allocated_bytes", "allocated_bytes", "reserved_bytes", "device_used_bytes"):
+        t, e = (train.get(metric) or {}).get("bytes"), (evaluation.get(metric) or {}).get("bytes")
+        if t is not None and e is not None:
+            break
+    else:
+        return []
+    if e <= t * 1.03:
+        return []
+    return [_item(
+        "Make evaluation lighter than training",
+        f"{where}: evaluation peaks {_gib(e - t)} above training "
+        f"(at step {(evaluation.get(metric) or {}).get('step')}). "
+        "Lower per_device_eval_batch_size, set eval_accumulation_steps, or prediction_loss_only=True so that "
+        "logits of the whole eval set are not gathered on the GPU.",
+        key, e - t, urgent=_tight(dev),
+    )]
+
+
+def _cache_advice(key: str, where: str, dev: dict[str, Any]) -> list[dict[str, Any]]:
+    frag = dev.get("fragmentation") or {}
+    at = frag.get("at_peak_reserved") or {}
+    unused, share = at.get("unused_bytes"), at.get("unused_fraction")
+    if unused is None or share is None:
+        return []
+    growing = (frag.get("unused_trend") or 0) > 0 and frag.get("unused_trend_bytes_per") is not None
+    retries = frag.get("alloc_retries") or 0
+    if (share < 0.15 or unused < 512 * MIB) and not retries:
+        return []
+    detail = (f"{where}: {_gib(unused)} ({share:.0%}) of the reserved memory held no tensor at the reserved peak"
+              f"{', and the gap grows' if growing else ''}"
+              f"{f'; the allocator retried {retries} times after freeing its cache' if retries else ''}. "
+              "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so that the cache grows in place "
+              "instead of keeping split blocks.")
+    return [_item("Let the allocator reuse its cache (expandable segments)", detail, key, unused,
+                  urgent=bool(retries) or _tight(dev))]
+
+
+def _headroom_advice(key: str, where: str, dev: dict[str, Any]) -> list[dict[str, Any]]:
+    fraction, room = dev.get("headroom_fraction"), dev.get("headroom_bytes")
+    if fraction is None or room is None:
+        return []
+    if fraction < TIGHT_HEADROOM:
+        return [_item(
+            "Make room before a longer batch arrives",
+            f"{where}: only {_gib(room)} ({fraction:.0%}) of {_gib(dev.get('capacity_bytes'))} was left at the peak. "
+            "Turn on gradient checkpointing, halve the micro-batch and double gradient_accumulation_steps, or use "
+            "an 8-bit paged optimizer; 'vramscope plan' predicts each one's saving for your model.",
+            key, None, urgent=True,
+        )]
+    if fraction > ROOMY_HEADROOM:
+        return [_item(
+            "Use the free memory for speed",
+            f"{where}: {_gib(room)} ({fraction:.0%}) stayed free at the peak. A larger micro-batch (with fewer "
+            "accumulation steps) or gradient checkpointing off would likely fit and run faster; "
+            "'vramscope tune' finds the largest batch that fits in a few real steps.",
+            key, None,
+        )]
+    return []
+
+
+def _batch_advice(key: str, where: str, dev: dict[str, Any], summary: dict[str, Any]) -> list[dict[str, Any]]:
+    forecast = ((summary.get("forecast") or {}).get("devices") or {}).get(key) or {}
+    lb = forecast.get("longest_batch") or {}
+    if lb.get("at_risk"):
+        return [_item(
+            "Cap the longest batch",
+            f"{where}: {lb.get('warning') or 'the longest batch the run can see is predicted not to fit'}. "
+            "Lower max_length, or use group_by_length / packing so that batches of similar length go together.",
+            key, None, urgent=True,
+        )]
+    batches = dev.get("longest_batches") or []
+    tokens = [b["tokens"] for b in batches if b.get("tokens")]
+    per_token = lb.get("bytes_per_token")
+    if tokens and per_token and lb.get("tokens_seen_max") and _tight(dev):
+        return [_item(
+            "Cap the longest batch",
+            f"{where}: each token of a batch costs ~{per_token / MIB:.2f} MiB at the peak and the longest batch "
+            f"had {max(tokens)} tokens; a lower max_length or packing flattens the peaks.",
+            key, None, urgent=True,
+        )]
+    return []
+
+
+def _foreign_advice(key: str, where: str, dev: dict[str, Any]) -> list[dict[str, Any]]:
+    peaks = dev.get("peaks") or {}
+    used = (peaks.get("device_used_bytes") or {}).get("bytes")
+    reserved = (peaks.get("reserved_bytes") or {}).get("bytes")
+    process = (peaks.get("process_bytes") or {}).get("bytes")
+    if used is None:
+        return []
+    if reserved is not None:
+        others = used - reserved - CONTEXT_ALLOWANCE  # the allocator does not count the CUDA context
+    elif process is not None:
+        others = used - process  # NVML counts the context in the process's memory
+    else:
+        return []
+    if others < GIB:
+        return []
+    return [_item(
+        "Check what else holds memory on this GPU",
+        f"{where}: at the peak the device used {_gib(used)}, {_gib(others)} more than this run's "
+        f"{'allocator and CUDA context' if reserved is not None else 'processes'}. Other processes or another "
+        "framework share the GPU ('vramscope watch' lists them).",
+        key, others,
+    )]
+
+
+def _tight(dev: dict[str, Any]) -> bool:
+    fraction = dev.get("headroom_fraction")
+    return fraction is not None and fraction < TIGHT_HEADROOM
+
+
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / GIB:.2f} GiB"

@@ -1,0 +1,122 @@
+"""Several logs side by side: the same figures for each, with the change against the first log.
+
+The usual question is "what did this change buy me" (gradient checkpointing on, a smaller batch, an
+8-bit optimizer), so the first log is the baseline and every other column says how far it moved.
+Figures over several GPUs are the largest of them (the GPU that runs out first decides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from vramscope.report.model import LogReport
+
+Getter = Callable[[dict[str, Any]], float | int | str | None]
+
+
+def _device_max(metric: str) -> Callable[[dict[str, Any]], int | None]:
+    def get(summary: dict[str, Any]) -> int | None:
+        values = [((d.get("peaks") or {}).get(metric) or {}).get("bytes") for d in summary["devices"].values()]
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    return get
+
+
+def _peak_allocated(summary: dict[str, Any]) -> int | None:
+    return _device_max("peak_allocated_bytes")(summary) or _device_max("allocated_bytes")(summary)
+
+
+def _headroom(summary: dict[str, Any]) -> int | None:
+    known = [d["headroom_bytes"] for d in summary["devices"].values() if d.get("headroom_bytes") is not None]
+    return min(known) if known else None
+
+
+def _unused(summary: dict[str, Any]) -> int | None:
+    known = [((d.get("fragmentation") or {}).get("at_peak_reserved") or {}).get("unused_bytes")
+             for d in summary["devices"].values()]
+    values = [v for v in known if v is not None]
+    return max(values) if values else None
+
+
+def _steps(summary: dict[str, Any]) -> int | None:
+    steps = summary["log"].get("steps") or {}
+    count = steps.get("count")
+    return int(count) if count else None
+
+
+def _leak(summary: dict[str, Any]) -> str:
+    leak = summary.get("leak") or {}
+    if leak.get("detected"):
+        slope = leak.get("slope_bytes_per_step")
+        return f"leak, {slope / 1024**2:.2f} MiB/step" if slope is not None else "leak"
+    return str(leak.get("kind") or "none")
+
+
+def _oom(summary: dict[str, Any]) -> float | None:
+    steps = (summary.get("forecast") or {}).get("steps_to_oom")
+    return None if steps is None else float(steps)
+
+
+def _longest(summary: dict[str, Any]) -> int | None:
+    tokens = [b.get("tokens") for d in summary["devices"].values() for b in d.get("longest_batches") or []]
+    known = [t for t in tokens if t is not None]
+    return max(known) if known else None
+
+
+# (label, unit, getter); unit "bytes", "s", "count" or "text".
+ROWS: list[tuple[str, str, Getter]] = [
+    ("duration", "s", lambda s: s["log"].get("duration_s")),
+    ("steps", "count", _steps),
+    ("peak device used", "bytes", _device_max("device_used_bytes")),
+    ("peak reserved", "bytes", _device_max("reserved_bytes")),
+    ("peak allocated", "bytes", _peak_allocated),
+    ("peak of the process", "bytes", _device_max("process_bytes")),
+    ("peak host RSS", "bytes", _device_max("host_rss_bytes")),
+    ("headroom at the peak", "bytes", _headroom),
+    ("reserved beyond the peak", "bytes", _unused),
+    ("leak", "text", _leak),
+    ("steps to OOM", "count", _oom),
+    ("longest batch (tokens)", "count", _longest),
+]
+
+
+def compare(reports: Sequence[LogReport]) -> list[dict[str, Any]]:
+    """One row per figure: ``{"figure", "unit", "values": [...], "changes": [None, fraction, ...]}``.
+
+    ``changes[i]`` is log i against the first log as a fraction (-0.3 = 30% less), None where either is
+    unknown, zero or not a number. Rows unknown in every log are left out.
+    """
+    rows: list[dict[str, Any]] = []
+    for label, unit, get in ROWS:
+        values = [get(r.summary) for r in reports]
+        if all(v is None for v in values):
+            continue
+        base = values[0]
+        changes: list[float | None] = [None]
+        for v in values[1:]:
+            numeric = isinstance(v, (int, float)) and isinstance(base, (int, float)) and unit != "text"
+            changes.append(round((v - base) / base, 4) if numeric and base else None)  # type: ignore[operator]
+        rows.append({"figure": label, "unit": unit, "values": values, "changes": changes})
+    return rows
+
+
+def format_value(value: Any, unit: str) -> str:
+    """A figure for people: GiB for bytes, h:mm for durations, thousands separators for counts."""
+    if value is None:
+        return "?"
+    if unit == "bytes":
+        return f"{value / 1024**3:.2f} GiB"
+    if unit == "s":
+        total = round(value)
+        h, rest = divmod(total, 3600)
+        m, s = divmod(rest, 60)
+        return f"{h}:{m:02d}:{s:02d}"
+    if unit == "count":
+        return f"{value:,.0f}"
+    return str(value)
+
+
+def format_change(change: float | None) -> str:
+    return "" if change is None else f"{change:+.0%}"

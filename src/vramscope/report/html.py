@@ -1,0 +1,252 @@
+"""The report as one self-contained HTML page: inline SVG charts and CSS, no script, no network.
+
+Everything that comes from a log (paths, phase names, verdicts that quote them) is escaped with
+:func:`html.escape`: a log is data from a process, and a process can write markup into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from html import escape
+from typing import Any
+
+from vramscope import __version__
+from vramscope.report.compare import compare, format_change, format_value
+from vramscope.report.model import METRICS, Chart, LogReport, duration
+from vramscope.report.svg import chart_svg
+
+GIB = 1024**3
+
+CSS = """
+:root{--ink:#1d2430;--muted:#5b6472;--line:#e3e6ea;--bad:#c0392b;--good:#2e7d32;--warn:#b26a00}
+*{box-sizing:border-box}
+body{margin:0;padding:24px 28px 40px;color:var(--ink);background:#f6f7f9;
+ font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:26px 0 10px}h3{font-size:15px;margin:18px 0 8px}
+.sub{color:var(--muted);margin:0 0 14px;overflow-wrap:anywhere}
+.logs{display:grid;gap:20px;grid-template-columns:repeat(var(--n),minmax(0,1fr))}
+.log{background:#fff;border:1px solid var(--line);border-radius:8px;padding:16px 18px}
+.log>h2{margin-top:0;overflow-wrap:anywhere}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:10px;margin:8px 0 14px}
+.card{border:1px solid var(--line);border-radius:6px;padding:10px 12px;background:#fbfbfc}
+.card .k{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
+.card .v{font-size:20px;font-weight:650;margin-top:2px}
+.card .d{color:var(--muted);font-size:12px;margin-top:2px;overflow-wrap:anywhere}
+.card.bad{border-color:#e9b3ad;background:#fdf3f2}.card.bad .v{color:var(--bad)}
+.card.good .v{color:var(--good)}.card.warn{border-color:#f0d7a8;background:#fff9ef}.card.warn .v{color:var(--warn)}
+figure{margin:10px 0 4px}figure svg{width:100%;height:auto;display:block;border:1px solid var(--line);border-radius:6px}
+figcaption,.note{color:var(--muted);font-size:13px;margin:4px 2px 10px}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:13px;min-width:50%}
+th,td{border-bottom:1px solid var(--line);padding:5px 8px;text-align:left;vertical-align:top}
+th{color:var(--muted);font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.delta-down{color:var(--good)}.delta-up{color:var(--bad)}
+ol.advice li{margin:0 0 8px}ol.advice .t{font-weight:600}.urgent{color:var(--bad);font-weight:600}
+ul.warnings li{color:var(--warn)}
+footer{color:var(--muted);font-size:12px;margin-top:26px}
+"""
+
+
+def render_html(reports: Sequence[LogReport]) -> str:
+    """The whole page for one log or several side by side."""
+    names = ", ".join(r.path for r in reports)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width,initial-scale=1">',
+        f"<title>{escape(f'vramscope report: {names}')}</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<header><h1>GPU memory report</h1>",
+        f'<p class="sub">{escape(names)}</p></header>',
+    ]
+    if len(reports) > 1:
+        parts.append(_comparison(reports))
+    y_max = _shared_y_max(reports) if len(reports) > 1 else {}
+    parts.append(f'<div class="logs" style="--n:{min(len(reports), 3)}">')
+    for report in reports:
+        parts.append(_log_section(report, y_max))
+    parts.append("</div>")
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts.append(f"<footer>vramscope {escape(__version__)} · generated {stamp} · "
+                 "peaks are kept when thinning (each bucket's min and max are drawn)</footer>")
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def _shared_y_max(reports: Sequence[LogReport]) -> dict[tuple[str, str], float]:
+    """One y scale per device and chart kind across logs, so that side-by-side charts compare by eye."""
+    tops: dict[tuple[str, str], float] = {}
+    for report in reports:
+        for dev in report.devices:
+            for kind, chart in (("time", dev.timeline), ("step", dev.steps)):
+                if chart is None:
+                    continue
+                top = max((max(line.ys) for line in chart.lines if line.ys and line.metric != "forecast"), default=0.0)
+                key = (dev.key, kind)
+                tops[key] = max(tops.get(key, 0.0), top * 1.06)
+    return tops
+
+
+def _comparison(reports: Sequence[LogReport]) -> str:
+    rows = compare(reports)
+    head = "".join(f"<th>{escape(r.path)}</th>" for r in reports)
+    body = []
+    for row in rows:
+        cells = []
+        for value, change in zip(row["values"], row["changes"], strict=False):
+            text = escape(format_value(value, row["unit"]))
+            if change:
+                cls = "delta-down" if change < 0 else "delta-up"
+                text += f' <span class="{cls}">({escape(format_change(change))})</span>'
+            cells.append(f'<td class="n">{text}</td>')
+        body.append(f"<tr><th>{escape(row['figure'])}</th>{''.join(cells)}</tr>")
+    return (f'<section class="log"><h2>Side by side</h2><p class="note">Changes are against the first log, '
+            f"{escape(reports[0].path)}.</p><table><tr><th></th>{head}</tr>{''.join(body)}</table></section>")
+
+
+def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
+    s = report.summary
+    log = s["log"]
+    steps = log.get("steps") or {}
+    facts = [f"{log['rows']:,} rows", f"format {log['format']}"]
+    if log.get("duration_s") is not None:
+        facts.append(f"{format_value(log['duration_s'], 's')} long")
+    if steps.get("count"):
+        facts.append(f"steps {steps.get('first')} to {steps.get('last')}")
+    if log.get("start"):
+        facts.append(f"started {log['start']}")
+    out = [f'<section class="log"><h2>{escape(report.path)}</h2>', f'<p class="sub">{escape(" · ".join(facts))}</p>']
+    out.append(_cards(s))
+    for dev in report.devices:
+        out.append(f"<h3>{escape(dev.title)}</h3>")
+        out.append(_figure(dev.timeline, y_max.get((dev.key, "time"))))
+        if dev.steps is not None:
+            out.append(_figure(dev.steps, y_max.get((dev.key, "step"))))
+        out.append(_device_tables(s["devices"].get(dev.key) or {}))
+    out.append(_advice(s))
+    if s.get("warnings"):
+        items = "".join(f"<li>{escape(str(w))}</li>" for w in s["warnings"])
+        out.append(f'<h3>Warnings</h3><ul class="warnings">{items}</ul>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def _figure(chart: Chart, y_max: float | None) -> str:
+    if chart.empty:
+        return f'<p class="note">{escape(chart.title)}: nothing to draw.</p>'
+    caption = f"<figcaption>{escape(chart.note)}</figcaption>" if chart.note else ""
+    return f"<figure>{chart_svg(chart, y_max_bytes=y_max)}{caption}</figure>"
+
+
+def _card(label: str, value: str, detail: str = "", tone: str = "") -> str:
+    cls = f"card {tone}".strip()
+    return (f'<div class="{cls}"><div class="k">{escape(label)}</div><div class="v">{escape(value)}</div>'
+            f'<div class="d">{escape(detail)}</div></div>')
+
+
+def _cards(s: dict[str, Any]) -> str:
+    cards = []
+    devices = list(s["devices"].values())
+    peak = max(devices, key=lambda d: _peak_bytes(d) or 0, default=None)
+    if peak is not None and _peak_bytes(peak) is not None:
+        metric, where = _peak_metric(peak)
+        detail = f"{METRICS[metric]} on {peak['title']}"
+        if where.get("step") is not None:
+            detail += f", step {where['step']}"
+        if where.get("phase"):
+            detail += f" ({where['phase']})"
+        cards.append(_card("peak", _gib(where["bytes"]), detail))
+    rooms = [d for d in devices if d.get("headroom_bytes") is not None]
+    if rooms:
+        tight = min(rooms, key=lambda d: d["headroom_bytes"])
+        fraction = tight.get("headroom_fraction") or 0.0
+        tone = "bad" if fraction < 0.05 else "warn" if fraction < 0.1 else "good"
+        cards.append(_card("headroom at the peak", _gib(tight["headroom_bytes"]),
+                           f"{fraction:.0%} of {_gib(tight['capacity_bytes'])} on {tight['title']}", tone))
+    leak = s.get("leak") or {}
+    if leak:
+        detected = bool(leak.get("detected"))
+        value = "leak" if detected else ("caching" if leak.get("kind") in ("caching", "fragmentation") else "no leak")
+        tone = "bad" if detected else "warn" if value == "caching" else "good"
+        if leak.get("kind") == "insufficient":
+            value, tone = "not enough data", ""
+        cards.append(_card("leak", value, str(leak.get("verdict") or ""), tone))
+    forecast = s.get("forecast") or {}
+    if forecast.get("steps_to_oom") is not None:
+        when = f"~{forecast['steps_to_oom']:,.0f} steps"
+        seconds = forecast.get("seconds_to_oom")
+        detail = f"in about {duration(seconds)}" if seconds is not None else ""
+        cards.append(_card("OOM forecast", when, detail, "bad"))
+    elif forecast:
+        lb = forecast.get("longest_batch") or {}
+        tone = "bad" if lb.get("at_risk") else ""
+        text = "longest batch at risk" if lb.get("at_risk") else "no OOM ahead"
+        cards.append(_card("OOM forecast", text, str(lb.get("warning") or forecast.get("reason") or ""), tone))
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _peak_metric(dev: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    peaks = dev.get("peaks") or {}
+    for metric in ("device_used_bytes", "peak_allocated_bytes", "reserved_bytes", "allocated_bytes",
+                   "process_bytes", "host_rss_bytes"):
+        if peaks.get(metric):
+            return metric, peaks[metric]
+    return "device_used_bytes", {"bytes": None}
+
+
+def _peak_bytes(dev: dict[str, Any]) -> int | None:
+    value = _peak_metric(dev)[1].get("bytes")
+    return int(value) if value is not None else None
+
+
+def _device_tables(d: dict[str, Any]) -> str:
+    out = []
+    phases = d.get("phases") or {}
+    metrics = [m for m in METRICS if any(m in p for p in phases.values())]
+    if phases and metrics:
+        head = "".join(f"<th>{escape(METRICS[m])}</th>" for m in metrics)
+        rows = []
+        for name, entry in phases.items():
+            cells = []
+            for m in metrics:
+                where = entry.get(m)
+                if where is None:
+                    cells.append('<td class="n">-</td>')
+                    continue
+                at = f" @ step {where['step']}" if where.get("step") is not None else (
+                    f" @ {format_value(where.get('elapsed_s'), 's')}" if where.get("elapsed_s") is not None else "")
+                cells.append(f'<td class="n">{escape(_gib(where["bytes"]) + at)}</td>')
+            count = f"{entry.get('rows', 0):,}"
+            rows.append(f'<tr><th>{escape(name)}</th><td class="n">{count}</td>{"".join(cells)}</tr>')
+        out.append(f"<table><tr><th>peak per phase</th><th>rows</th>{head}</tr>{''.join(rows)}</table>")
+    frag = d.get("fragmentation")
+    if frag:
+        out.append(f'<p class="note"><b>Reserved against allocated:</b> {escape(str(frag.get("verdict", "")))}.</p>')
+    batches = d.get("longest_batches") or []
+    if batches:
+        lines = "".join(
+            f'<tr><td class="n">{escape(str(b.get("step")))}</td><td class="n">{b.get("tokens"):,}</td>'
+            f'<td class="n">{escape(_gib(b.get("peak_allocated_bytes")))}</td>'
+            f"<td>{escape(str(b.get('phase')))}</td></tr>"
+            for b in batches
+        )
+        out.append("<table><tr><th>longest batches: step</th><th>tokens</th><th>peak allocated</th><th>phase</th>"
+                   f"</tr>{lines}</table>")
+    return "".join(out)
+
+
+def _advice(s: dict[str, Any]) -> str:
+    items = s.get("recommendations") or []
+    if not items:
+        return '<h3>Recommendations</h3><p class="note">Nothing to change: no leak, no tight spot, no waste seen.</p>'
+    lis = []
+    for item in items:
+        saves = f" (up to {_gib(item['saves_bytes'])})" if item.get("saves_bytes") else ""
+        urgent = '<span class="urgent">urgent: </span>' if item.get("urgent") else ""
+        lis.append(f'<li>{urgent}<span class="t">{escape(item["title"])}{escape(saves)}</span>. '
+                   f"{escape(item['detail'])}</li>")
+    return f'<h3>Recommendations</h3><ol class="advice">{"".join(lis)}</ol>'
+
+
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / GIB:.2f} GiB"

@@ -1,0 +1,131 @@
+"""The report's charts as one PNG (matplotlib), for issues and papers.
+
+matplotlib is the ``plot`` extra: it is imported here, inside :func:`render_png`, and nowhere else,
+so the rest of vramscope never pays its import time. The figure is drawn with the Agg canvas on a
+``Figure`` object (no pyplot, no global state, no display needed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from vramscope.report.model import Chart, LogReport
+from vramscope.report.svg import COLORS, PHASE_COLORS, format_seconds, time_step
+
+GIB = 1024**3
+
+
+class PlotUnavailableError(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def plot_available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def render_png(reports: Sequence[LogReport], dpi: int = 110) -> bytes:
+    """Every log's charts, one row per chart, logs side by side in columns; returns the PNG's bytes.
+
+    Raises:
+        PlotUnavailableError: matplotlib is missing, with the command that installs it.
+    """
+    if not plot_available():
+        raise PlotUnavailableError("--png needs matplotlib; install it with: pip install 'vramscope[plot]'")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
+
+    columns: list[list[Chart]] = []
+    for report in reports:
+        charts: list[Chart] = []
+        for dev in report.devices:
+            charts.append(dev.timeline)
+            if dev.steps is not None:
+                charts.append(dev.steps)
+        columns.append(charts)
+    rows = max(len(c) for c in columns)
+    fig = Figure(figsize=(9.5 * len(columns), 3.3 * rows + 0.6), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, len(columns), squeeze=False)
+    ticks = {"fmt": FuncFormatter, "y": MaxNLocator, "every": MultipleLocator}
+    for col, (report, charts) in enumerate(zip(reports, columns, strict=False)):
+        for row in range(rows):
+            ax: Any = axes[row][col]
+            if row >= len(charts):
+                ax.set_visible(False)
+                continue
+            _draw(ax, charts[row], ticks)
+            if row == 0 and len(reports) > 1:
+                ax.set_title(_plain(f"{report.path}\n{charts[row].title}"), fontsize=10, loc="left")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _draw(ax: Any, chart: Chart, ticks: dict[str, Any]) -> None:
+    # Plotted in GiB (not bytes) so that matplotlib's tick locator picks round GiB values.
+    ax.set_title(_plain(chart.title), fontsize=10, loc="left")
+    phases = sorted({s.phase for s in chart.spans})
+    labelled: set[str] = set()
+    for span in chart.spans:
+        color = PHASE_COLORS[phases.index(span.phase) % len(PHASE_COLORS)]
+        label = _plain(span.phase) if span.phase not in labelled else None
+        labelled.add(span.phase)
+        ax.axvspan(span.start, span.end, color=color, alpha=0.35, lw=0, label=label)
+    data_max = 0.0
+    for line in chart.lines:
+        if not line.xs:
+            continue
+        ax.plot(line.xs, [y / GIB for y in line.ys], color=COLORS.get(line.metric, "#555555"),
+                lw=1.8 if line.dashed else 1.1, ls="--" if line.dashed else "-", label=_plain(line.label))
+        if line.metric != "forecast":
+            data_max = max(data_max, max(line.ys))
+    capacity = chart.capacity_bytes
+    if capacity is not None and (capacity <= 2.2 * data_max or any(ln.metric == "forecast" for ln in chart.lines)):
+        ax.axhline(capacity / GIB, color="#c0392b", lw=1.2, label=f"capacity {capacity / GIB:.1f} GiB")
+    for mark in chart.marks:
+        if mark.kind == "peak":
+            ax.plot([mark.x], [mark.y / GIB], "o", mfc="white", mec="#c0392b", mew=1.8, ms=6)
+            ax.annotate(_plain(f"{mark.label} {mark.y / GIB:.2f} GiB"), (mark.x, mark.y / GIB),
+                        textcoords="offset points", xytext=(6, 5), fontsize=8, color="#c0392b")
+        else:
+            ax.plot([mark.x], [mark.y / GIB], "v", color="#7b3294", ms=6)
+    if any(m.kind == "batch" for m in chart.marks):
+        ax.plot([], [], "v", color="#7b3294", label="longest batches")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(ticks["y"](nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    ax.set_ylabel("GiB")
+    if chart.x_label == "time":
+        xs = [x for line in chart.lines for x in line.xs[:1] + line.xs[-1:]]
+        if xs:
+            ax.xaxis.set_major_locator(ticks["every"](time_step(max(xs) - min(xs), 8)))
+        ax.xaxis.set_major_formatter(ticks["fmt"](lambda v, _pos: format_seconds(v)))
+        ax.set_xlabel("elapsed time (h:mm:ss)")
+    else:
+        ax.set_xlabel("training step")
+    ax.grid(True, color="#e4e4e4", lw=0.6)
+    ax.legend(loc="lower right", fontsize=7, ncols=3, framealpha=0.85)
+    if chart.note:
+        ax.text(0.01, 0.98, _plain(_wrap(chart.note, 120)), transform=ax.transAxes, fontsize=7, va="top",
+                color="#333", bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
+
+
+def _plain(text: str) -> str:
+    # matplotlib reads $...$ as math; a phase name or a path from the log must print as written.
+    return text.replace("$", r"\$")
+
+
+def _wrap(text: str, width: int) -> str:
+    words, lines, current = text.split(), [], ""
+    for word in words:
+        if current and len(current) + 1 + len(word) > width:
+            lines.append(current)
+            current = word
+        else:
+            current = f"{current} {word}".strip()
+    if current:
+        lines.append(current)
+    return "\n".join(lines[:3])

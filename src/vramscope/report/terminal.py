@@ -1,0 +1,168 @@
+"""The report in a terminal (rich): the answers first, one screen per log, or one table for several.
+
+Plain text when the output is not a terminal (a pipe, a CI log): rich drops colours and box styles
+by itself, and ``--json`` is there for machines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from vramscope.report.compare import compare, format_change, format_value
+from vramscope.report.model import METRICS, LogReport, duration
+
+GIB = 1024**3
+PEAK_ORDER = ("device_used_bytes", "reserved_bytes", "peak_allocated_bytes", "allocated_bytes", "process_bytes",
+              "host_rss_bytes")
+
+
+def print_report(reports: Sequence[LogReport], console: Console) -> None:
+    """Print one log's summary, or several logs compared side by side and then each one's advice."""
+    if len(reports) > 1:
+        console.print(comparison_table(reports))
+        for report in reports:
+            console.print()
+            console.print(Text(f"{report.path}", style="bold"))
+            _print_verdicts(report.summary, console)
+            _print_advice(report.summary, console, limit=3)
+        return
+    report = reports[0]
+    console.print(_header(report))
+    for key, dev in report.summary["devices"].items():
+        console.print()
+        console.print(device_heading(key, dev))
+        console.print(device_table(key, dev))
+        phases = phase_table(dev)
+        if phases is not None:
+            console.print(phases)
+        frag = dev.get("fragmentation")
+        if frag:
+            console.print(Text.assemble(("allocated vs reserved: ", "bold"), str(frag.get("verdict", ""))))
+        batches = dev.get("longest_batches") or []
+        if batches:
+            text = ", ".join(f"step {b['step']} ({b['tokens']:,} tokens, {_gib(b['peak_allocated_bytes'])})"
+                             for b in batches)
+            console.print(Text.assemble(("longest batches: ", "bold"), text))
+    _print_verdicts(report.summary, console)
+    _print_advice(report.summary, console)
+
+
+def _header(report: LogReport) -> Text:
+    log = report.summary["log"]
+    steps = log.get("steps") or {}
+    parts = [f"{log['rows']:,} rows", log["format"]]
+    if log.get("duration_s") is not None:
+        parts.append(format_value(log["duration_s"], "s"))
+    if steps.get("count"):
+        parts.append(f"steps {steps.get('first')}-{steps.get('last')}")
+    return Text.assemble(("vramscope report ", "bold"), (report.path, "bold cyan"), f"  ({', '.join(parts)})")
+
+
+def device_heading(key: str, dev: dict[str, Any]) -> Text:
+    """``GPU 0 · capacity 24.00 GiB · headroom at the peak 3.90 GiB (16%)``, coloured by how tight it is."""
+    text = Text(str(dev.get("title") or key), style="bold")
+    if dev.get("capacity_bytes") is not None:
+        text.append(f" · capacity {_gib(dev['capacity_bytes'])}")
+    if dev.get("headroom_bytes") is not None:
+        fraction = dev.get("headroom_fraction") or 0.0
+        style = "bold red" if fraction < 0.05 else "yellow" if fraction < 0.1 else "green"
+        text.append(" · headroom at the peak ")
+        text.append(f"{_gib(dev['headroom_bytes'])} ({fraction:.0%})", style=style)
+    return text
+
+
+def device_table(key: str, dev: dict[str, Any]) -> Table:
+    """Peaks of one GPU with when they happened."""
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold dim")
+    for name, justify in (("memory", "left"), ("peak", "right"), ("step", "right"), ("phase", "left"),
+                          ("elapsed", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    peaks = dev.get("peaks") or {}
+    for metric in PEAK_ORDER:
+        where = peaks.get(metric)
+        if not where:
+            continue
+        step = where.get("step")
+        table.add_row(METRICS[metric], _gib(where["bytes"]), "" if step is None else f"{step:,}",
+                      escape(str(where.get("phase") or "")), format_value(where.get("elapsed_s"), "s"))
+    return table
+
+
+def phase_table(dev: dict[str, Any]) -> Table | None:
+    """Peaks per phase (train, eval, ...), when the log has more than one phase."""
+    phases = dev.get("phases") or {}
+    if len(phases) < 2:
+        return None
+    metrics = [m for m in PEAK_ORDER if any(m in p for p in phases.values())][:3]
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold dim")
+    table.add_column("peaks by phase")
+    table.add_column("rows", justify="right")
+    for m in metrics:
+        table.add_column(METRICS[m], justify="right")
+    table.add_column("at step", justify="right")
+    for name, entry in phases.items():
+        cells = [_gib((entry.get(m) or {}).get("bytes")) if entry.get(m) else "-" for m in metrics]
+        step = (entry.get(metrics[0]) or {}).get("step") if metrics else None
+        table.add_row(escape(name), f"{entry.get('rows', 0):,}", *cells, "" if step is None else f"{step:,}")
+    return table
+
+
+def comparison_table(reports: Sequence[LogReport]) -> Table:
+    """The same figures for each log, with the change against the first."""
+    table = Table(title="side by side (changes against the first log)", title_justify="left", show_edge=False,
+                  pad_edge=False)
+    table.add_column("")
+    for report in reports:
+        table.add_column(escape(report.path), justify="right", overflow="fold")
+    for row in compare(reports):
+        cells = []
+        for value, change in zip(row["values"], row["changes"], strict=False):
+            text = escape(format_value(value, row["unit"]))
+            if change:
+                style = "green" if change < 0 else "red"
+                text += f" [{style}]({format_change(change)})[/{style}]"
+            cells.append(text)
+        table.add_row(row["figure"], *cells)
+    return table
+
+
+def _print_verdicts(s: dict[str, Any], console: Console) -> None:
+    leak = s.get("leak") or {}
+    if leak:
+        style = "bold red" if leak.get("detected") else "green"
+        console.print(Text.assemble(("leak test: ", "bold"), (str(leak.get("verdict") or leak.get("kind")), style)))
+    forecast = s.get("forecast") or {}
+    if forecast:
+        if forecast.get("steps_to_oom") is not None:
+            when = f"~{forecast['steps_to_oom']:,.0f} steps"
+            if forecast.get("seconds_to_oom") is not None:
+                when += f" (about {duration(forecast['seconds_to_oom'])})"
+            console.print(Text.assemble(("OOM forecast: ", "bold"), (f"out of memory in {when}", "bold red")))
+        else:
+            console.print(Text.assemble(("OOM forecast: ", "bold"), str(forecast.get("reason") or "none")))
+        lb = forecast.get("longest_batch") or {}
+        if lb.get("warning"):
+            console.print(Text.assemble(("longest batch: ", "bold"), (str(lb["warning"]), "red")))
+    # The analysis' warnings repeat the verdicts above in one line each; --json and the HTML list them.
+
+
+def _print_advice(s: dict[str, Any], console: Console, limit: int = 5) -> None:
+    items = (s.get("recommendations") or [])[:limit]
+    if not items:
+        return
+    lines: list[Text] = [Text("recommendations (from this log):", style="bold")]
+    for i, item in enumerate(items, 1):
+        saves = f" [saves up to {_gib(item['saves_bytes'])}]" if item.get("saves_bytes") else ""
+        lines.append(Text.assemble(f" {i}. ", (item["title"], "bold red" if item.get("urgent") else "bold"),
+                                   (saves, "green"), f": {item['detail']}"))
+    console.print(Group(*lines))
+
+
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / GIB:.2f} GiB"
