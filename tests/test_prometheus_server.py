@@ -6,8 +6,8 @@ loopback ports reserved up front (service discovery would add a 5 s update delay
 labelled ``test=slotN``; a test claims a slot, listens on its port, and selects ``{test="slotN"}`` in
 PromQL. Every wait is bounded.
 
-The helpers at the top (``free_port``, ``wait_for``, :class:`Daemon`, :class:`PrometheusServer`) are also
-used by ``test_pushgateway.py``.
+The helpers at the top (``free_port``, ``wait_for``, :class:`Daemon`, :class:`Gateway`) are also used by
+``test_pushgateway.py``; the Pushgateway -> Prometheus test is here, to share this module's server.
 """
 
 from __future__ import annotations
@@ -28,18 +28,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from test_prometheus import GIB, training_sample
-from vramscope.sinks.prometheus import PrometheusSink
+from vramscope.sinks.prometheus import PrometheusSink, PushgatewaySink
 
 T = TypeVar("T")
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
+PUSHGATEWAY = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
 needs_prometheus = pytest.mark.skipif(
     PROMETHEUS is None, reason="needs the prometheus binary (Debian: apt-get install -y prometheus)"
 )
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian: apt-get install -y prometheus)")
+
+needs_pushgateway = pytest.mark.skipif(
+    PUSHGATEWAY is None, reason="needs the Pushgateway (Debian: apt-get install -y prometheus-pushgateway)"
+)
+HOST = socket.gethostname()
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 SCRAPE_INTERVAL_S = 0.25  # fast scrapes keep the tests short; Prometheus accepts sub-second intervals
 WAIT_S = 20.0  # upper bound for any wait on a server; a healthy run needs a second or two
@@ -113,13 +121,15 @@ class PrometheusServer:
     def __init__(self, root: Path, slots: int = 8) -> None:
         assert PROMETHEUS is not None
         self.root = root
-        self._free: list[tuple[int, str]] = []
-        ports: set[int] = set()
-        while len(ports) < slots:
-            ports.add(free_port())
+        # Each slot's port stays bound (not listening) until claimed, so that no other free_port() in the
+        # session, nor another program, can take it in between.
+        self._free: list[tuple[socket.socket, int, str]] = []
         targets = ""
-        for n, port in enumerate(sorted(ports)):
-            self._free.append((port, f"slot{n}"))
+        for n in range(slots):
+            holder = socket.socket()
+            holder.bind(("127.0.0.1", 0))
+            port = holder.getsockname()[1]
+            self._free.append((holder, port, f"slot{n}"))
             targets += f"      - targets: ['127.0.0.1:{port}']\n        labels: {{test: slot{n}}}\n"
         config = root / "prometheus.yml"
         config.write_text(
@@ -150,7 +160,9 @@ class PrometheusServer:
         """A port that Prometheus scrapes, and the ``test`` label of its series; each is used once."""
         if not self._free:
             pytest.fail("no scrape slot left; raise PrometheusServer(slots=...)")
-        return self._free.pop(0)
+        holder, port, label = self._free.pop(0)
+        holder.close()
+        return port, label
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant PromQL query through the HTTP API; fails the test on a query error."""
@@ -170,8 +182,53 @@ class PrometheusServer:
             return self.query(expr) or None
 
         result = wait_for(probe, f"PromQL {expr!r} to return data", timeout)
-        assert len(result) == 1, result
+        assert len(result) == 1, "; ".join(str(sorted(r["metric"].items())) for r in result)
         return float(result[0]["value"][1])
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        for holder, _, _ in self._free:
+            holder.close()
+
+
+class Gateway:
+    """A real Pushgateway on 127.0.0.1:``port``."""
+
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        assert PUSHGATEWAY is not None
+        self.port = port if port is not None else free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.daemon = Daemon(
+            [
+                PUSHGATEWAY,
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                # Debian's build persists to /var/lib/prometheus by default; a test keeps its groups in memory.
+                "--persistence.file=",
+                "--log.level=warn",
+            ],
+            f"{self.url}/-/ready",
+            root / f"pushgateway-{self.port}.log",
+        )
+
+    def series(self) -> Series:
+        found: Series = {}
+        for family in text_string_to_metric_families(http_get(f"{self.url}/metrics").decode()):
+            for s in family.samples:
+                found[(s.name, frozenset(s.labels.items()))] = s.value
+        return found
+
+    def values(self, metric: str, /, **labels: str) -> list[float]:
+        want = set(labels.items())
+        return [v for (n, lab), v in self.series().items() if n == metric and want <= lab]
+
+    def wait_for_value(self, metric: str, /, **labels: str) -> float:
+        found = wait_for(lambda: self.values(metric, **labels) or None, f"{metric}{labels} on the gateway")
+        assert len(found) == 1, found
+        return found[0]
+
+    def put_requests(self) -> float:
+        """Successful PUTs the gateway has counted (its own metric): how often we really pushed."""
+        return sum(self.values("pushgateway_http_requests_total", code="200", handler="push", method="put"))
 
     def stop(self) -> None:
         self.daemon.stop()
@@ -277,6 +334,30 @@ def test_vramscope_run_is_scraped_while_the_command_runs(prometheus: PrometheusS
     assert run.returncode == 0, err
     assert f"vramscope: serving Prometheus metrics at http://127.0.0.1:{port}/metrics" in err
     assert "exited with 0" in err
+
+
+# -- through a Pushgateway ---------------------------------------------------------------------------------
+
+
+@needs_prometheus
+@needs_pushgateway
+def test_prometheus_scrapes_pushed_metrics_through_the_gateway(prometheus: PrometheusServer, tmp_path: Path) -> None:
+    port, slot = prometheus.claim()
+    scraped = Gateway(tmp_path, port=port)
+    sink = PushgatewaySink(scraped.url, labels={"rank": "5"}, job="train-node-7", interval=0.2)
+    try:
+        sink.write(training_sample(step=9))
+        value = prometheus.wait_for_value(f'vramscope_gpu_memory_used_bytes{{test="{slot}", gpu="0"}}')
+        assert value == 20 * GIB
+        (series,) = prometheus.query(f'vramscope_training_step{{test="{slot}"}}')
+        # honor_labels: the group's own job and instance, not the gateway's
+        assert series["metric"]["job"] == "train-node-7"
+        assert series["metric"]["instance"] == HOST
+        assert series["metric"]["rank"] == "5"
+        assert series["value"][1] == "9"
+    finally:
+        sink.close()
+        scraped.stop()
 
 
 # -- the Grafana dashboard's queries ------------------------------------------------------------------------

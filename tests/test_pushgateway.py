@@ -1,0 +1,154 @@
+"""``--push URL``: the Pushgateway sink against the real ``prometheus-pushgateway`` binary (Debian package).
+
+Each gateway is started here on a free loopback port, in memory only (``--persistence.file=``: Debian's
+build would otherwise write /var/lib/prometheus/pushgateway.data), and stopped at the end. Tests use
+distinct ``job`` names so that their groups never meet. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from test_prometheus import GIB, training_sample
+from test_prometheus_server import HOST, PUSHGATEWAY, Gateway, free_port, needs_pushgateway, wait_for
+from vramscope.sinks.prometheus import PushgatewaySink, PushgatewayURLError
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    if PUSHGATEWAY is None:
+        pytest.skip("needs the Pushgateway (Debian: apt-get install -y prometheus-pushgateway)")
+    server = Gateway(tmp_path_factory.mktemp("pushgateway"))
+    yield server
+    server.stop()
+
+
+def test_a_push_lands_in_its_group_with_the_values(gateway: Gateway) -> None:
+    sink = PushgatewaySink(gateway.url, labels={"rank": "2"}, job="group-test", interval=0.2)
+    try:
+        sink.write(training_sample(step=42))
+        sink.set_analysis(1024.0**2, 700.0, gpu=0)
+        group = {"job": "group-test", "instance": HOST, "rank": "2"}
+        assert gateway.wait_for_value("vramscope_gpu_memory_used_bytes", gpu="0", **group) == 20 * GIB
+        assert gateway.wait_for_value("vramscope_allocator_reserved_bytes", gpu="0", **group) == 12 * GIB
+        assert gateway.wait_for_value("vramscope_training_step", **group) == 42
+        assert gateway.wait_for_value("vramscope_forecast_steps_to_oom", **group) == 700
+        assert gateway.wait_for_value("push_time_seconds", **group) > 0  # the gateway took the whole group
+    finally:
+        sink.close()
+    assert sink.pushes >= 1
+
+
+def test_pushes_follow_the_timer_not_the_samples(gateway: Gateway) -> None:
+    before = gateway.put_requests()
+    sink = PushgatewaySink(gateway.url, job="timer-test", interval=0.5)
+    written = 0
+    deadline = time.monotonic() + 1.3
+    while time.monotonic() < deadline:  # a sampler writing every 20 ms
+        written += 1
+        sink.write(training_sample(step=written))
+        time.sleep(0.02)
+    sink.close()  # one last push with the final state
+    # Two or three timer ticks plus the last push, however many samples came in.
+    assert written >= 20
+    assert 2 <= sink.pushes <= 4
+    assert gateway.put_requests() - before == sink.pushes  # the gateway counted exactly those PUTs
+    group = {"job": "timer-test", "instance": HOST, "rank": "1"}
+    assert gateway.wait_for_value("vramscope_samples_total", **group) == written
+    assert gateway.wait_for_value("vramscope_training_step", **group) == written
+
+
+def test_close_pushes_the_end_state_of_a_short_run_at_once(gateway: Gateway) -> None:
+    sink = PushgatewaySink(gateway.url, job="short-run", interval=60.0)  # the timer never fires here
+    for step in (1, 2, 3):
+        sink.write(training_sample(step=step))
+    started = time.monotonic()
+    sink.close()
+    assert time.monotonic() - started < 5.0  # the timer's 60 s wait is interrupted, not sat out
+    assert sink.pushes == 1
+    assert gateway.wait_for_value("vramscope_training_step", job="short-run") == 3
+
+
+def test_nothing_is_pushed_before_the_first_sample(gateway: Gateway) -> None:
+    sink = PushgatewaySink(gateway.url, job="empty-run", interval=0.1)
+    time.sleep(0.3)
+    sink.close()
+    assert sink.pushes == 0
+    assert gateway.values("push_time_seconds", job="empty-run") == []
+
+
+def test_delete_on_close_removes_the_group(gateway: Gateway) -> None:
+    sink = PushgatewaySink(gateway.url, job="deleted-run", interval=0.1, delete_on_close=True)
+    sink.write(training_sample())
+    gateway.wait_for_value("vramscope_gpu_memory_used_bytes", job="deleted-run", gpu="0")
+    sink.close()
+    assert gateway.values("vramscope_gpu_memory_used_bytes", job="deleted-run") == []
+
+
+@needs_pushgateway
+def test_a_gateway_that_is_down_only_warns_and_is_used_once_it_is_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    sink = PushgatewaySink(f"http://127.0.0.1:{port}", job="late-gateway", interval=0.1, timeout=1.0)
+    late: Gateway | None = None
+    try:
+        with caplog.at_level(logging.WARNING, logger="vramscope.sinks.prometheus"):
+            sink.write(training_sample())
+            time.sleep(0.5)  # several failed ticks
+            failures = [r for r in caplog.records if "cannot push metrics" in r.getMessage()]
+            assert len(failures) == 1  # one line, not one per tick
+            assert "Connection refused" in failures[0].getMessage()
+            late = Gateway(tmp_path, port=port)
+            assert late.wait_for_value("vramscope_gpu_memory_used_bytes", job="late-gateway", gpu="0") == 20 * GIB
+            wait_for(lambda: any("works again" in r.getMessage() for r in caplog.records), "the recovery line")
+    finally:
+        sink.close()
+        if late is not None:
+            late.stop()
+
+
+@pytest.mark.parametrize("url", ["pushgateway:9091", "ftp://gw:9091", "http://", "http://gw:x", "http://gw/?a=1"])
+def test_bad_urls_are_refused_before_anything_starts(url: str) -> None:
+    with pytest.raises(PushgatewayURLError, match=r"e\.g\. http://pushgateway:9091"):
+        PushgatewaySink(url)
+
+
+def test_vramscope_run_pushes_while_the_command_runs_and_at_its_end(gateway: Gateway, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    # The child holds 48 MiB of touched memory until the test has seen it on the gateway (at most 30 s).
+    child = (
+        "import os, time\n"
+        "held = bytearray(b'x' * (48 * 1024 * 1024))\n"
+        "deadline = time.monotonic() + 30\n"
+        f"while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "vramscope", "run", "--push", gateway.url, "--push-interval", "0.2",
+         "--interval", "0.1", "--no-inject", "--", sys.executable, "-c", child],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    group = {"job": "vramscope", "instance": HOST}
+    try:
+        held = wait_for(
+            lambda: [v for v in gateway.values("vramscope_host_rss_bytes", **group) if v > 48 * 1024**2] or None,
+            "the child's RSS on the gateway",
+        )
+        assert held[0] < 1024**3
+        assert run.poll() is None  # pushed while the command was still running
+    finally:
+        release.touch()
+        _out, err = run.communicate(timeout=30)
+    assert run.returncode == 0, err
+    assert f"vramscope: pushing metrics to {gateway.url} every 0.2 s (job 'vramscope')" in err
+    # The last push, at the end of the run, carries the final sample count, which the summary also prints.
+    samples = int(err.split("samples: ")[1].split()[0].rstrip(","))
+    assert gateway.wait_for_value("vramscope_samples_total", **group) == samples
