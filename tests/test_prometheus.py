@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -32,6 +34,7 @@ from vramscope.sinks.prometheus import (
     PrometheusLabelError,
     PrometheusSink,
     PrometheusSinkError,
+    PrometheusUnavailableError,
     parse_address,
 )
 from vramscope.types import AllocatorReading, Sample
@@ -335,6 +338,23 @@ def test_scrapes_during_writes_see_whole_samples(sink: PrometheusSink) -> None:
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+def test_without_prometheus_client_the_error_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # what an environment without the extra sees
+    with pytest.raises(PrometheusUnavailableError, match=r"pip install 'vramscope\[prometheus\]'"):
+        PrometheusSink("127.0.0.1:0")
+
+
+def test_importing_the_module_does_not_import_prometheus_client() -> None:
+    # So that `vramscope run --help` and address parsing work without the extra.
+    code = (
+        "import sys, vramscope.sinks.prometheus as p, vramscope.cli.run, vramscope.cli.watch\n"
+        "p.parse_address('9400')\n"
+        "assert 'prometheus_client' not in sys.modules, 'imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
 
 
 # -- the CLI ------------------------------------------------------------------------------------------------
