@@ -52,6 +52,7 @@ def test_not_supported_fields_are_none(nvml_not_supported: fake_nvml.FakeNvml) -
     assert gpu.used_bytes == 5 * GIB
     assert gpu.utilization_pct is None
     assert gpu.processes == ()
+    assert not gpu.processes_known  # unknown, not "no processes"
     assert gpu.error is not None and "not supported" in gpu.error
 
 

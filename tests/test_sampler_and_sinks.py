@@ -38,6 +38,12 @@ def test_process_bytes_counts_only_the_watched_tree() -> None:
     assert sample.process_bytes(5) is None  # no such GPU
 
 
+def test_process_bytes_is_unknown_when_nvml_cannot_list_processes() -> None:
+    nvml = fake_nvml.not_supported_fields()
+    sample = Collector(nvml=NvmlBackend(nvml=nvml), host=HostBackend()).collect()
+    assert sample.process_bytes(0) is None  # never a fake 0
+
+
 class Exploding:
     def read(self) -> tuple[AllocatorReading, ...]:
         raise RuntimeError("driver hiccup")

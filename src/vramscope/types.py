@@ -33,6 +33,7 @@ class GpuReading:
     reserved_bytes: int | None = None  # driver/firmware reserve; only from the v2 memory info
     utilization_pct: int | None = None
     processes: tuple[ProcessGpuReading, ...] = ()
+    processes_known: bool = True  # False when NVML could not list them: then () means unknown, not none
     error: str | None = None  # why some fields are missing, for display
 
 
@@ -86,7 +87,7 @@ class Sample:
         if self.watched_pids is None:
             return None
         gpu = next((g for g in self.gpus if g.index == gpu_index), None)
-        if gpu is None:
+        if gpu is None or not gpu.processes_known:
             return None
         total = 0
         seen = False

@@ -63,7 +63,8 @@ class NvmlBackend:
         self._initialised = False
         self._init_error: str | None = None if self._nvml is not None else "nvidia-ml-py is not installed"
         self._warned: set[tuple[int, str]] = set()
-        self._v2_memory = True
+        self._v2_memory = True  # False once the driver lacks the v2 call: every GPU uses v1
+        self._v1_only: set[int] = set()  # GPUs that answered NotSupported to v2 (the others keep v2)
         self._handles: dict[int, Any] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -152,6 +153,7 @@ class NvmlBackend:
             reserved_bytes=reserved,
             utilization_pct=int(util.gpu) if util is not None else None,
             processes=tuple(_process(p) for p in procs or ()),
+            processes_known=procs is not None,
             error="; ".join(sorted(set(errors))) or None,
         )
 
@@ -159,15 +161,20 @@ class NvmlBackend:
         """v2 memory info where the driver has it (its ``used`` excludes the driver's reserve)."""
         nvml = self._nvml
         assert nvml is not None
-        if self._v2_memory:
+        if self._v2_memory and index not in self._v1_only:
             try:
                 return nvml.nvmlDeviceGetMemoryInfo(handle, version=MEMORY_V2)
             except Exception as exc:
                 code = getattr(exc, "value", None)
-                if code in (FUNCTION_NOT_FOUND, NOT_SUPPORTED) or isinstance(exc, TypeError):
+                if code == FUNCTION_NOT_FOUND or isinstance(exc, TypeError):
                     # An old driver, or an nvidia-ml-py without the version argument: use v1 from now on.
                     self._v2_memory = False
                     log.info("NVML v2 memory info unavailable (%s); using v1", _describe(exc))
+                elif code == NOT_SUPPORTED:
+                    # This GPU only: switching every GPU to v1 would shift their "used" by the driver's
+                    # reserve mid-run, a jump that looks like growth.
+                    self._v1_only.add(index)
+                    log.info("GPU %d: NVML v2 memory info not supported; using v1", index)
                 else:
                     self._warn_once(index, "memory", exc)
                     errors.append(f"memory: {_describe(exc)}")
