@@ -27,7 +27,6 @@ from operator import itemgetter
 from pathlib import Path
 
 from vramscope.schema import COLUMNS
-from vramscope.sinks.base import log_parts
 
 MIB = 1024 * 1024
 
@@ -150,38 +149,10 @@ def _to_float(text: str) -> float | None:
 def read_log(path: str | os.PathLike[str]) -> LogTable:
     """Read one log, whatever its format (decided from its first line).
 
-    A vramscope log rotated by ``--max-log-mb`` is read whole from its first file: ``mem.csv`` brings
-    ``mem.csv.1``, ``mem.csv.2``, ... after it (up to the first missing one, or one with another header).
-
     Raises:
         LogFormatError: missing file, empty file, or a header that no reader knows, with what to do.
     """
-    table = _read_one(os.fspath(path))
-    if table.kind == "nvidia-smi":
-        return table
-    tables = [table]
-    for part in log_parts(table.path)[1:]:
-        try:
-            more = _read_one(part)
-        except LogFormatError:  # an empty last part: the writer stopped as it began it
-            break
-        if more.kind != table.kind or (table.kind == "vramscope" and more.columns != table.columns):
-            break  # not a continuation of this log
-        tables.append(more)
-    return tables[0] if len(tables) == 1 else _concat(tables)
-
-
-def _concat(tables: list[LogTable]) -> LogTable:
-    columns = list(dict.fromkeys(c for t in tables for c in t.columns))
-    raw: dict[str, list[str]] = {c: [] for c in columns}
-    for table in tables:
-        n = len(table)
-        for column, values in raw.items():
-            values.extend(table.raw.get(column) or [""] * n)
-    return LogTable(tables[0].path, raw, tables[0].kind)
-
-
-def _read_one(name: str) -> LogTable:
+    name = os.fspath(path)
     try:
         # Bytes, decoded in one go: text mode's newline translation would cost as much as the split.
         text = Path(name).read_bytes().decode("utf-8", errors="replace")
@@ -244,6 +215,8 @@ def _split_plain(text: str) -> dict[str, list[str]] | None:
     # `width` cells, the marks sit exactly every width + 1 cells; any ragged line moves one of them.
     cells = body.replace(newline, ",\n,").split(",") if lines > 1 else body.split(",")
     width = cells.index("\n") if lines > 1 else len(cells)
+    if width < 2:
+        return None  # one column: an empty line would pass for an empty cell; the csv module skips it
     stride = width + 1
     if len(cells) != lines * stride - 1 or cells[width::stride].count("\n") != lines - 1:
         return None
