@@ -12,12 +12,14 @@ columns (``max``, slicing, ``list.index``, ``itertools.groupby``) rather than Py
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from operator import itemgetter
+from functools import partial
+from operator import is_not, itemgetter
 from typing import Any
 
 from vramscope.analysis.summary import analyze
@@ -230,9 +232,10 @@ def _device_rows(gpus: list[int | None]) -> dict[str, Selector]:
     return dict(rows)
 
 
-def _pick(values: Sequence[Any], sel: Selector) -> list[Any]:
+def _pick(values: list[Any], sel: Selector) -> list[Any]:
+    """The device's cells of a column. All rows: the column itself (callers only read it), not a copy."""
     if isinstance(sel, slice):
-        return list(values[sel])
+        return values if sel == slice(None) else values[sel]
     if not sel:
         return []
     if len(sel) == 1:
@@ -247,9 +250,12 @@ def _row_of(sel: Selector, j: int) -> int:
     return sel[j]
 
 
+_known = partial(is_not, None)  # a C-level "is not None" for filter()
+
+
 def _argmax(values: Sequence[int | None]) -> tuple[int, int] | None:
     """(position, value) of the largest known value, first occurrence; None when nothing is known."""
-    known = values if None not in values else list(filter(None.__ne__, values))
+    known = values if None not in values else list(filter(_known, values))
     if not known:
         return None
     top = max(known)  # type: ignore[type-var]
@@ -397,7 +403,7 @@ class _Device:
         return out
 
     def _trend_axis(self, idx: list[int]) -> tuple[list[float] | None, str]:
-        steps = [self.step[j] for j in idx]
+        steps = self.step if len(idx) == self.n else [self.step[j] for j in idx]
         if None not in steps and len(set(steps[:: max(1, len(steps) // 64)])) > 1:
             return steps, "step"  # type: ignore[return-value]
         # Time-based log: elapsed seconds at bucket granularity are enough for a slope.
@@ -407,24 +413,32 @@ class _Device:
         return xs, "s"  # type: ignore[return-value]
 
     def longest_batches(self) -> list[dict[str, Any]]:
+        """The batches with the most tokens (one row per step), the highest peak first among equals."""
         if not self.tokens:
             return []
         known = set(self.tokens)
         known.discard(None)
         if not known:
             return []
-        cutoff = sorted(known, reverse=True)[: LONGEST_BATCHES][-1]  # type: ignore[type-var]
+        cutoff = sorted(known, reverse=True)[:LONGEST_BATCHES][-1]  # type: ignore[type-var]
         peak = self.values["peak_allocated_bytes"] or self.values["allocated_bytes"] or [None] * self.n
         rows = [j for j, t in enumerate(self.tokens) if t is not None and t >= cutoff]
-        rows.sort(key=lambda j: (self.tokens[j], peak[j] if peak[j] is not None else -1), reverse=True)
-        out = []
-        seen_steps: set[int | None] = set()
-        for j in rows:
-            if self.step[j] in seen_steps and self.step[j] is not None:
-                continue
-            seen_steps.add(self.step[j])
+        # Many rows can share the longest length (batches padded to max_length): rank them with C-level tuple
+        # comparisons on a bounded heap instead of sorting them all. A step logged twice counts once.
+        ranked = heapq.nlargest(
+            LONGEST_BATCHES * 8,
+            zip([self.tokens[j] for j in rows], [-1 if peak[j] is None else peak[j] for j in rows], rows),
+        )
+        out: list[dict[str, Any]] = []
+        seen_steps: set[int] = set()
+        for tokens, _peak, j in ranked:
+            step = self.step[j]
+            if step is not None:
+                if step in seen_steps:
+                    continue
+                seen_steps.add(step)
             row = _row_of(self.sel, j)
-            out.append({"step": self.step[j], "tokens": self.tokens[j], "peak_allocated_bytes": peak[j],
+            out.append({"step": step, "tokens": tokens, "peak_allocated_bytes": peak[j],
                         "phase": self.labels()[j], "elapsed_s": _round(self.cols.seconds(row), 3)})
             if len(out) == LONGEST_BATCHES:
                 break

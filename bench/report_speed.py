@@ -1,0 +1,210 @@
+"""How fast `vramscope report` is on a day of samples, against one plain csv.reader pass over the file.
+
+The goal (issue 6): a log of one million rows is reported in a few seconds, in at most 3 times one
+plain ``csv.reader`` pass over the same file. This script measures that ratio in one run, on this
+machine, with the baseline and the report interleaved (A B A B ...) so that a noisy neighbour slows
+both alike. Nothing is asserted: the numbers and every repetition go to ``--out/report_speed.json``.
+
+Two logs are measured, both written by vramscope's own CSV sink:
+
+* ``run``: what ``vramscope run --log`` writes at 10 Hz: time-sampled, NVML columns (device used,
+  total, the process's memory, utilization), host RSS; no step, no allocator;
+* ``steps``: what the step-aligned monitor writes: step, phase and tokens filled, the allocator's
+  allocated, reserved and per-step peak, inactive split blocks, NVML and host columns.
+
+Usage: ``python bench/report_speed.py [--rows 1000000] [--repeat 3] [--kinds run,steps] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from vramscope.logfile import read_log
+from vramscope.report.html import render_html
+from vramscope.report.model import build_report
+from vramscope.report.terminal import print_report
+from vramscope.schema import sample_rows
+from vramscope.sinks.csvlog import CsvSink
+from vramscope.types import AllocatorReading, GpuReading, HostReading, ProcessGpuReading, Sample
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 1024**3
+MIB = 1024**2
+PID = 4242
+
+
+def write_log(path: Path, rows: int, kind: str, seed: int = 0) -> None:
+    """A QLoRA-like run through the real CSV sink: a base, per-batch peaks, eval every 2000 samples, a slow leak."""
+    rng = random.Random(seed)
+    sink = CsvSink(path)
+    batch: list[dict[str, Any]] = []
+    start = 1_764_000_000.0
+    reserved = 0
+    for i in range(rows):
+        evaluating = (i // 2000) % 10 == 9
+        tokens = rng.choice((256, 512, 1024, 2048)) * 4
+        allocated = 5 * GIB + i * 40 + rng.randrange(16 * MIB)
+        peak = allocated + tokens * MIB + (3 * GIB if evaluating else 0)
+        reserved = max(reserved, peak * 105 // 100)
+        used = reserved + 560 * MIB
+        gpu = GpuReading(index=0, uuid="GPU-0", name="NVIDIA H200", used_bytes=used, total_bytes=141 * GIB,
+                         free_bytes=141 * GIB - used, utilization_pct=rng.randrange(80, 100),
+                         processes=(ProcessGpuReading(PID, used - 300 * MIB),))
+        host = HostReading(rss_bytes=6 * GIB + rng.randrange(64 * MIB), system_used_bytes=90 * GIB)
+        if kind == "run":
+            sample = Sample(time=start + i * 0.1, elapsed_s=i * 0.1, gpus=(gpu,), host=host,
+                            watched_pids=frozenset({PID}))
+        else:
+            alloc = AllocatorReading(device=0, allocated_bytes=allocated, reserved_bytes=reserved,
+                                     peak_allocated_bytes=peak, active_bytes=allocated,
+                                     inactive_split_bytes=(reserved - peak) // 3, num_alloc_retries=0, num_ooms=0,
+                                     uuid="GPU-0")
+            sample = Sample(time=start + i * 0.1, elapsed_s=i * 0.1, gpus=(gpu,), allocator=(alloc,), host=host,
+                            watched_pids=frozenset({PID}), step=i, phase="eval" if evaluating else "train",
+                            tokens=tokens)
+        batch.extend(sample_rows(sample))
+        if len(batch) >= 20_000:
+            sink.write_rows(batch)
+            batch = []
+    sink.write_rows(batch)
+    sink.close()
+
+
+def csv_pass(path: Path) -> float:
+    """The baseline: one plain csv.reader pass over the file, touching every row."""
+    started = time.perf_counter()
+    with open(path, newline="", encoding="utf-8") as handle:
+        count = 0
+        for _row in csv.reader(handle):
+            count += 1
+    return time.perf_counter() - started
+
+
+def full_report(path: Path) -> dict[str, float]:
+    """What `vramscope report LOG --html OUT` does, timed by stage (the terminal summary to nowhere)."""
+    times: dict[str, float] = {}
+    started = time.perf_counter()
+    table = read_log(path)
+    times["read_s"] = time.perf_counter() - started
+    mark = time.perf_counter()
+    report = build_report(table)
+    times["analyze_and_build_s"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    page = render_html([report])
+    with open(os.devnull, "w") as sink:
+        print_report([report], Console(file=sink, width=100))
+    times["render_s"] = time.perf_counter() - mark
+    times["total_s"] = time.perf_counter() - started
+    times["html_bytes"] = float(len(page.encode()))
+    del table, report, page
+    gc.collect()
+    return times
+
+
+def analysis_share(path: Path) -> float:
+    """Seconds inside vramscope.analysis.summary.analyze alone (it runs inside build_report)."""
+    from vramscope.analysis.summary import analyze
+
+    table = read_log(path)
+    started = time.perf_counter()
+    analyze(table)
+    return time.perf_counter() - started
+
+
+def measure(kind: str, rows: int, repeat: int, folder: Path) -> dict[str, Any]:
+    path = folder / f"{kind}.csv"
+    print(f"[{time.strftime('%H:%M:%S')}] writing a {rows:,}-row '{kind}' log", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    write_log(path, rows, kind)
+    written = time.perf_counter() - started
+    baseline: list[float] = []
+    reports: list[dict[str, float]] = []
+    csv_pass(path)  # warm the page cache for both arms
+    for r in range(repeat):
+        print(f"[{time.strftime('%H:%M:%S')}] {kind}: repetition {r + 1}/{repeat}", file=sys.stderr, flush=True)
+        baseline.append(csv_pass(path))
+        reports.append(full_report(path))
+    analysis = analysis_share(path)
+    ratios = [rep["total_s"] / base for rep, base in zip(reports, baseline, strict=True)]
+    result = {
+        "kind": kind,
+        "rows": rows,
+        "file_bytes": path.stat().st_size,
+        "write_s": written,
+        "csv_reader_pass_s": baseline,
+        "report": reports,
+        "ratio_per_repetition": ratios,
+        "ratio_median": statistics.median(ratios),
+        "report_total_median_s": statistics.median(r["total_s"] for r in reports),
+        "csv_reader_median_s": statistics.median(baseline),
+        "analyze_alone_s": analysis,
+        "html_bytes": reports[-1]["html_bytes"],
+    }
+    path.unlink()
+    return result
+
+
+def git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows per log (default 1000000)")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions (default 3)")
+    parser.add_argument("--kinds", default="run,steps", help="which logs: run, steps or both (default run,steps)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results",
+                        help="folder for report_speed.json (default bench/results)")
+    args = parser.parse_args()
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or any(k not in ("run", "steps") for k in kinds) or args.rows < 10 or args.repeat < 1:
+        parser.error("--kinds takes run and/or steps; --rows at least 10; --repeat at least 1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vramscope-bench-") as folder:
+        results = [measure(kind, args.rows, args.repeat, Path(folder)) for kind in kinds]
+    document = {
+        "benchmark": "report_speed",
+        "goal": "report of 1M rows in at most 3x one plain csv.reader pass over the same file",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                    "load_average": os.getloadavg()},
+        "vramscope_commit": git_commit(),
+        "results": results,
+    }
+    target = args.out / "report_speed.json"
+    fd, tmp = tempfile.mkstemp(prefix=".report_speed.", suffix=".json", dir=args.out)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=1)
+        handle.write("\n")
+    os.replace(tmp, target)
+    for r in results:
+        print(f"{r['kind']:>5}: {r['rows']:,} rows, {r['file_bytes'] / 1e6:.0f} MB; csv.reader pass "
+              f"{r['csv_reader_median_s']:.2f} s; report {r['report_total_median_s']:.2f} s "
+              f"(ratio {r['ratio_median']:.2f}, analyze() alone {r['analyze_alone_s']:.2f} s); "
+              f"HTML {r['html_bytes'] / 1e3:.0f} kB")
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""`vramscope report`: the answers it gives on real logs, and its refusals on bad input.
+
+Logs are written by vramscope's own sampler and sinks (test_report_fixtures), by a real `vramscope run`
+child process, and in nvidia-smi's own CSV format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_training_log
+from vramscope.cli import main
+from vramscope.logfile import read_log
+from vramscope.report.model import build_report
+
+VRAMSCOPE = [sys.executable, "-m", "vramscope"]
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("logs")
+    return {
+        # 3 MiB more stays allocated after every step from step 400 on: a leak to find.
+        "leak": write_training_log(root / "leak.csv", Run(steps=1000, leak_per_step=3 * MIB, leak_from=400)),
+        "clean": write_training_log(root / "clean.csv", Run(steps=1000, seed=3)),
+        # The same run with activations a third smaller (gradient checkpointing, say).
+        "smaller": write_training_log(root / "smaller.csv", Run(steps=1000, seed=3, bytes_per_token=MIB * 2 // 3)),
+        "two_gpus": write_training_log(root / "two.jsonl", Run(steps=300, gpus=2)),
+    }
+
+
+def report_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    assert main(["report", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_has_the_analysis_keys_and_finds_the_planted_leak(capsys: pytest.CaptureFixture[str],
+                                                               logs: dict[str, Path]) -> None:
+    data = report_json(capsys, str(logs["leak"]))
+    assert {"leak", "peak", "forecast", "devices", "log", "recommendations"} <= data.keys()
+    leak = data["leak"]
+    assert leak["detected"] is True
+    assert leak["slope_bytes_per_step"] == pytest.approx(3 * MIB, rel=0.1)
+    assert 380 <= leak["start_step"] <= 480
+    assert data["forecast"]["steps_to_oom"] is not None and data["forecast"]["steps_to_oom"] > 0
+    assert data["recommendations"][0]["urgent"] or any(r["urgent"] for r in data["recommendations"])
+    assert any("keeps memory" in r["title"] for r in data["recommendations"])
+
+
+def test_clean_run_has_no_leak_and_no_oom_forecast(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
+    data = report_json(capsys, str(logs["clean"]))
+    assert data["leak"]["detected"] is False
+    assert data["forecast"]["steps_to_oom"] is None
+    assert not any("keeps memory" in r["title"] for r in data["recommendations"])
+
+
+def test_peaks_per_gpu_and_phase_match_the_log(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
+    data = report_json(capsys, str(logs["clean"]))
+    table = read_log(logs["clean"])
+    gpu = data["devices"]["0"]
+    peaks = table.ints("peak_allocated_bytes")
+    top = max(v for v in peaks if v is not None)
+    row = peaks.index(top)
+    assert gpu["peaks"]["peak_allocated_bytes"]["bytes"] == top
+    assert gpu["peaks"]["peak_allocated_bytes"]["step"] == table.ints("step")[row]
+    assert gpu["peaks"]["peak_allocated_bytes"]["time"] == table.strings("time")[row]
+    # Eval holds 3 GiB more at its peak in this run; the per-phase peaks must say so, and the advice too.
+    phases = gpu["phases"]
+    assert set(phases) == {"train", "eval"}
+    eval_peak = phases["eval"]["peak_allocated_bytes"]["bytes"]
+    train_peak = phases["train"]["peak_allocated_bytes"]["bytes"]
+    assert eval_peak - train_peak > 2 * GIB
+    assert any("evaluation" in r["title"] for r in data["recommendations"])
+    # Headroom: the capacity less the device's peak.
+    used = max(v for v in table.ints("device_used_bytes") if v is not None)
+    assert gpu["capacity_bytes"] == 24 * GIB
+    assert gpu["headroom_bytes"] == 24 * GIB - used
+
+
+def test_fragmentation_compares_reserved_with_the_largest_demand(capsys: pytest.CaptureFixture[str],
+                                                                 logs: dict[str, Path]) -> None:
+    frag = report_json(capsys, str(logs["clean"]))["devices"]["0"]["fragmentation"]
+    at = frag["at_peak_reserved"]
+    # The fixture's allocator keeps 5% over the largest peak, rounded to 2 MiB blocks.
+    assert at["unused_fraction"] == pytest.approx(0.05 / 1.05, abs=0.01)
+    assert frag["measured_against"] == "peak_allocated_bytes"
+    assert frag["inactive_split_max_bytes"] > 0
+    assert "reserved" in frag["verdict"]
+
+
+def test_longest_batches_are_the_ones_with_most_tokens(capsys: pytest.CaptureFixture[str],
+                                                       logs: dict[str, Path]) -> None:
+    data = report_json(capsys, str(logs["clean"]))
+    batches = data["devices"]["0"]["longest_batches"]
+    table = read_log(logs["clean"])
+    most = max(t for t in table.ints("tokens") if t is not None)
+    assert len(batches) == 5
+    assert all(b["tokens"] == most for b in batches)
+    peaks = [b["peak_allocated_bytes"] for b in batches]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_two_gpus_from_jsonl(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
+    data = report_json(capsys, str(logs["two_gpus"]))
+    assert data["log"]["format"] == "jsonl"
+    assert sorted(data["devices"]) == ["0", "1"]
+    assert set(data["peak"]["devices"]) == {"0", "1"}
+
+
+def test_two_logs_side_by_side(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
+    data = report_json(capsys, str(logs["clean"]), str(logs["smaller"]))
+    assert [log["log"]["path"] for log in data["logs"]] == [str(logs["clean"]), str(logs["smaller"])]
+    rows = {row["figure"]: row for row in data["comparison"]}
+    peak = rows["peak allocated"]
+    assert peak["values"][1] < peak["values"][0]
+    assert peak["changes"][0] is None and -0.5 < peak["changes"][1] < -0.1
+    # The terminal version names both logs in one table.
+    assert main(["report", str(logs["clean"]), str(logs["smaller"])]) == 0
+    out = capsys.readouterr().out
+    assert "side by side" in out
+    assert "clean.csv" in out and "smaller.csv" in out
+
+
+def test_terminal_summary_answers_the_questions(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
+    assert main(["report", str(logs["leak"])]) == 0
+    out = capsys.readouterr().out
+    for expected in ("GPU 0", "capacity 24.00 GiB", "headroom at the peak", "peaks by phase", "eval",
+                     "leak test: leak", "OOM forecast: out of memory in", "longest batches", "recommendations"):
+        assert expected in out, expected
+
+
+def test_nvidia_smi_log_reports_per_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_nvidia_smi_log(tmp_path / "smi.csv", rows=90, gpus=2, truncate_last=True)
+    data = report_json(capsys, str(path))
+    assert data["log"]["format"] == "nvidia-smi"
+    assert data["log"]["rows"] == 179
+    gpu1 = data["devices"]["1"]
+    assert gpu1["capacity_bytes"] == 24564 * MIB
+    assert gpu1["peaks"]["device_used_bytes"]["bytes"] == (800 + 60 * 300 + 1000 + 6 * 40) * MIB
+    assert data["log"]["duration_s"] == pytest.approx(89.0 + 0.293, abs=0.01)  # 1:29.293 - 0:00.000
+
+
+def test_log_of_a_real_vramscope_run(tmp_path: Path) -> None:
+    """A real child under `vramscope run`; no GPU here, so the report is about host memory."""
+    log = tmp_path / "run.csv"
+    child = "import time; b = [bytearray(20_000_000) for _ in range(6) if not time.sleep(0.1)]; time.sleep(0.3)"
+    done = subprocess.run([*VRAMSCOPE, "run", "--quiet", "--log", str(log), "--interval", "0.05", "--",
+                           sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = subprocess.run([*VRAMSCOPE, "report", str(log), "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    device = next(iter(data["devices"].values()))
+    assert device["peaks"]["host_rss_bytes"]["bytes"] > 120_000_000
+    assert data["log"]["duration_s"] > 0.5
+    html = tmp_path / "run.html"
+    assert main(["report", str(log), "--html", str(html)]) == 0
+    assert "host RSS" in html.read_text()
+
+
+def test_html_is_self_contained_and_escapes_what_the_log_says(tmp_path: Path) -> None:
+    hostile = "<script>document.title='owned'</script><img src=x onerror=alert(1)>"
+    folder = tmp_path / "<b>runs&co"
+    folder.mkdir()
+    log = write_training_log(folder / "m.csv", Run(steps=120, eval_every=60, eval_steps=10, eval_phase=hostile))
+    out = tmp_path / "r.html"
+    assert main(["report", str(log), "--html", str(out)]) == 0
+    page = out.read_text()
+    assert hostile not in page
+    assert "&lt;script&gt;document.title=&#x27;owned&#x27;&lt;/script&gt;" in page
+    assert "<b>runs" not in page and "&lt;b&gt;runs&amp;co" in page
+    # Parsed as a browser would: the hostile text made no element, and nothing on the page is fetched.
+    tags = Tags()
+    tags.feed(page)
+    assert not {"script", "img", "link", "iframe", "object", "embed"} & tags.names
+    assert not {"src", "href", "onerror", "onload"} & tags.attributes
+    assert "@import" not in page and "url(" not in page
+    assert set(re.findall(r"https?://[^\"' )<]+", page)) == {"http://www.w3.org/2000/svg"}  # a namespace only
+
+
+class Tags(HTMLParser):
+    """Every element name and attribute name on a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+        self.attributes: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.names.add(tag)
+        self.attributes.update(name for name, _ in attrs)
+
+
+@pytest.mark.slow
+def test_html_stays_small_and_keeps_the_peak(tmp_path: Path) -> None:
+    """20k samples with one short spike: the page is small, and the spike is still drawn."""
+    log = write_training_log(tmp_path / "long.csv", Run(steps=20_000, eval_every=0, seconds_per_step=0.1))
+    lines = log.read_bytes().decode().split("\r\n")
+    spike_row = lines[13_337].split(",")
+    spike_row[4] = str(23 * GIB)  # allocated_bytes: a 23 GiB spike in one sample
+    lines[13_337] = ",".join(spike_row)
+    log.write_bytes("\r\n".join(lines).encode())
+    report = build_report(read_log(log))
+    allocated = next(line for line in report.devices[0].timeline.lines if line.metric == "allocated_bytes")
+    assert max(allocated.ys) == 23 * GIB
+    assert len(allocated.xs) <= 2 * 1500 + 2
+    out = tmp_path / "long.html"
+    assert main(["report", str(log), "--html", str(out)]) == 0
+    assert out.stat().st_size < 1_000_000
+    assert log.stat().st_size > 3_000_000
+
+
+@pytest.mark.slow
+def test_png_is_written(tmp_path: Path, logs: dict[str, Path]) -> None:
+    out = tmp_path / "r.png"
+    assert main(["report", str(logs["leak"]), str(logs["clean"]), "--png", str(out)]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 1500 and height > 600  # two logs side by side, two charts each
+    from PIL import Image
+
+    with Image.open(out) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20) or []
+    assert len(colours) > 50  # lines, bands and text, not a blank canvas
+
+
+def test_rich_markup_in_the_log_is_printed_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = write_training_log(tmp_path / "m.csv", Run(steps=60, eval_every=30, eval_steps=5, eval_phase="[red]x[/red]"))
+    assert main(["report", str(log)]) == 0
+    assert "[red]x[/red]" in capsys.readouterr().out
+
+
+# -- bad input: one line, exit 2, no traceback, nothing written ---------------------------------------
+
+
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["report", *args]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("vramscope: error: ")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert captured.out == ""
+    return err
+
+
+def test_missing_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.html"
+    assert "does not exist" in refused(capsys, str(tmp_path / "nope.csv"), "--html", str(out))
+    assert not out.exists()
+
+
+def test_not_a_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("dear diary,\ntoday the GPU ran out of memory\n")
+    assert "not a vramscope log" in refused(capsys, str(path))
+
+
+def test_binary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(range(256)) * 10)
+    assert "not a vramscope log" in refused(capsys, str(path))
+
+
+def test_empty_log_and_header_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert "empty" in refused(capsys, str(empty))
+    header = tmp_path / "header.csv"
+    header.write_text("time,elapsed_s,step,gpu,allocated_bytes\r\n")
+    assert "no rows" in refused(capsys, str(header))
+
+
+def test_a_folder_as_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "folder" in refused(capsys, str(tmp_path))
+
+
+def test_unwritable_outputs_fail_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 logs: dict[str, Path]) -> None:
+    log = str(logs["clean"])
+    assert "does not exist" in refused(capsys, log, "--html", str(tmp_path / "no" / "such" / "r.html"))
+    assert "is a folder" in refused(capsys, log, "--html", str(tmp_path))
+    assert "is a folder" in refused(capsys, log, "--png", str(tmp_path))
+    before = logs["clean"].read_bytes()
+    assert "one of the logs" in refused(capsys, log, "--html", log)
+    assert logs["clean"].read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_leaves_no_half_file(
+    tmp_path: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The disk fills up while the page is written: no file at the path, no temporary file left."""
+    import vramscope.cli.report as cli_report
+
+    real_fdopen = cli_report.os.fdopen
+
+    class FullDisk:
+        def __init__(self, fd: int, mode: str) -> None:
+            self.handle = real_fdopen(fd, mode)
+
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+
+        def write(self, data: bytes) -> int:
+            self.handle.write(data[: len(data) // 2])
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli_report.os, "fdopen", FullDisk)
+    out = tmp_path / "r.html"
+    assert "No space left on device" in refused(capsys, str(logs["clean"]), "--html", str(out))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_entry_point_exit_code_without_traceback(tmp_path: Path) -> None:
+    result = subprocess.run([*VRAMSCOPE, "report", str(tmp_path / "missing.csv")], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
