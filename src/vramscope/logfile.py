@@ -27,6 +27,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from vramscope.schema import COLUMNS
+from vramscope.sinks.base import log_parts
 
 MIB = 1024 * 1024
 
@@ -149,10 +150,38 @@ def _to_float(text: str) -> float | None:
 def read_log(path: str | os.PathLike[str]) -> LogTable:
     """Read one log, whatever its format (decided from its first line).
 
+    A vramscope log rotated by ``--max-log-mb`` is read whole from its first file: ``mem.csv`` brings
+    ``mem.csv.1``, ``mem.csv.2``, ... after it (up to the first missing one, or one with another header).
+
     Raises:
         LogFormatError: missing file, empty file, or a header that no reader knows, with what to do.
     """
-    name = os.fspath(path)
+    table = _read_one(os.fspath(path))
+    if table.kind == "nvidia-smi":
+        return table
+    tables = [table]
+    for part in log_parts(table.path)[1:]:
+        try:
+            more = _read_one(part)
+        except LogFormatError:  # an empty last part: the writer stopped as it began it
+            break
+        if more.kind != table.kind or (table.kind == "vramscope" and more.columns != table.columns):
+            break  # not a continuation of this log
+        tables.append(more)
+    return tables[0] if len(tables) == 1 else _concat(tables)
+
+
+def _concat(tables: list[LogTable]) -> LogTable:
+    columns = list(dict.fromkeys(c for t in tables for c in t.columns))
+    raw: dict[str, list[str]] = {c: [] for c in columns}
+    for table in tables:
+        n = len(table)
+        for column, values in raw.items():
+            values.extend(table.raw.get(column) or [""] * n)
+    return LogTable(tables[0].path, raw, tables[0].kind)
+
+
+def _read_one(name: str) -> LogTable:
     try:
         # Bytes, decoded in one go: text mode's newline translation would cost as much as the split.
         text = Path(name).read_bytes().decode("utf-8", errors="replace")

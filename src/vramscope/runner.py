@@ -43,6 +43,7 @@ class RunResult:
     duration_s: float
     command: list[str]
     notes: list[str] = field(default_factory=list)
+    gpu_error: str | None = None  # why no GPU could be read (no driver, nvidia-ml-py missing), for the summary
 
 
 def resolve_program(program: str) -> str:
@@ -69,17 +70,19 @@ def run_monitored(
     nvml: NvmlBackend | None = None,
     fsync: bool = False,
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    max_log_bytes: int | None = None,
 ) -> RunResult:
     """Start ``command``, sample it until it ends, and return its exit code and peaks.
 
     The log is opened before the command starts, so a bad log path fails without running anything.
+    ``max_log_bytes`` rotates it into ``log``, ``log.1``, ``log.2``... (every row kept).
     """
     if not command:
         raise ProgramNotFoundError("no command given; put it after '--', e.g. vramscope run -- python train.py")
     program = resolve_program(command[0])
     sinks: list[Sink] = []
     if log_path is not None:
-        sinks.append(log_sink(log_path, fsync=fsync))
+        sinks.append(log_sink(log_path, fsync=fsync, max_bytes=max_log_bytes))
     peaks = PeakTracker()
     sinks.append(peaks)
     sinks.extend(extra_sinks)
@@ -91,7 +94,8 @@ def run_monitored(
         child = _spawn([program, *command[1:]], env)
         forwarder.attach(child.pid)
         hand_over(child.pid)
-        collector = Collector(nvml=nvml if nvml is not None else NvmlBackend(gpus=gpus), host=HostBackend(child.pid))
+        backend = nvml if nvml is not None else NvmlBackend(gpus=gpus)
+        collector = Collector(nvml=backend, host=HostBackend(child.pid))
         sampler = Sampler(collector, sinks, interval=interval)
         sampler.sample_now()
         sampler.start()
@@ -106,6 +110,7 @@ def run_monitored(
         log_path=log_path,
         duration_s=time.monotonic() - started,
         command=list(command),
+        gpu_error=backend.init_error,
     )
 
 

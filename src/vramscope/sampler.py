@@ -23,6 +23,9 @@ from vramscope.types import GpuReading, HostReading, ProcessGpuReading, Sample
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 0.05
+# Longer waits overflow the platform's timeout types (threading raises OverflowError past ~1e9 s), and
+# a reading a day is no monitor.
+MAX_INTERVAL_S = 86400.0
 DEFAULT_INTERVAL_S = 1.0
 
 
@@ -122,6 +125,8 @@ class Sampler:
     ) -> None:
         if not interval >= MIN_INTERVAL_S:
             raise ValueError(f"interval must be at least {MIN_INTERVAL_S} s, got {interval}")
+        if not interval <= MAX_INTERVAL_S:
+            raise ValueError(f"interval must be at most {MAX_INTERVAL_S:g} s, got {interval}")
         self.collector = collector
         self.sinks: list[Sink] = list(sinks)
         self.interval = float(interval)

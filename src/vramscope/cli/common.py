@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vramscope.sampler import MIN_INTERVAL_S
+from vramscope.sampler import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 
 class UsageError(Exception):
@@ -27,7 +27,21 @@ def interval(text: str) -> float:
         raise argparse.ArgumentTypeError(f"interval must be a number of seconds, got {text!r}") from None
     if not value >= MIN_INTERVAL_S or value != value or value == float("inf"):
         raise argparse.ArgumentTypeError(f"interval must be at least {MIN_INTERVAL_S} s, got {text!r}")
+    if value > MAX_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"interval must be at most {MAX_INTERVAL_S:g} s (a day), got {text!r}")
     return value
+
+
+def log_megabytes(text: str) -> int:
+    """argparse type for ``--max-log-mb``: MiB per log file, returned in bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--max-log-mb takes a size in MiB such as 100, got {text!r}") from None
+    # A part must hold at least a header and a sample; more than a TiB per file is not a limit.
+    if not 0.001 <= value <= 1024 * 1024:
+        raise argparse.ArgumentTypeError(f"--max-log-mb must be between 0.001 and 1048576 MiB, got {text!r}")
+    return int(value * 1024 * 1024)
 
 
 def gpu_list(text: str) -> list[int]:

@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 
-from vramscope.cli.common import CommandError, UsageError, gpu_list, interval
+from vramscope.cli.common import CommandError, UsageError, gpu_list, interval, log_megabytes
 from vramscope.runner import ProgramNotFoundError, RunResult, run_monitored
 from vramscope.sampler import DEFAULT_INTERVAL_S
 from vramscope.sinks.base import LogPathError, Sink
@@ -22,6 +22,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=gpu_list, metavar="0,1", help="only these GPUs (NVML indices)")
     parser.add_argument("--quiet", action="store_true", help="print nothing unless something goes wrong")
     parser.add_argument("--fsync", action="store_true", help="force every row to disk (slower; survives power loss)")
+    parser.add_argument("--max-log-mb", dest="max_log_bytes", type=log_megabytes, metavar="MIB",
+                        help="start a new log file (FILE.1, FILE.2, ...) before one passes this size; keeps every row")
     parser.add_argument("--no-inject", dest="inject", action="store_false",
                         help="do not attach the step-aligned callback to HF Trainers inside the command")
     parser.add_argument("--prometheus", metavar="[HOST:]PORT",
@@ -37,13 +39,15 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("no command to run; put it after '--', e.g. vramscope run --log mem.csv -- python train.py")
+    if args.max_log_bytes is not None and args.log is None:
+        raise UsageError("--max-log-mb limits the log's files; add --log FILE")
     env = dict(os.environ)
     if args.inject:
         env.update(_injection_env(args))
     exporters = _exporters(args)  # before the command starts: a port in use must not cost a run
     try:
         result = run_monitored(command, log_path=args.log, interval=args.interval, gpus=args.gpus, env=env,
-                               fsync=args.fsync, extra_sinks=exporters)
+                               fsync=args.fsync, extra_sinks=exporters, max_log_bytes=args.max_log_bytes)
     except ProgramNotFoundError as exc:
         raise CommandError(str(exc), exit_code=127) from None
     except LogPathError as exc:
@@ -86,7 +90,8 @@ def format_summary(result: RunResult) -> str:
     peaks = result.peaks
     lines = [f"vramscope: {shlex.join(result.command)} exited with {result.exit_code} after {result.duration_s:.1f} s"]
     if not peaks.gpus:
-        lines.append("  no NVIDIA GPU seen; host memory only")
+        why = f" ({result.gpu_error})" if result.gpu_error else ""
+        lines.append(f"  no NVIDIA GPU seen{why}; host memory only")
     for gpu in sorted(peaks.gpus.values(), key=lambda g: g.index):
         at = f" at {gpu.process_peak_elapsed_s:.1f} s" if gpu.process_peak_elapsed_s is not None else ""
         lines.append(

@@ -8,7 +8,7 @@ import time
 
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.cli.common import UsageError, gpu_list, interval, positive_int
+from vramscope.cli.common import UsageError, gpu_list, interval, log_megabytes, positive_int
 from vramscope.sampler import Collector, Sampler
 from vramscope.sinks import CsvSink
 from vramscope.sinks.base import LogPathError, Sink
@@ -22,6 +22,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpus", type=gpu_list, metavar="0,1", help="only these GPUs (NVML indices)")
     parser.add_argument("--csv", metavar="FILE", help="also log every reading to this CSV file")
+    parser.add_argument("--fsync", action="store_true", help="force every --csv row to disk (survives power loss)")
+    parser.add_argument("--max-log-mb", dest="max_log_bytes", type=log_megabytes, metavar="MIB",
+                        help="start a new --csv file (FILE.1, FILE.2, ...) before one passes this size")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N readings")
     parser.add_argument(
@@ -36,12 +39,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.once and args.prometheus is not None:
         raise UsageError("--once exits at once, so nothing could scrape --prometheus; drop --once or use --push")
+    if (args.max_log_bytes is not None or args.fsync) and not args.csv:
+        raise UsageError("--max-log-mb and --fsync apply to the --csv log; add --csv FILE")
     # Sinks of the sampler: every reading the loop takes reaches the exporter, whose HTTP server answers
     # scrapes on its own threads while the dashboard or plain loop runs.
     sinks: list[Sink] = _exporters(args)
     if args.csv:
         try:
-            sinks.append(CsvSink(args.csv))
+            sinks.append(CsvSink(args.csv, fsync=args.fsync, max_bytes=args.max_log_bytes))
         except LogPathError as exc:
             for sink in sinks:  # free the exporter's port before reporting the bad path
                 sink.close()

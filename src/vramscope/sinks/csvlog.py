@@ -1,17 +1,20 @@
-"""The CSV log: one row per GPU per sample, flushed after every sample.
+"""The CSV log: one row per GPU per sample, each sample's rows handed to the OS before the next sample.
 
-A crash or ``kill -9`` loses at most the row being written: each sample's rows are written and
-flushed to the OS before the next sample is taken (``fsync=True`` also forces them to the disk).
+A crash or ``kill -9`` loses at most the sample being written, and never leaves half a row in the
+middle of the file (see :class:`~vramscope.sinks.base.LogFile`); ``fsync=True`` also forces the rows to
+the disk. With ``max_bytes`` the log rotates into ``mem.csv``, ``mem.csv.1``, ... each with the header;
+:func:`vramscope.logfile.read_log` reads the set back as one log.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Sequence
 
 from vramscope.schema import COLUMNS, Row, sample_rows
-from vramscope.sinks.base import open_log
+from vramscope.sinks.base import LogFile
 from vramscope.types import Sample
 
 
@@ -22,29 +25,48 @@ class CsvSink:
         path: the file; created (or truncated) on construction, so a bad path fails at once.
         extra_columns: more columns after the standard ones (values come from ``Sample.extra``).
         fsync: force every sample's rows to the disk, for those who cannot lose a row to a power cut.
+        max_bytes: rotate to ``path.1``, ``path.2``, ... before a file would grow past this.
+
+    Raises:
+        LogPathError: the file cannot be created, with what to do.
     """
 
-    def __init__(self, path: str | os.PathLike[str], extra_columns: Sequence[str] = (), fsync: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        extra_columns: Sequence[str] = (),
+        fsync: bool = False,
+        max_bytes: int | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         self.columns = list(COLUMNS) + [c for c in extra_columns if c not in COLUMNS]
-        self._fsync = fsync
-        self._file = open_log(self.path)
-        self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
+        # Rows are formatted into a buffer and written with one call, so that a sample's rows reach the
+        # file together (and a failed write can be undone whole).
+        self._buffer = io.StringIO()
+        self._writer = csv.DictWriter(self._buffer, fieldnames=self.columns, extrasaction="ignore")
         self._writer.writeheader()
-        self._file.flush()
+        self._log = LogFile(self.path, header=self._take(), max_bytes=max_bytes, fsync=fsync)
+
+    @property
+    def parts(self) -> int:
+        """How many files the log spans so far (1 until it rotates)."""
+        return self._log.part + 1
 
     def write(self, sample: Sample) -> None:
         self.write_rows(sample_rows(sample))
 
     def write_rows(self, rows: list[Row]) -> None:
         self._writer.writerows(_clean(row) for row in rows)
-        self._file.flush()
-        if self._fsync:
-            os.fsync(self._file.fileno())
+        self._log.append(self._take())
+
+    def _take(self) -> str:
+        text = self._buffer.getvalue()
+        self._buffer.seek(0)
+        self._buffer.truncate()
+        return text
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        self._log.close()
 
 
 def _clean(row: Row) -> Row:

@@ -1,4 +1,7 @@
-"""The JSON Lines log: the same rows as the CSV log, one JSON object per line, ``null`` = unknown."""
+"""The JSON Lines log: the same rows as the CSV log, one JSON object per line, ``null`` = unknown.
+
+Written like the CSV log (a sample at a time, straight to the OS, rotation with ``max_bytes``).
+"""
 
 from __future__ import annotations
 
@@ -6,23 +9,33 @@ import json
 import os
 
 from vramscope.schema import sample_rows
-from vramscope.sinks.base import open_log
+from vramscope.sinks.base import LogFile
 from vramscope.types import Sample
 
 
 class JsonlSink:
-    def __init__(self, path: str | os.PathLike[str], fsync: bool = False) -> None:
+    """Writes the JSON Lines log.
+
+    Args:
+        path: the file; created (or truncated) on construction.
+        fsync: force every sample's rows to the disk.
+        max_bytes: rotate to ``path.1``, ``path.2``, ... before a file would grow past this.
+
+    Raises:
+        LogPathError: the file cannot be created, with what to do.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], fsync: bool = False, max_bytes: int | None = None) -> None:
         self.path = os.fspath(path)
-        self._fsync = fsync
-        self._file = open_log(self.path)
+        self._log = LogFile(self.path, max_bytes=max_bytes, fsync=fsync)
+
+    @property
+    def parts(self) -> int:
+        """How many files the log spans so far (1 until it rotates)."""
+        return self._log.part + 1
 
     def write(self, sample: Sample) -> None:
-        text = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in sample_rows(sample))
-        self._file.write(text)
-        self._file.flush()
-        if self._fsync:
-            os.fsync(self._file.fileno())
+        self._log.append("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in sample_rows(sample)))
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        self._log.close()
