@@ -31,6 +31,7 @@ against the baseline of the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import statistics
 import subprocess
@@ -473,40 +474,66 @@ def main(argv: list[str] | None = None) -> int:
     common.log(f"warm-up step {statistics.median(warm):.3f} s; {blocks} blocks of {per_block_steps} steps")
 
     arm_reports: dict[str, list[dict[str, Any]]] = {a: [] for a in active}
+    failed: dict[str, str] = {}
     step_index = 0
-    for block, order in enumerate(common.block_orders(active, blocks)):
+    orders = common.block_orders(active, blocks)
+    for block, order in enumerate(orders):
         for position, name in enumerate(order):
+            if name in failed:
+                continue
             arm = arms[name]
-            arm.start(block)
-            for k in range(args.settle + args.steps_per_block):
-                seconds, loss = timed_step(trainer, arm, step_index, args.batch, args.seq)
-                steps.append(
-                    {
-                        "block": block,
-                        "arm": name,
-                        "position": position,
-                        "step": step_index,
-                        "kind": "settle" if k < args.settle else "timed",
-                        "seconds": seconds,
-                        "loss": loss,
-                    }
-                )
-                step_index += 1
-            report = arm.stop()
+            try:
+                arm.start(block)
+                for k in range(args.settle + args.steps_per_block):
+                    seconds, loss = timed_step(trainer, arm, step_index, args.batch, args.seq)
+                    steps.append(
+                        {
+                            "block": block,
+                            "arm": name,
+                            "position": position,
+                            "step": step_index,
+                            "kind": "settle" if k < args.settle else "timed",
+                            "seconds": seconds,
+                            "loss": loss,
+                        }
+                    )
+                    step_index += 1
+                report = arm.stop()
+            except Exception as exc:
+                # Device time is scarce: one broken monitor must not cost the other arms' measurements.
+                failed[name] = f"failed in block {block}: {type(exc).__name__}: {exc}"
+                common.log(f"arm {name} {failed[name]}; leaving it out")
+                with contextlib.suppress(Exception):
+                    arm.stop()
+                continue
             # A monitor that left a forward hook on the shared model would tax every later arm's steps.
             report["forward_pre_hooks_left"] = len(getattr(trainer.model, "_forward_pre_hooks", {}))
             arm_reports[name].append({"block": block, **report})
         done = [s for s in steps if s["block"] == block and s["kind"] == "timed"]
         common.log(
             f"block {block + 1}/{blocks}: "
-            + ", ".join(f"{a} {statistics.median([s['seconds'] for s in done if s['arm'] == a]):.3f}" for a in active)
+            + ", ".join(
+                f"{a} {statistics.median([s['seconds'] for s in done if s['arm'] == a]):.3f}"
+                for a in active
+                if a not in failed
+            )
         )
+    for name in failed:
+        # A partly measured arm is no measurement: its steps stay in the file, marked, out of the analysis.
+        for s in steps:
+            if s["arm"] == name:
+                s["kind"] = "failed_arm"
+        unavailable[name] = failed[name]
+    active = [a for a in active if a not in failed]
 
     analysis = analyse(steps, active)
     base_step = analysis["step_seconds"]["none"]["median"]
     common.log("timing MemoryMonitor's periodic analysis")
     histories = [64, 256] if tiny else [256, 1024, 8192]
-    analysis["monitor_analysis_cost"] = analysis_cost(histories, 3 if tiny else 5, base_step)
+    try:
+        analysis["monitor_analysis_cost"] = analysis_cost(histories, 3 if tiny else 5, base_step)
+    except Exception as exc:  # measured after the blocks: never lose them to it
+        analysis["monitor_analysis_cost"] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
     memory: dict[str, Any] = {}
     if common.cuda_available():
         import torch
@@ -527,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             "settle_steps": args.settle,
             "timed_steps_per_block": args.steps_per_block,
             "blocks": blocks,
-            "orders": common.block_orders(active, blocks),
+            "orders": orders,
             "run_interval_s": args.interval,
             "timing": "perf_counter between cuda.synchronize() calls; loss read before the monitor runs",
         },

@@ -121,6 +121,8 @@ class SeriesRecorder:
 
     def _keep(self, sample: Any) -> None:
         gpu = next((g for g in sample.gpus if self._uuid is None or g.uuid == self._uuid), None)
+        if gpu is None and len(sample.gpus) == 1:  # UUIDs spelled differently (MIG, old torch): one GPU is ours
+            gpu = sample.gpus[0]
         alloc = sample.allocator[0] if sample.allocator else None
         self.rows.append(
             {
@@ -188,23 +190,35 @@ def step_aligned_pass(
             }
         )
 
+    error = None
     if MemoryMonitor is not None:
-        how = "vramscope.MemoryMonitor(every_n_steps=1): Sample returned by mon.step(i)"
-        with MemoryMonitor(log=str(log_dir / "step_aligned.csv"), every_n_steps=1) as monitor:
-            for i in range(steps):
-                seconds, loss = step(trainer, batch, seq)
-                keep(i, monitor.step(i))
-                records.append({"pass": "step_aligned", "step": i, "seconds": seconds, "loss": loss})
-    else:
-        how = "TorchAllocatorBackend(reset_peak=True).read() at every step end"
-        backend = _allocator_backend()
-        _read = backend.read if backend is not None else (lambda: ())
-        _read()  # resets the counter: the first step's peak starts here
-        for i in range(steps):
-            seconds, loss = step(trainer, batch, seq)
-            keep(i, _Reading(_read()))
-            records.append({"pass": "step_aligned", "step": i, "seconds": seconds, "loss": loss})
-    return {"how": how, "readings": readings}
+        try:
+            with MemoryMonitor(log=str(log_dir / "step_aligned.csv"), every_n_steps=1) as monitor:
+                for i in range(steps):
+                    seconds, loss = step(trainer, batch, seq)
+                    keep(i, monitor.step(i))
+                    records.append({"pass": "step_aligned", "step": i, "seconds": seconds, "loss": loss})
+            return {
+                "how": "vramscope.MemoryMonitor(every_n_steps=1): the Sample mon.step(i) returns",
+                "readings": readings,
+            }
+        except Exception as exc:  # device time is scarce: repeat the pass the way MemoryMonitor reads
+            error = f"{type(exc).__name__}: {exc}"
+            common.log(f"MemoryMonitor failed ({error}); repeating the pass with TorchAllocatorBackend")
+            readings.clear()
+            for record in records:
+                if record["pass"] == "step_aligned":
+                    record["pass"] = "step_aligned_failed_attempt"
+            reset_peak()
+    how = "TorchAllocatorBackend(reset_peak=True).read() at every step end"
+    backend = _allocator_backend()
+    read = backend.read if backend is not None else tuple
+    read()  # resets the counter: the first step's peak starts here
+    for i in range(steps):
+        seconds, loss = step(trainer, batch, seq)
+        keep(i, _Reading(read()))
+        records.append({"pass": "step_aligned", "step": i, "seconds": seconds, "loss": loss})
+    return {"how": how, "readings": readings, "monitor_error": error}
 
 
 class _Reading:
