@@ -40,7 +40,8 @@ class LeakConfig:
         min_growth_bytes: growth over the tested window (slope times its span) below which a trend
             does not matter, however significant.
         z_critical: one-sided Mann-Kendall z to call a trend significant (3.29 is p = 0.0005).
-        chunks: the window is cut into this many chunks; each chunk's median must rise above the last.
+        chunks: the window is cut into this many chunks; each chunk's median must rise above the last ...
+        min_chunk_rise: ... by at least this share of the rise the trend predicts between them.
         min_points: fewest post-warm-up points to test at all.
         warmup_fraction: share of the points at the start that are skipped as warm-up ...
         min_warmup_points: ... and at least this many.
@@ -50,6 +51,7 @@ class LeakConfig:
     min_growth_bytes: float = 16 * MIB
     z_critical: float = 3.29
     chunks: int = 3
+    min_chunk_rise: float = 0.25
     min_points: int = 16
     warmup_fraction: float = 0.1
     min_warmup_points: int = 5
@@ -267,7 +269,10 @@ def detect_leak(
         span = wx[-1] - wx[0]
         growth = t.slope * span
         meds = _chunk_medians(wy, config.chunks)
-        rising = all(b > a for a, b in itertools.pairwise(meds))
+        # Each chunk must rise by a fair share of what the trend predicts for it: a single jump (one
+        # long batch) or noise on a plateau makes some chunk rise by next to nothing.
+        step_rise = config.min_chunk_rise * t.slope * span / config.chunks
+        rising = t.slope > 0 and all(b - a >= step_rise for a, b in itertools.pairwise(meds))
         ok = t.z >= config.z_critical and growth >= config.min_growth_bytes and rising
         stopped = ok and growth_stopped(wx, wy)
         checked.append(
@@ -299,11 +304,13 @@ def detect_leak(
     if slope <= 0:
         slope = t.slope
     growth_total = slope * (allx[-1] - start)
-    per = "s" if unit == "s" else "step"
-    verdict = (
-        f"leak: memory left after each {'step' if per == 'step' else 'second'} grows "
-        f"{_rate(slope)}/{per} since {unit} {_fmt_x(start)} (+{_size(growth_total)} so far)"
-    )
+    if unit == "s":
+        verdict = f"leak: memory grows {_rate(slope)}/s since {start:.1f} s (+{_size(growth_total)} so far)"
+    else:
+        verdict = (
+            f"leak: memory left after each step grows {_rate(slope)}/step since step {round(start)} "
+            f"(+{_size(growth_total)} so far)"
+        )
     return LeakResult(
         detected=True,
         kind="leak",
@@ -318,10 +325,6 @@ def detect_leak(
     )
 
 
-def _fmt_x(x: float) -> str:
-    return str(round(x)) if abs(x - round(x)) < 1e-9 or x > 100 else f"{x:.1f}"
-
-
 def _rate(bytes_per: float) -> str:
     if abs(bytes_per) >= MIB:
         return f"{bytes_per / MIB:.2f} MiB"
@@ -332,3 +335,35 @@ def _size(n: float) -> str:
     if abs(n) >= 1024 * MIB:
         return f"{n / (1024 * MIB):.2f} GiB"
     return f"{n / MIB:.0f} MiB"
+
+
+def first_detection(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    every: float = 5,
+    config: LeakConfig = DEFAULT_CONFIG,
+    after: float | None = None,
+) -> tuple[float | None, LeakResult | None]:
+    """Replay a series as a live monitor sees it: test each prefix ending every ``every`` x.
+
+    Returns the first x at which the test fires, with its result, or ``(None, None)``. ``after``
+    skips the prefixes ending before it (to ask "when was this leak, which began at x, caught").
+    """
+    pairs = sorted(zip(xs, ys, strict=True))
+    if not pairs:
+        return None, None
+    end = pairs[-1][0]
+    t = pairs[0][0] + every
+    count = 0
+    while t <= end + every:
+        while count < len(pairs) and pairs[count][0] <= t:
+            count += 1
+        if after is None or t >= after:
+            prefix = pairs[:count]
+            result = detect_leak([p[0] for p in prefix], [p[1] for p in prefix], config)
+            if result.detected:
+                return min(t, end), result
+        if count >= len(pairs):
+            break
+        t += every
+    return None, None

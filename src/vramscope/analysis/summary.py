@@ -14,6 +14,7 @@ process's or the device's memory from NVML; else the host RSS.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from vramscope.analysis.forecast import allocator_capacity, forecast_oom, longest_batch, seconds_per_step
@@ -172,11 +173,7 @@ def _analyze_device(
     peak["key"] = key
 
     # The leak test on the training steps' rows (eval rows hold eval's own memory).
-    train_rows = [i for i in rows if step[i] is not None and phase[i] in TRAIN_PHASES]
-    unit = "step"
-    if len(train_rows) < config.min_points and not any(step[i] is not None for i in rows):
-        train_rows = [i for i in rows if elapsed[i] is not None]  # a time-based log: trend per second
-        unit = "s"
+    train_rows, unit = _train_rows(rows, step, phase, elapsed)
     x_of = (lambda i: step[i]) if unit == "step" else (lambda i: elapsed[i])
     leak = _leak_on(level_name, train_rows, columns, x_of, n, config, unit)
     leak_dict = _leak_dict(leak, level_name, key, unit)
@@ -211,6 +208,48 @@ def _analyze_device(
         why = "no token counts in the log" if not any(tokens[i] is not None for i in rows) else "no per-step peaks"
         forecast["longest_batch"] = {"available": False, "reason": why, "at_risk": False, "warning": None}
     return {"key": key, "peak": peak, "leak": leak_dict, "forecast": forecast}
+
+
+def _train_rows(
+    rows: list[int], step: Sequence[Any], phase: Sequence[Any], elapsed: Sequence[Any]
+) -> tuple[list[int], str]:
+    """The rows the leak test runs on, and what x counts: training steps, or seconds in a time-based log."""
+    train_rows = [i for i in rows if step[i] is not None and phase[i] in TRAIN_PHASES]
+    if train_rows or any(step[i] is not None for i in rows):
+        return train_rows, "step"
+    return [i for i in rows if elapsed[i] is not None], "s"
+
+
+@dataclass
+class LeakSeries:
+    """What the leak test of one device runs on: x (steps or seconds) and bytes."""
+
+    key: str
+    signal: str | None
+    unit: str
+    xs: list[float]
+    ys: list[float]
+
+
+def leak_series(table: LogTable) -> dict[str, LeakSeries]:
+    """Per device, the series :func:`analyze` tests for a leak (to replay it prefix by prefix)."""
+    columns: dict[str, Sequence[Any]] = {name: table.ints(name) for name in INT_COLUMNS}
+    columns["elapsed_s"] = table.floats("elapsed_s")
+    columns["phase"] = table.strings("phase")
+    n = len(table)
+    out: dict[str, LeakSeries] = {}
+    groups: dict[str, list[int]] = {}
+    for i, gpu in enumerate(_col(columns, "gpu", n)):
+        groups.setdefault("host" if gpu is None else str(gpu), []).append(i)
+    step, phase, elapsed = _col(columns, "step", n), _col(columns, "phase", n), _col(columns, "elapsed_s", n)
+    for key, rows in groups.items():
+        signal = _signal(columns, rows, LEVEL_SIGNALS, n)
+        train_rows, unit = _train_rows(rows, step, phase, elapsed)
+        values: Sequence[Any] = _col(columns, signal, n) if signal else [None] * n
+        xcol = step if unit == "step" else elapsed
+        picked = [i for i in train_rows if values[i] is not None]
+        out[key] = LeakSeries(key, signal, unit, [float(xcol[i]) for i in picked], [float(values[i]) for i in picked])
+    return out
 
 
 def _leak_on(
