@@ -329,3 +329,28 @@ def test_entry_point_exit_code_without_traceback(tmp_path: Path) -> None:
                             timeout=60)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+# -- the planner's recommendations, when the user says what ran ----------------------------------------
+
+
+def test_planner_prices_changes_for_the_model_that_ran(capsys: pytest.CaptureFixture[str],
+                                                       logs: dict[str, Path]) -> None:
+    data = report_json(capsys, str(logs["leak"]), "--model", "Llama-2-7B", "--batch-size", "4")
+    planned = [r for r in data["recommendations"] if r["source"] == "planner"]
+    assert planned and all(r["saves_bytes"] > 0 for r in planned)
+    assert [r["saves_bytes"] for r in planned] == sorted((r["saves_bytes"] for r in planned), reverse=True)
+    # The sequence length comes from the log: its longest batch (8192 tokens) over the batch size.
+    assert "batch 4 x 2048 tokens" in planned[0]["detail"]
+    # The leak found in the log stays ahead of the planner's list.
+    assert data["recommendations"][0]["source"] == "log" and data["recommendations"][0]["urgent"]
+    # Without the planner's inputs, only what the log shows.
+    plain = report_json(capsys, str(logs["leak"]))
+    assert {r["source"] for r in plain["recommendations"]} == {"log"}
+
+
+def test_planner_inputs_are_checked(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
+    log = str(logs["clean"])
+    assert "needs both --model and --batch-size" in refused(capsys, log, "--batch-size", "4")
+    assert "closest" in refused(capsys, log, "--model", "Llama-9-7B", "--batch-size", "4")
+    assert "positive" in refused(capsys, log, "--model", "Llama-2-7B", "--batch-size", "0")

@@ -13,9 +13,13 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from vramscope.cli.common import UsageError
+from vramscope.cli.common import UsageError, positive_int
+from vramscope.integrations.qlora import QLoraSpec
 from vramscope.logfile import LogFormatError, read_log
+from vramscope.planner import PlanInputError, load_config_file
+from vramscope.report.advice import RunSettings
 from vramscope.report.compare import compare
 from vramscope.report.html import render_html
 from vramscope.report.model import EmptyLogError, LogReport, build_report
@@ -27,6 +31,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML page with the charts here")
     parser.add_argument("--png", metavar="OUT", help="write the charts as a PNG here (needs vramscope[plot])")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+    planner = parser.add_argument_group(
+        "what ran (optional)", "with --model and --batch-size, the planner adds its ranked changes with predicted "
+        "savings, judged against the measured peak")
+    planner.add_argument("--model", metavar="NAME", help="planner model name (e.g. Llama-2-7B) or a config.json path")
+    planner.add_argument("--batch-size", type=positive_int, metavar="N", help="the run's micro-batch")
+    planner.add_argument("--seq-len", type=positive_int, metavar="N",
+                         help="the run's maximum length (default: the log's longest batch / batch size)")
+    planner.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
+                         help="the run had gradient checkpointing off")
+    planner.add_argument("--optim", metavar="NAME", help="the run's optimizer (default paged_adamw_32bit)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
         if not plot_available():
             raise UsageError("--png needs matplotlib; install it with: pip install 'vramscope[plot]'")
 
+    settings = _run_settings(args)
     reports: list[LogReport] = []
     for path in args.logs:
         try:
-            reports.append(build_report(read_log(path)))
-        except (LogFormatError, EmptyLogError) as exc:
+            reports.append(build_report(read_log(path), settings=settings))
+        except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
 
     written: list[str] = []
@@ -72,6 +87,29 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         print(f"vramscope: wrote {path}", file=sys.stderr)
     return 0
+
+
+def _run_settings(args: argparse.Namespace) -> RunSettings | None:
+    """The planner's inputs, when the user gave them; both --model and --batch-size, or neither."""
+    given = [flag for flag, value in (("--model", args.model), ("--batch-size", args.batch_size),
+                                      ("--seq-len", args.seq_len), ("--optim", args.optim)) if value is not None]
+    if not args.gradient_checkpointing:
+        given.append("--no-gradient-checkpointing")
+    if not given:
+        return None
+    if args.model is None or args.batch_size is None:
+        raise UsageError(f"{given[0]} needs both --model and --batch-size (the planner prices changes for a model "
+                         "and a batch), e.g. --model Llama-2-7B --batch-size 4")
+    model: str | dict[str, Any] = args.model
+    if args.model.endswith(".json"):
+        try:
+            model = load_config_file(args.model)
+        except PlanInputError as exc:
+            raise UsageError(str(exc)) from None
+    spec = QLoraSpec(gradient_checkpointing=args.gradient_checkpointing)
+    if args.optim:
+        spec = spec.with_(optim=args.optim)
+    return RunSettings(model=model, batch_size=args.batch_size, seq_len=args.seq_len, spec=spec)
 
 
 def _check_output(flag: str, path: str, logs: list[str]) -> None:

@@ -1,14 +1,21 @@
-"""What to do about what the log shows: advice derived from the log alone.
+"""What to do about what the log shows.
 
-A log does not say which model or optimizer ran, so the planner's per-setting savings cannot be
-computed from it; each piece of advice here rests on a measured fact of the log (an eval peak above
-the training peak, memory reserved but not allocated, a leak, a batch far longer than the rest) and
-states the bytes it could save where the log shows them. Ranked by those bytes, then by urgency.
+Two sources. :func:`advise` reads the log alone: a log does not say which model or optimizer ran, so
+each piece of its advice rests on a measured fact (an eval peak above the training peak, memory
+reserved beyond the largest demand, a leak, a batch far longer than the rest) and states the bytes it
+could save where the log shows them. When the user says what ran (``--model``, ``--batch-size``),
+:func:`planner_advice` adds the planner's ranked changes (:func:`vramscope.planner.recommend`), each
+with its predicted saving, judged against the peak and capacity measured in the log.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Any
+
+from vramscope.integrations.qlora import QLoraSpec
+from vramscope.planner import recommend
 
 GIB = 1024**3
 MIB = 1024**2
@@ -20,12 +27,84 @@ ROOMY_HEADROOM = 0.45
 CONTEXT_ALLOWANCE = 1536 * MIB
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """What ran, as the user tells it: enough for the planner to price each change.
+
+    Attributes:
+        model: a planner registry name (``Llama-2-7B``) or a config.json dict.
+        batch_size: the micro-batch.
+        seq_len: the maximum sequence length; None takes the log's longest batch / ``batch_size``.
+        spec: the recipe (default: the QLoRA reference recipe).
+    """
+
+    model: str | dict[str, Any]
+    batch_size: int
+    seq_len: int | None = None
+    spec: QLoraSpec = field(default_factory=QLoraSpec)
+
+
+def planner_advice(summary: dict[str, Any], settings: RunSettings) -> list[dict[str, Any]]:
+    """The planner's changes for this run, judged against the peak and the capacity measured in the log.
+
+    Raises:
+        vramscope.planner.PlanInputError: unknown model, non-positive sizes, or no sequence length
+            (none given and the log records no batch tokens).
+    """
+    from vramscope.planner import PlanInputError
+
+    devices = list((summary.get("devices") or {}).values())
+    seq_len = settings.seq_len
+    if seq_len is None:
+        tokens = [b["tokens"] for d in devices for b in d.get("longest_batches") or [] if b.get("tokens")]
+        if not tokens:
+            raise PlanInputError("the log records no batch tokens; give the run's --seq-len")
+        seq_len = math.ceil(max(tokens) / settings.batch_size)
+    peak = _measured_peak(devices)
+    capacity = min((d["capacity_bytes"] for d in devices if d.get("capacity_bytes")), default=None)
+    recs = recommend(settings.model, settings.batch_size, seq_len, settings.spec, peak_bytes=peak,
+                     capacity_bytes=capacity)
+    # "Enough to fit" only means something for a run that did not fit.
+    over = peak is not None and capacity is not None and peak > capacity
+    out = []
+    for r in recs:
+        sufficient = r.sufficient if over else None
+        title = r.text.split(": saves")[0]  # the saving is its own field, printed by the renderers
+        out.append({"title": title[:1].upper() + title[1:], "detail": _planner_detail(r.change, sufficient, seq_len,
+                                                                                      settings),
+                    "saves_bytes": int(r.saving_bytes), "urgent": bool(sufficient), "device": "all",
+                    "source": "planner", "name": r.name, "change": r.change, "sufficient": sufficient})
+    return out
+
+
+def _measured_peak(devices: list[dict[str, Any]]) -> int | None:
+    # The planner's peak is the process's memory on the GPU; the device's used memory is the nearest
+    # measure when the process's own is unknown.
+    for metric in ("process_bytes", "device_used_bytes"):
+        values = [((d.get("peaks") or {}).get(metric) or {}).get("bytes") for d in devices]
+        known = [v for v in values if v]
+        if known:
+            return int(max(known))
+    return None
+
+
+def _planner_detail(change: dict[str, Any], sufficient: bool | None, seq_len: int, settings: RunSettings) -> str:
+    name = settings.model if isinstance(settings.model, str) else "the given config"
+    settings_text = ", ".join(f"{k}={v}" for k, v in change.items())
+    verdict = "" if sufficient is None else (
+        " Alone, it brings the measured peak under the capacity." if sufficient
+        else " Alone, it is not enough to fit under the capacity.")
+    return f"planner, for {name} at batch {settings.batch_size} x {seq_len} tokens: set {settings_text}.{verdict}"
+
+
 def advise(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Advice for one log's summary (see :func:`vramscope.report.model.build_report`).
 
     Returns:
-        ``[{"title": str, "detail": str, "saves_bytes": int | None, "urgent": bool, "device": str}, ...]``,
-        most bytes saved first; advice without a measured saving after, urgent first.
+        ``[{"title": str, "detail": str, "saves_bytes": int | None, "urgent": bool, "device": str,
+        "source": "log"}, ...]``,
+        urgent first (a leak, a batch that will not fit, a GPU nearly full), then by bytes saved;
+        advice without a measured saving last.
     """
     items: list[dict[str, Any]] = []
     leak = summary.get("leak") or {}
@@ -37,13 +116,13 @@ def advise(summary: dict[str, Any]) -> list[dict[str, Any]]:
         items.extend(_headroom_advice(key, where, dev))
         items.extend(_batch_advice(key, where, dev, summary))
         items.extend(_foreign_advice(key, where, dev))
-    items.sort(key=lambda a: (a["saves_bytes"] is None, -(a["saves_bytes"] or 0), not a["urgent"]))
+    items.sort(key=lambda a: (not a["urgent"], a["saves_bytes"] is None, -(a["saves_bytes"] or 0)))
     return items
 
 
 def _item(title: str, detail: str, device: str, saves: float | None = None, urgent: bool = False) -> dict[str, Any]:
     return {"title": title, "detail": detail, "saves_bytes": None if saves is None else int(saves),
-            "urgent": urgent, "device": device}
+            "urgent": urgent, "device": device, "source": "log"}
 
 
 def _leak_advice(key: str, where: str, leak: dict[str, Any], summary: dict[str, Any]) -> list[dict[str, Any]]:

@@ -65,31 +65,33 @@ def _longest(summary: dict[str, Any]) -> int | None:
     return max(known) if known else None
 
 
-# (label, unit, getter); unit "bytes", "s", "count" or "text".
-ROWS: list[tuple[str, str, Getter]] = [
-    ("duration", "s", lambda s: s["log"].get("duration_s")),
-    ("steps", "count", _steps),
-    ("peak device used", "bytes", _device_max("device_used_bytes")),
-    ("peak reserved", "bytes", _device_max("reserved_bytes")),
-    ("peak allocated", "bytes", _peak_allocated),
-    ("peak of the process", "bytes", _device_max("process_bytes")),
-    ("peak host RSS", "bytes", _device_max("host_rss_bytes")),
-    ("headroom at the peak", "bytes", _headroom),
-    ("reserved beyond the peak", "bytes", _unused),
-    ("leak", "text", _leak),
-    ("steps to OOM", "count", _oom),
-    ("longest batch (tokens)", "count", _longest),
+# (label, unit, which way is better, getter); unit "bytes", "s", "count" or "text"; better "lower",
+# "higher" or None (a fact, neither good nor bad: a longer run is not a worse one).
+ROWS: list[tuple[str, str, str | None, Getter]] = [
+    ("duration", "s", None, lambda s: s["log"].get("duration_s")),
+    ("steps", "count", None, _steps),
+    ("peak device used", "bytes", "lower", _device_max("device_used_bytes")),
+    ("peak reserved", "bytes", "lower", _device_max("reserved_bytes")),
+    ("peak allocated", "bytes", "lower", _peak_allocated),
+    ("peak of the process", "bytes", "lower", _device_max("process_bytes")),
+    ("peak host RSS", "bytes", "lower", _device_max("host_rss_bytes")),
+    ("headroom at the peak", "bytes", "higher", _headroom),
+    ("reserved beyond the peak", "bytes", "lower", _unused),
+    ("leak", "text", None, _leak),
+    ("steps to OOM", "count", "higher", _oom),
+    ("longest batch (tokens)", "count", None, _longest),
 ]
 
 
 def compare(reports: Sequence[LogReport]) -> list[dict[str, Any]]:
-    """One row per figure: ``{"figure", "unit", "values": [...], "changes": [None, fraction, ...]}``.
+    """One row per figure: ``{"figure", "unit", "better", "values": [...], "changes": [None, fraction, ...]}``.
 
     ``changes[i]`` is log i against the first log as a fraction (-0.3 = 30% less), None where either is
-    unknown, zero or not a number. Rows unknown in every log are left out.
+    unknown, zero or not a number; ``better`` says which direction is an improvement ("lower", "higher"
+    or None). Rows unknown in every log are left out.
     """
     rows: list[dict[str, Any]] = []
-    for label, unit, get in ROWS:
+    for label, unit, better, get in ROWS:
         values = [get(r.summary) for r in reports]
         if all(v is None for v in values):
             continue
@@ -98,7 +100,7 @@ def compare(reports: Sequence[LogReport]) -> list[dict[str, Any]]:
         for v in values[1:]:
             numeric = isinstance(v, (int, float)) and isinstance(base, (int, float)) and unit != "text"
             changes.append(round((v - base) / base, 4) if numeric and base else None)  # type: ignore[operator]
-        rows.append({"figure": label, "unit": unit, "values": values, "changes": changes})
+        rows.append({"figure": label, "unit": unit, "better": better, "values": values, "changes": changes})
     return rows
 
 
@@ -120,3 +122,10 @@ def format_value(value: Any, unit: str) -> str:
 
 def format_change(change: float | None) -> str:
     return "" if change is None else f"{change:+.0%}"
+
+
+def change_tone(change: float | None, better: str | None) -> str | None:
+    """"good", "bad" or None (no change, or a figure that is neither)."""
+    if not change or better is None:
+        return None
+    return "good" if (change < 0) == (better == "lower") else "bad"

@@ -12,7 +12,7 @@ from html import escape
 from typing import Any
 
 from vramscope import __version__
-from vramscope.report.compare import compare, format_change, format_value
+from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.model import METRICS, Chart, LogReport, duration
 from vramscope.report.svg import chart_svg
 
@@ -39,8 +39,11 @@ figure{margin:10px 0 4px}figure svg{width:100%;height:auto;display:block;border:
 figcaption,.note{color:var(--muted);font-size:13px;margin:4px 2px 10px}
 table{border-collapse:collapse;margin:6px 0 12px;font-size:13px;min-width:50%}
 th,td{border-bottom:1px solid var(--line);padding:5px 8px;text-align:left;vertical-align:top}
-th{color:var(--muted);font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.delta-down{color:var(--good)}.delta-up{color:var(--bad)}
+th{color:var(--muted);font-weight:600}
+caption{text-align:left;font-weight:650;padding:4px 8px;color:var(--ink)}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+span.good{color:var(--good)}span.bad{color:var(--bad)}
+.scroll{overflow-x:auto}
 ol.advice li{margin:0 0 8px}ol.advice .t{font-weight:600}.urgent{color:var(--bad);font-weight:600}
 ul.warnings li{color:var(--warn)}
 footer{color:var(--muted);font-size:12px;margin-top:26px}
@@ -96,8 +99,9 @@ def _comparison(reports: Sequence[LogReport]) -> str:
         for value, change in zip(row["values"], row["changes"], strict=False):
             text = escape(format_value(value, row["unit"]))
             if change:
-                cls = "delta-down" if change < 0 else "delta-up"
-                text += f' <span class="{cls}">({escape(format_change(change))})</span>'
+                tone = change_tone(change, row["better"])
+                cls = f' class="{tone}"' if tone else ""
+                text += f" <span{cls}>({escape(format_change(change))})</span>"
             cells.append(f'<td class="n">{text}</td>')
         body.append(f"<tr><th>{escape(row['figure'])}</th>{''.join(cells)}</tr>")
     return (f'<section class="log"><h2>Side by side</h2><p class="note">Changes are against the first log, '
@@ -218,10 +222,11 @@ def _device_tables(d: dict[str, Any]) -> str:
                 cells.append(f'<td class="n">{escape(_gib(where["bytes"]) + at)}</td>')
             count = f"{entry.get('rows', 0):,}"
             rows.append(f'<tr><th>{escape(name)}</th><td class="n">{count}</td>{"".join(cells)}</tr>')
-        out.append(f"<table><tr><th>peak per phase</th><th>rows</th>{head}</tr>{''.join(rows)}</table>")
+        out.append(f"<table><caption>peaks by phase</caption><tr><th>phase</th><th>rows</th>{head}</tr>"
+                   f"{''.join(rows)}</table>")
     frag = d.get("fragmentation")
     if frag:
-        out.append(f'<p class="note"><b>Reserved against allocated:</b> {escape(str(frag.get("verdict", "")))}.</p>')
+        out.append(f'<p class="note"><b>Allocator cache:</b> {escape(str(frag.get("verdict", "")))}.</p>')
     batches = d.get("longest_batches") or []
     if batches:
         lines = "".join(
@@ -230,9 +235,9 @@ def _device_tables(d: dict[str, Any]) -> str:
             f"<td>{escape(str(b.get('phase')))}</td></tr>"
             for b in batches
         )
-        out.append("<table><tr><th>longest batches: step</th><th>tokens</th><th>peak allocated</th><th>phase</th>"
-                   f"</tr>{lines}</table>")
-    return "".join(out)
+        out.append("<table><caption>longest batches</caption><tr><th>step</th><th>tokens</th><th>peak allocated</th>"
+                   f"<th>phase</th></tr>{lines}</table>")
+    return f'<div class="scroll">{"".join(out)}</div>'
 
 
 def _advice(s: dict[str, Any]) -> str:

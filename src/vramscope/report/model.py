@@ -24,7 +24,7 @@ from typing import Any
 
 from vramscope.analysis.summary import analyze
 from vramscope.logfile import LogTable
-from vramscope.report.advice import advise
+from vramscope.report.advice import RunSettings, advise, planner_advice
 from vramscope.report.downsample import DEFAULT_BUCKETS, minmax_indices
 
 # Memory columns a report looks at, with the names people read.
@@ -116,15 +116,17 @@ class EmptyLogError(ValueError):
     """The log has a header but no rows to report on."""
 
 
-def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS) -> LogReport:
+def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunSettings | None = None) -> LogReport:
     """Analyse one log and prepare everything the renderers show.
 
     Args:
         table: a log from :func:`vramscope.logfile.read_log`.
         buckets: min/max buckets per drawn series (two points each).
+        settings: what ran (model, batch); adds the planner's recommendations with predicted savings.
 
     Raises:
         EmptyLogError: the log has no rows, or no memory column with a value.
+        vramscope.planner.PlanInputError: ``settings`` the planner cannot use (unknown model, say).
     """
     n = len(table)
     if n == 0:
@@ -158,7 +160,13 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS) -> LogReport:
         "forecast": analysis["forecast"],
         "warnings": analysis.get("warnings", []),
     }
-    summary["recommendations"] = advise(summary)
+    advice = advise(summary)
+    if settings is not None:
+        # What is urgent in the log (a leak, a batch that will not fit) stays first; then the planner's
+        # changes, priced for this model and batch; then the rest of what the log shows.
+        urgent = [a for a in advice if a["urgent"]]
+        advice = urgent + planner_advice(summary, settings) + [a for a in advice if not a["urgent"]]
+    summary["recommendations"] = advice
     return LogReport(table.path, _json_safe(summary), devices)
 
 
@@ -427,7 +435,7 @@ class _Device:
         # comparisons on a bounded heap instead of sorting them all. A step logged twice counts once.
         ranked = heapq.nlargest(
             LONGEST_BATCHES * 8,
-            zip([self.tokens[j] for j in rows], [-1 if peak[j] is None else peak[j] for j in rows], rows),
+            zip([self.tokens[j] for j in rows], [-1 if peak[j] is None else peak[j] for j in rows], rows, strict=True),
         )
         out: list[dict[str, Any]] = []
         seen_steps: set[int] = set()

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from vramscope.report.compare import compare, format_change, format_value
+from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.model import METRICS, LogReport, duration
 
 GIB = 1024**3
@@ -43,7 +43,7 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
             console.print(phases)
         frag = dev.get("fragmentation")
         if frag:
-            console.print(Text.assemble(("allocated vs reserved: ", "bold"), str(frag.get("verdict", ""))))
+            console.print(Text.assemble(("allocator cache: ", "bold"), str(frag.get("verdict", ""))))
         batches = dev.get("longest_batches") or []
         if batches:
             text = ", ".join(f"step {b['step']} ({b['tokens']:,} tokens, {_gib(b['peak_allocated_bytes'])})"
@@ -124,8 +124,9 @@ def comparison_table(reports: Sequence[LogReport]) -> Table:
         cells = []
         for value, change in zip(row["values"], row["changes"], strict=False):
             text = escape(format_value(value, row["unit"]))
+            tone = change_tone(change, row["better"])
             if change:
-                style = "green" if change < 0 else "red"
+                style = {"good": "green", "bad": "red"}.get(tone or "", "dim")
                 text += f" [{style}]({format_change(change)})[/{style}]"
             cells.append(text)
         table.add_row(row["figure"], *cells)
