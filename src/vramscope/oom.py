@@ -124,14 +124,19 @@ class AllocationSite:
     bytes: int
     blocks: int
     largest_bytes: int
+    kind: str = "activations"  # what the whole stack says it is: see :func:`classify_stack`
 
 
 @dataclass(frozen=True)
 class Advice:
+    """One ranked way out. ``sufficient``: whether this change alone would have avoided this OOM."""
+
+    key: str  # stable name: micro_batch, seq_len, gradient_checkpointing, expandable_segments, ...
     title: str
     detail: str
     saves_bytes: int | None = None  # estimated memory it frees at the peak, when it can be estimated
-    source: str = "vramscope"
+    source: str = "snapshot"  # "snapshot" (vramscope's rules over the measured numbers) or "planner"
+    sufficient: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,28 @@ def site_of(frames: Sequence[Mapping[str, Any]], depth: int = 3) -> tuple[str, t
     return _frame_text(outside[0]), tuple(_frame_text(f) for f in outside[1 : 1 + depth])
 
 
+def classify_stack(frames: Sequence[Mapping[str, Any]]) -> str:
+    """What memory allocated from this stack is, judged from every frame (torch's own included).
+
+    One of ``"optimizer state"``, ``"loss/logits"``, ``"weights (loading)"``, ``"checkpointed
+    activations"`` (allocated under ``torch.utils.checkpoint``), ``"activations"`` (anything else with
+    a stack: the step's activations and temporaries), or ``"no stack"``.
+    """
+    if not frames:
+        return "no stack"
+    files = [str(f.get("filename", "")).replace("\\", "/") for f in frames]
+    names = [str(f.get("name", "")) for f in frames]
+    if any("/optim/" in f or f.endswith("optimizer.py") for f in files):
+        return "optimizer state"
+    if any(n in ("from_pretrained", "load_state_dict", "_load_pretrained_model") for n in names):
+        return "weights (loading)"
+    if any("cross_entropy" in n or "nll_loss" in n for n in names) or any(f.endswith("loss_utils.py") for f in files):
+        return "loss/logits"
+    if any("utils/checkpoint" in f for f in files):
+        return "checkpointed activations"
+    return "activations"
+
+
 def _segments_of(snapshot: Mapping[str, Any], device: int) -> list[Mapping[str, Any]]:
     segments = list(snapshot.get("segments", []))
     if any("device" in s for s in segments):
@@ -227,7 +254,8 @@ def build_report(
     *,
     top: int = 10,
     snapshot_file: str | None = None,
-    recommend: Callable[[OomReport], Sequence[Advice]] | None = None,
+    model: Any = None,
+    spec: Any = None,
 ) -> OomReport:
     """Analyse one OOM: ``snapshot`` is ``torch.cuda.memory._snapshot()`` taken at that moment.
 
@@ -240,12 +268,18 @@ def build_report(
         event: what the OOM observer and the training loop reported.
         top: how many allocation sites to keep.
         snapshot_file: where the pickle was written, for the report to point at.
-        recommend: replaces the built-in advice (for the planner's recommendations).
+        model: the model for the planner (a registry name such as ``"Llama-2-7B"`` or a config.json
+            dict); with it and a ``batch_shape`` in the context, the advice includes the planner's
+            recommendations fed with the measured peak and capacity. Also read from the context's
+            ``"model"`` key.
+        spec: the recipe (:class:`~vramscope.integrations.qlora.QLoraSpec`, or its dict) for the planner;
+            also read from the context's ``"spec"`` key. Default: the QLoRA reference recipe.
     """
     segments = _segments_of(snapshot, event.device)
     reserved = allocated = free_in_segments = largest_free = 0
     by_site: dict[str, list[int]] = {}
     via_of: dict[str, tuple[str, ...]] = {}
+    kinds: dict[str, dict[str, int]] = {}
     checkpointing = False
     for segment in segments:
         reserved += int(segment.get("total_size", 0))
@@ -255,19 +289,24 @@ def build_report(
             if state == "active_allocated":
                 allocated += size
                 frames = block.get("frames") or []
-                if not checkpointing:
-                    checkpointing = any("utils/checkpoint" in str(f.get("filename", "")) for f in frames)
+                kind = classify_stack(frames)
+                checkpointing = checkpointing or kind == "checkpointed activations"
                 where, via = site_of(frames)
                 entry = by_site.setdefault(where, [0, 0, 0])
                 entry[0] += size
                 entry[1] += 1
                 entry[2] = max(entry[2], size)
                 via_of.setdefault(where, via)
+                per_kind = kinds.setdefault(where, {})
+                per_kind[kind] = per_kind.get(kind, 0) + size
             elif state == "inactive":
                 free_in_segments += size
                 largest_free = max(largest_free, size)
     sites = sorted(
-        (AllocationSite(where, via_of[where], b, n, big) for where, (b, n, big) in by_site.items()),
+        (
+            AllocationSite(where, via_of[where], b, n, big, max(kinds[where].items(), key=lambda kv: kv[1])[0])
+            for where, (b, n, big) in by_site.items()
+        ),
         key=lambda s: s.bytes,
         reverse=True,
     )
@@ -328,16 +367,20 @@ def build_report(
         checkpointing_seen=checkpointing,
         history_entries=len(trace),
         advice=(),
-        advice_source="vramscope",
+        advice_source="",
         snapshot_file=snapshot_file,
     )
-    if recommend is not None:
-        advice = tuple(recommend(report))
-        source = advice[0].source if advice else "planner"
+    own = advise(report, sites)
+    planned, why_not = planner_advice(
+        report, model if model is not None else ctx.get("model"), spec if spec is not None else ctx.get("spec")
+    )
+    if planned:
+        advice = merge_advice(planned, own, report)
+        source = "the planner's recommendations fed with the measured peak, plus the snapshot's evidence"
     else:
-        advice = tuple(advise(report, sites))
-        source = "vramscope"
-    return _replace(report, advice=advice, advice_source=source)
+        advice = own
+        source = f"vramscope's rules over the measured numbers ({why_not})"
+    return _replace(report, advice=tuple(advice), advice_source=source)
 
 
 def _replace(report: OomReport, **changes: Any) -> OomReport:
@@ -362,46 +405,46 @@ def _shape(value: Any) -> tuple[int, ...] | None:
         return None
 
 
-# Substrings of an allocation site that say what kind of memory it is (checked on the site and its callers).
-_OPTIMIZER_HINTS = ("optim", "adam", "sgd")
-_LOSS_HINTS = ("cross_entropy", "loss", "lm_head", "logits")
+def _shortfall(report: OomReport) -> int | None:
+    """How much the step's memory must shrink at least to avoid this OOM.
 
-
-def _site_matches(site: AllocationSite, hints: Iterable[str]) -> bool:
-    text = " ".join((site.where, *site.via)).lower()
-    return any(h in text for h in hints)
+    The larger of: what it held plus what it asked, over what it had; and what this one request
+    lacked given where the free memory was (fragmentation).
+    """
+    if report.capacity_bytes is None:
+        return report.shortfall_bytes
+    need = report.allocated_bytes + (report.requested_bytes or 0)
+    usable = report.capacity_bytes - (report.outside_bytes or 0)
+    return max(0, need - usable, report.shortfall_bytes or 0)
 
 
 def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> list[Advice]:
-    """Ranked advice from the report's real numbers (vramscope's own rules; no planner involved).
+    """Ranked advice from the report's measured numbers alone (vramscope's rules; no planner involved).
 
-    Each rule estimates what it would free at the peak; rules that would cover the shortfall rank
-    first, then by the memory they free. The estimates are first-order: activations scale with batch
-    size and (at least) with sequence length; the live memory split by site tells activations from
-    weights and optimizer state.
+    Each rule estimates what it would free at the peak. The estimates are first-order: the live
+    memory split by allocation site tells activations (what scales with batch and length) from
+    optimizer state and from memory without a Python stack (weights loaded before recording,
+    gradients written by autograd's C++ thread).
     """
     sites = list(sites if sites is not None else report.top_sites)
     need = (report.requested_bytes or 0) + report.allocated_bytes
     capacity = report.capacity_bytes
     outside = report.outside_bytes or 0
-    usable = None if capacity is None else capacity - outside
-    over = None if usable is None else max(0, need - usable)  # how much the step needs to shrink at least
+    over = _shortfall(report)
     attributed = [s for s in sites if s.where != NO_STACK]
-    optimizer_bytes = sum(s.bytes for s in attributed if _site_matches(s, _OPTIMIZER_HINTS))
-    loss_sites = [s for s in attributed if _site_matches(s, _LOSS_HINTS)]
-    # Memory with a Python stack that is neither optimizer state nor loading: activations and
-    # temporaries of the step, i.e. what scales with the batch.
-    activation_bytes = sum(
-        s.bytes
-        for s in attributed
-        if not _site_matches(s, _OPTIMIZER_HINTS) and "from_pretrained" not in " ".join(s.via) + s.where
-    ) + (report.requested_bytes or 0)
+    optimizer_bytes = sum(s.bytes for s in attributed if s.kind == "optimizer state")
+    loss_sites = [s for s in attributed if s.kind == "loss/logits"]
+    # Memory with a Python stack that is neither optimizer state nor model loading: the step's
+    # activations and temporaries, i.e. what scales with the batch; plus the request that failed.
+    scaling = ("activations", "checkpointed activations", "loss/logits")
+    activation_bytes = sum(s.bytes for s in attributed if s.kind in scaling) + (report.requested_bytes or 0)
     out: list[Advice] = []
 
     frag_free = report.free_in_segments_bytes
     if report.requested_bytes is not None and frag_free >= report.requested_bytes > report.largest_free_block_bytes:
         out.append(
             Advice(
+                "expandable_segments",
                 "Let the allocator grow segments instead of splitting them",
                 f"{human(frag_free)} was free inside the allocator's segments, enough for the "
                 f"{human(report.requested_bytes)} request, but the largest free piece was "
@@ -413,6 +456,7 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> 
     elif report.fragmentation is not None and report.fragmentation > 0.3 and frag_free > 256 * 1024**2:
         out.append(
             Advice(
+                "expandable_segments",
                 "Reduce fragmentation",
                 f"{human(frag_free)} sat free but split inside segments (fragmentation {report.fragmentation:.0%}). "
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True usually reclaims most of it.",
@@ -421,21 +465,24 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> 
         )
 
     shape = report.batch_shape
+    target = over if over else (report.requested_bytes or 0)
     if shape and activation_bytes > 0:
         batch = shape[0]
-        target = over if over is not None else report.requested_bytes or 0
         per_sample = activation_bytes / batch if batch else 0.0
         if batch > 1 and per_sample > 0:
+            from vramscope.tuner import split_batch  # here: the tuner imports this module
+
             drop = max(1, math.ceil(target / per_sample)) if target else 1
-            new_batch = max(1, batch - drop)
-            accum = math.ceil(batch / new_batch)
+            micro, accum = split_batch(batch, max(1, batch - drop))
             out.append(
                 Advice(
-                    f"Lower the micro-batch from {batch} to {new_batch}",
+                    "micro_batch",
+                    f"Lower the micro-batch from {batch} to {micro}, with gradient accumulation {accum}",
                     f"About {human(per_sample)} per sample is activations and step temporaries "
-                    f"({human(activation_bytes)} at batch {batch}). Keep the effective batch with gradient "
-                    f"accumulation of {accum} steps. `vramscope tune` finds the exact largest batch in a few steps.",
-                    int(per_sample * (batch - new_batch)),
+                    f"({human(activation_bytes)} at batch {batch}); {micro} x {accum} accumulation steps keeps "
+                    f"the effective batch at {micro * accum}. `vramscope tune` finds the exact largest batch in "
+                    "a few steps.",
+                    int(per_sample * (batch - micro)),
                 )
             )
         if len(shape) > 1 and shape[1] > 1:
@@ -443,10 +490,10 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> 
             per_token = activation_bytes / seq
             cut = max(1, math.ceil(target / per_token)) if target else seq // 4
             new_seq = max(1, seq - cut)
-            # Round down to a multiple of 64 for kernel efficiency, when that stays positive.
-            new_seq = (new_seq // 64) * 64 or new_seq
+            new_seq = (new_seq // 64) * 64 or new_seq  # a multiple of 64 suits the kernels, when one is left
             out.append(
                 Advice(
+                    "seq_len",
                     f"Shorten sequences from {seq} to {new_seq} tokens",
                     "Activations grow at least linearly with sequence length (quadratically with eager "
                     "attention); truncating or packing to a shorter length frees about "
@@ -458,30 +505,32 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> 
     if not report.checkpointing_seen and activation_bytes > 0.3 * max(need, 1):
         out.append(
             Advice(
+                "gradient_checkpointing",
                 "Turn on gradient checkpointing",
                 "No torch.utils.checkpoint frames among the live allocations, and activations are "
-                f"{human(activation_bytes)} of {human(need)} needed. model.gradient_checkpointing_enable() "
+                f"{human(activation_bytes)} of the {human(need)} needed. model.gradient_checkpointing_enable() "
                 "(TrainingArguments(gradient_checkpointing=True)) keeps one tensor per layer and recomputes the rest.",
                 int(activation_bytes * 0.6),
             )
         )
 
-    if loss_sites:
-        loss_bytes = sum(s.bytes for s in loss_sites)
-        if loss_bytes > 0.1 * max(need, 1):
-            out.append(
-                Advice(
-                    "Shrink the loss over the vocabulary",
-                    f"{human(loss_bytes)} is live at the logits/loss ({loss_sites[0].where}). The logits are "
-                    "batch x sequence x vocabulary, often upcast to fp32: compute the loss in chunks or with a "
-                    "fused linear-cross-entropy kernel, or lower batch x sequence.",
-                    loss_bytes // 2,
-                )
+    loss_bytes = sum(s.bytes for s in loss_sites)
+    if loss_sites and loss_bytes > 0.1 * max(need, 1):
+        out.append(
+            Advice(
+                "loss_chunking",
+                "Shrink the loss over the vocabulary",
+                f"{human(loss_bytes)} is live at the logits/loss ({loss_sites[0].where}). The logits are "
+                "batch x sequence x vocabulary, often upcast to fp32: compute the loss in chunks or with a "
+                "fused linear-cross-entropy kernel, or lower batch x sequence.",
+                loss_bytes // 2,
             )
+        )
 
     if optimizer_bytes > 0.1 * max(need, 1):
         out.append(
             Advice(
+                "optimizer",
                 "Use an 8-bit or paged optimizer",
                 f"{human(optimizer_bytes)} is optimizer state. bitsandbytes' paged_adamw_8bit keeps it in "
                 "8 bits (about a quarter of 32-bit Adam) and pages it to host memory under pressure.",
@@ -492,6 +541,7 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> 
     if capacity is not None and outside > max(1024**3, 0.05 * capacity):
         out.append(
             Advice(
+                "outside_memory",
                 "Free the memory held outside this process's PyTorch allocator",
                 f"{human(outside)} of the {human(capacity)} was not in this process's allocator: other processes, "
                 "the CUDA context, library workspaces, or bitsandbytes' paged buffers. Check `vramscope watch` or "
@@ -499,13 +549,75 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> 
                 outside,
             )
         )
+    return rank_advice([_judged(a, over) for a in out])
 
-    def rank(a: Advice) -> tuple[int, int]:
-        covers = over is not None and a.saves_bytes is not None and a.saves_bytes >= over
-        return (0 if covers else 1, -(a.saves_bytes or 0))
 
-    out.sort(key=rank)
-    return out
+def _judged(advice: Advice, over: int | None) -> Advice:
+    if advice.sufficient is not None or over is None or advice.saves_bytes is None:
+        return advice
+    from dataclasses import replace
+
+    return replace(advice, sufficient=advice.saves_bytes >= over)
+
+
+def rank_advice(items: Iterable[Advice]) -> list[Advice]:
+    """Changes that alone would have avoided the OOM first, then by the memory they free."""
+    return sorted(items, key=lambda a: (0 if a.sufficient else 1, -(a.saves_bytes or 0)))
+
+
+def planner_advice(report: OomReport, model: Any, spec: Any = None) -> tuple[list[Advice], str]:
+    """The planner's recommendations for this OOM's batch shape, fed with the measured numbers.
+
+    The measured peak is at least what was allocated plus what was asked for; the capacity is what
+    the allocator was allowed. Returns ``(advice, "")``, or ``([], why)`` when the planner cannot be used.
+    """
+    if model is None:
+        return [], "the planner was not told the model"
+    shape = report.batch_shape
+    if not shape or len(shape) < 2:
+        return [], "no batch shape (batch x sequence) in the context"
+    try:
+        from vramscope.integrations.qlora import QLoraSpec
+        from vramscope.planner import PlanInputError, recommend
+    except ImportError as exc:  # pragma: no cover - the planner ships with vramscope
+        return [], f"the planner cannot be imported: {exc}"
+    if isinstance(spec, Mapping):
+        fields = QLoraSpec.__dataclass_fields__
+        values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in spec.items() if k in fields}
+        spec = QLoraSpec(**values)
+    peak = report.allocated_bytes + (report.requested_bytes or 0)
+    try:
+        recs = recommend(
+            model, int(shape[0]), int(shape[1]), spec, peak_bytes=max(peak, 1), capacity_bytes=report.capacity_bytes
+        )
+    except (PlanInputError, ValueError, TypeError) as exc:
+        return [], f"the planner could not use this model: {exc}"
+    out = []
+    for r in recs:
+        title, _, saving = r.text.rpartition(": saves ")
+        title = title or r.text
+        detail = (
+            f"saves {saving or human(r.saving_bytes)} as predicted by the planner for batch {shape[0]} x "
+            f"{shape[1]} tokens; the measured need was {human(peak)} against a capacity of "
+            f"{human(report.capacity_bytes)}."
+        )
+        out.append(Advice(r.name, title[:1].upper() + title[1:], detail, int(r.saving_bytes), "planner", r.sufficient))
+    return out, ""
+
+
+def merge_advice(planned: Sequence[Advice], own: Sequence[Advice], report: OomReport) -> list[Advice]:
+    """The planner's recommendations plus what only the snapshot can tell, ranked together.
+
+    Where both speak about the same change, the snapshot's version wins when it rests on evidence the
+    planner cannot see (fragmentation measured in the segments, memory outside the allocator);
+    otherwise the planner's (a prediction from the model's shapes beats a first-order split).
+    """
+    measured_only = {"expandable_segments", "outside_memory", "loss_chunking"}
+    own_keys = {a.key for a in own if a.key in measured_only}
+    merged = [a for a in planned if a.key not in own_keys]
+    planned_keys = {a.key for a in merged}
+    merged += [a for a in own if a.key in measured_only or a.key not in planned_keys]
+    return rank_advice(_judged(a, _shortfall(report)) for a in merged)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -541,8 +653,19 @@ def _text(value: Any) -> str:
 
 
 def _md(text: str) -> str:
-    # Markdown table cells: escape the pipe and keep one line.
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    # Text from the snapshot (file and function names) goes into Markdown that renderers may turn into
+    # HTML: escape markup, keep table cells intact (pipes) and on one line.
+    return html.escape(text, quote=False).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _advice_tail(a: Advice) -> str:
+    parts = []
+    if a.saves_bytes:
+        parts.append(f"frees about {human(a.saves_bytes)}")
+    if a.sufficient is not None:
+        parts.append("enough on its own" if a.sufficient else "not enough alone")
+    parts.append(a.source)
+    return f" ({'; '.join(parts)})"
 
 
 def render_markdown(report: OomReport) -> str:
@@ -550,24 +673,23 @@ def render_markdown(report: OomReport) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.time)) if report.time else "unknown time"
     lines = [f"# CUDA out of memory on GPU {report.device}", "", f"_{when}_", ""]
     if report.message:
-        lines += ["```", report.message.strip().splitlines()[0][:500], "```", ""]
+        lines += ["```", report.message.strip().splitlines()[0][:500].replace("`", "'"), "```", ""]
     lines += ["## At the moment of the OOM", "", "| | |", "|---|---|"]
     lines += [f"| {_md(k)} | {_md(v)} |" for k, v in _facts(report)]
     lines += ["", "## Where the memory was allocated", ""]
     if report.top_sites:
-        lines += ["| Site | Called from | Live | Blocks | Largest |", "|---|---|---:|---:|---:|"]
+        lines += ["| Site | Called from | What | Live | Blocks | Largest |", "|---|---|---|---:|---:|---:|"]
         for s in report.top_sites:
             lines.append(
-                f"| {_md(s.where)} | {_md(' <- '.join(s.via) or '-')} | {human(s.bytes)} | {s.blocks} | "
-                f"{human(s.largest_bytes)} |"
+                f"| {_md(s.where)} | {_md(' <- '.join(s.via) or '-')} | {_md(s.kind)} | {human(s.bytes)} | "
+                f"{s.blocks} | {human(s.largest_bytes)} |"
             )
     else:
         lines.append("No live blocks in the snapshot.")
-    lines += ["", f"## What to change (ranked; advice from {report.advice_source})", ""]
+    lines += ["", "## What to change, ranked", "", f"_Advice: {_md(report.advice_source)}._", ""]
     if report.advice:
         for i, a in enumerate(report.advice, 1):
-            saves = f" (frees about {human(a.saves_bytes)})" if a.saves_bytes else ""
-            lines.append(f"{i}. **{_md(a.title)}**{saves}: {a.detail}")
+            lines.append(f"{i}. **{_md(a.title)}**{_advice_tail(a)}: {_md(a.detail)}")
     else:
         lines.append("No rule applied; open the snapshot in https://pytorch.org/memory_viz to look at the timeline.")
     if report.snapshot_file:
@@ -585,13 +707,14 @@ def render_html(report: OomReport) -> str:
     facts = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _facts(report))
     sites = "".join(
         f"<tr><td><code>{e(s.where)}</code></td><td><code>{e(' <- '.join(s.via) or '-')}</code></td>"
+        f"<td>{e(s.kind)}</td>"
         f"<td class=n>{e(human(s.bytes))}</td><td class=n>{s.blocks}</td>"
         f"<td class=n>{e(human(s.largest_bytes))}</td></tr>"
         for s in report.top_sites
     )
     advice = "".join(
         f"<li><b>{e(a.title)}</b>"
-        + (f" <i>(frees about {e(human(a.saves_bytes))})</i>" if a.saves_bytes else "")
+        + (f" <i>{e(_advice_tail(a).strip())}</i>" if _advice_tail(a) else "")
         + f": {e(a.detail)}</li>"
         for a in report.advice
     )
@@ -611,9 +734,9 @@ def render_html(report: OomReport) -> str:
         f"<h1>CUDA out of memory on GPU {report.device}</h1>{message}"
         f"<h2>At the moment of the OOM</h2><table>{facts}</table>"
         "<h2>Where the memory was allocated</h2>"
-        "<table><tr><th>Site</th><th>Called from</th><th>Live</th><th>Blocks</th><th>Largest</th></tr>"
+        "<table><tr><th>Site</th><th>Called from</th><th>What</th><th>Live</th><th>Blocks</th><th>Largest</th></tr>"
         f"{sites}</table>"
-        f"<h2>What to change (ranked; advice from {e(report.advice_source)})</h2><ol>{advice}</ol>{snap}"
+        f"<h2>What to change, ranked</h2><p><i>Advice: {e(report.advice_source)}.</i></p><ol>{advice}</ol>{snap}"
         "</body></html>\n"
     )
 
@@ -702,6 +825,9 @@ class OomRecorder:
         max_reports: post-mortems to write at most.
         stacks: ``"python"`` (cheaper) or ``"all"`` (adds C++ frames, so backward allocations get stacks too).
         device: the CUDA device; None means the current one.
+        model: for the planner's advice: a registry name or a config.json dict (or put ``"model"`` in
+            the context).
+        spec: the recipe for the planner (``QLoraSpec`` or its dict); default the QLoRA reference recipe.
     """
 
     def __init__(
@@ -712,6 +838,8 @@ class OomRecorder:
         max_reports: int = 3,
         stacks: str = "python",
         device: int | None = None,
+        model: Any = None,
+        spec: Any = None,
     ) -> None:
         if max_entries <= 0:
             raise ValueError(f"max_entries must be positive, got {max_entries}")
@@ -723,6 +851,8 @@ class OomRecorder:
         self.max_reports = int(max_reports)
         self.stacks = stacks
         self.device = device
+        self.model = model
+        self.spec = spec
         self.reports: list[Path] = []
         self._remove: Callable[[], None] | None = None
         self._count = 0
@@ -854,7 +984,7 @@ class OomRecorder:
                 json.dumps({**asdict(event), "snapshot_file": str(snap_path)}, indent=2, default=str),
                 encoding="utf-8",
             )
-            report = build_report(snapshot, event, snapshot_file=str(snap_path), recommend=planner_advice())
+            report = build_report(snapshot, event, snapshot_file=str(snap_path), model=self.model, spec=self.spec)
             paths = write_report(report, self.out_dir, stem)
             self.reports.append(paths["md"])
             log.warning("vramscope: CUDA out of memory; post-mortem in %s", paths["md"])
@@ -862,31 +992,3 @@ class OomRecorder:
         except Exception:
             log.exception("vramscope: could not write the OOM post-mortem")
             return None
-
-
-def planner_advice() -> Callable[[OomReport], Sequence[Advice]] | None:
-    """The planner's recommendations as a report's advice, when the planner offers them; else None.
-
-    Looks for ``vramscope.planner.recommend_for_oom(report) -> list[Advice-like]``; without it the
-    report uses :func:`advise`, vramscope's own rules over the measured numbers.
-    """
-    try:
-        from vramscope import planner
-    except Exception:
-        return None
-    fn = getattr(planner, "recommend_for_oom", None)
-    if fn is None:
-        return None
-
-    def recommend(report: OomReport) -> Sequence[Advice]:
-        items = fn(report)
-        return [
-            a
-            if isinstance(a, Advice)
-            else Advice(
-                str(getattr(a, "title", a)), str(getattr(a, "detail", "")), getattr(a, "saves_bytes", None), "planner"
-            )
-            for a in items
-        ]
-
-    return recommend
