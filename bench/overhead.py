@@ -316,7 +316,25 @@ def make_arms(
         except Unavailable as exc:
             unavailable[name] = str(exc)
             common.log(f"arm {name}: unavailable ({exc})")
+        except Exception as exc:  # an API that changed under us: measure the others, say why not this one
+            unavailable[name] = f"could not be set up: {type(exc).__name__}: {exc}"
+            common.log(f"arm {name}: {unavailable[name]}")
     return arms, unavailable
+
+
+def cuda_peaks(reset: bool) -> dict[str, int]:
+    """torch's peak counters (empty without CUDA); ``reset`` starts them afresh instead of reading."""
+    if not common.cuda_available():
+        return {}
+    import torch
+
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+        return {}
+    return {
+        "max_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+        "max_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+    }
 
 
 def analysis_cost(histories: list[int], repeats: int, step_s: float | None) -> dict[str, Any]:
@@ -462,9 +480,12 @@ def main(argv: list[str] | None = None) -> int:
 
     steps: list[dict[str, Any]] = []
     baseline = arms["none"]
+    # Peaks of the training alone; later, monitors (and transformers' tracker) reset the counter.
+    warm_memory = cuda_peaks(reset=True)
     for _ in range(args.warmup):
         seconds, loss = timed_step(trainer, baseline, -1, args.batch, args.seq)
         steps.append({"block": None, "arm": "none", "kind": "warmup", "seconds": seconds, "loss": loss})
+    warm_memory = cuda_peaks(reset=False)
     warm = [s["seconds"] for s in steps[-2:]] or [0.0]
     per_block_steps = len(active) * (args.settle + args.steps_per_block)
     # Every arm adds its own cost; nvidia-smi's subprocess can add tens of ms, hence the 15 % margin.
@@ -534,14 +555,6 @@ def main(argv: list[str] | None = None) -> int:
         analysis["monitor_analysis_cost"] = analysis_cost(histories, 3 if tiny else 5, base_step)
     except Exception as exc:  # measured after the blocks: never lose them to it
         analysis["monitor_analysis_cost"] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-    memory: dict[str, Any] = {}
-    if common.cuda_available():
-        import torch
-
-        memory = {
-            "max_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-            "max_reserved_bytes": int(torch.cuda.max_memory_reserved()),
-        }
     payload = {
         "description": "step time of a QLoRA fine-tune under each memory monitor, interleaved blocks",
         "model": {"name": args.model, **model_info},
@@ -566,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
             if a in VRAMSCOPE_ARMS
         },
         "arm_reports": arm_reports,
-        "cuda_memory": memory,
+        "warmup_cuda_memory": warm_memory,
         "steps": steps,
         "wall_s": time.perf_counter() - started,
     }
