@@ -398,11 +398,31 @@ def model_config(name: str, tiny: bool, **overrides: Any) -> dict[str, Any]:
     return config
 
 
-def default_checkpoint_root() -> Path:
-    # RAM-backed when the machine has it: writing and reading 14 GB costs seconds there, not a minute.
+def approx_checkpoint_bytes(config: dict[str, Any]) -> int:
+    """Rough bf16 size of a decoder-only checkpoint from its config.json fields (to pick where it fits)."""
+    hidden = int(config.get("hidden_size") or 0)
+    heads = int(config.get("num_attention_heads") or 1)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    mlp = 3 * hidden * int(config.get("intermediate_size") or 0)
+    embeddings = int(config.get("vocab_size") or 0) * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    return 2 * (int(config.get("num_hidden_layers") or 0) * (attention + mlp) + embeddings)
+
+
+def default_checkpoint_root(needed_bytes: int = 0) -> Path:
+    """/dev/shm when it is writable and has room (containers often give it only 64 MiB), else the temp dir.
+
+    RAM-backed storage makes writing and reading a 14 GB checkpoint take seconds instead of a minute.
+    """
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / "vramscope-bench"
+        try:
+            free = shutil.disk_usage(shm).free
+        except OSError:
+            free = 0
+        if free >= needed_bytes * 1.2 + 2**30:
+            return shm / "vramscope-bench"
     return Path(tempfile.gettempdir()) / "vramscope-bench"
 
 
@@ -416,8 +436,17 @@ def ensure_checkpoint(config: dict[str, Any], root: Path | None = None) -> tuple
     from vramscope.integrations.qlora import write_random_checkpoint
 
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
-    folder = (root or default_checkpoint_root()) / f"{config.get('model_type', 'model')}-{digest}"
-    marker = folder / ".complete"  # written last: a checkpoint cut short by a kill is not reused
+    name = f"{config.get('model_type', 'model')}-{digest}"
+    marker_name = ".complete"  # written last: a checkpoint cut short by a kill is not reused
+    if root is None:
+        # A checkpoint written by an earlier run is reused wherever it is; a new one goes where it fits.
+        candidates = [p / name for p in (default_checkpoint_root(), default_checkpoint_root(2**62))]
+        found = next((c for c in candidates if (c / marker_name).is_file()), None)
+        if found is not None:
+            return found, 0.0, True
+        root = default_checkpoint_root(approx_checkpoint_bytes(config))
+    folder = root / name
+    marker = folder / marker_name
     if marker.is_file():
         return folder, 0.0, True
     if folder.exists():
