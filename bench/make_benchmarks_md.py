@@ -24,7 +24,7 @@ GIB = 1024**3
 BLOCK = re.compile(
     r"(<!-- BEGIN GENERATED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END GENERATED: (?P=name) -->)", re.DOTALL
 )
-RERUN_HINT = "not measured yet: run the command above on the GPU, then `python bench/make_benchmarks_md.py`"
+RERUN_HINT = "not measured yet: run the commands under “How to rerun” on a GPU, then make_benchmarks_md.py"
 
 ARM_LABELS = {
     "none": "no monitor (baseline)",
@@ -226,6 +226,40 @@ def peak_capture_section(data: dict[str, Any] | None) -> str:
     return "\n".join(out)
 
 
+def summary_section(results: dict[str, dict[str, Any]]) -> str:
+    """A few lines with the headline figure of each benchmark, for readers who stop here."""
+    lines = []
+    over = results.get("overhead")
+    if over is not None:
+        pcts = over.get("step_time_overhead_pct", {})
+        parts = [f"{ARM_LABELS.get(a, a)} {pct(v)}" for a, v in pcts.items()]
+        if parts:
+            lines.append("- **Cost to a QLoRA training step** (median, against no monitor): " + "; ".join(parts) + ".")
+    cost = results.get("reading_cost")
+    if cost is not None:
+        live = {k: v["summary_s"]["median"] for k, v in cost["sources"].items() if v["available"]}
+        if live:
+            parts = [f"`{k}` {secs(v)}" for k, v in sorted(live.items(), key=lambda kv: kv[1])]
+            lines.append("- **One reading** (median): " + "; ".join(parts) + ".")
+    peak = results.get("peak_capture")
+    if peak is not None:
+        true_alloc = peak["truth"].get("max_allocated_bytes")
+        parts = [
+            f"`{m['method']}` {gib(m['reported_bytes'], 3)} GiB ({pct(m.get('error_pct'))})"
+            for m in peak["methods"]
+            if m.get("reported_bytes") is not None
+        ]
+        if parts:
+            lines.append(f"- **Peak seen** (true peak {gib(true_alloc, 3)} GiB): " + "; ".join(parts) + ".")
+    if not lines:
+        return RERUN_HINT
+    tiny = [name for name, data in results.items() if data.get("mode") == "tiny"]
+    if tiny:
+        lines.append("")
+        lines.append(f"> From CPU `--tiny` smoke runs ({', '.join(sorted(tiny))}): not measurements.")
+    return "\n".join(lines)
+
+
 def environment_section(results: dict[str, dict[str, Any]]) -> str:
     if not results:
         return "No results yet."
@@ -323,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         results = load_results(args.results, args.allow_tiny)
         text = template.read_text(encoding="utf-8")
         sections = {
+            "summary": summary_section(results),
             "overhead": overhead_section(results.get("overhead")),
             "reading-cost": reading_cost_section(results.get("reading_cost")),
             "peak-capture": peak_capture_section(results.get("peak_capture")),

@@ -138,7 +138,7 @@ def test_page_is_generated_from_the_results(results: Path, tmp_path: Path) -> No
     assert "not measured yet" not in text
     assert "| vramscope HF callback, every step |" in text or "hf_callback" in text
     assert "`vramscope_host`" in text and "`vramscope_step_aligned`" in text
-    assert text.count("<!-- BEGIN GENERATED:") == text.count("<!-- END GENERATED:") == 6
+    assert text.count("<!-- BEGIN GENERATED:") == text.count("<!-- END GENERATED:") == 7
 
 
 def test_williams_orders_balance_who_follows_whom() -> None:
