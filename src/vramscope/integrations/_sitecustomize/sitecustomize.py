@@ -1,0 +1,153 @@
+"""vramscope's start-up hook for the programs that ``vramscope run`` starts (not imported otherwise).
+
+``vramscope run`` puts this folder first on ``PYTHONPATH``, so every Python process of the command runs
+this file at start-up. It does three small things and nothing else:
+
+1. runs the ``sitecustomize`` this file shadows, if there is one (a distribution's, a virtualenv's,
+   one on the user's own ``PYTHONPATH``), so that nothing the user had is lost;
+2. adds an import hook that waits for ``transformers.trainer``; a program that never imports
+   transformers pays one dictionary miss per import and nothing else;
+3. when that module is loaded, wraps ``Trainer.__init__`` so that every Trainer (and subclass, such
+   as TRL's) gets vramscope's memory callback, via ``vramscope.integrations.inject.attach``.
+
+Standard library only, and every failure is one line on stderr: a monitor must never stop a training.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TARGET = "transformers.trainer"
+
+
+def _say(message: str) -> None:
+    try:
+        print(f"vramscope: {message}", file=sys.stderr)
+    except Exception:  # stderr closed: stay silent
+        pass
+
+
+def _run_shadowed_sitecustomize() -> None:
+    """Import the next ``sitecustomize`` on sys.path, as Python would have without this folder."""
+    ours = sys.modules.pop("sitecustomize", None)
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    try:
+        import sitecustomize  # noqa: F401  (the shadowed one, if any)
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            _say(f"the sitecustomize module this one wraps failed: {exc}")
+    except Exception as exc:  # site.py would report it the same way and go on
+        _say(f"the sitecustomize module this one wraps failed: {type(exc).__name__}: {exc}")
+    finally:
+        sys.path[:] = saved
+        if ours is not None and "sitecustomize" not in sys.modules:
+            sys.modules["sitecustomize"] = ours
+
+
+def _attach_to_trainers(module: ModuleType) -> None:
+    trainer_cls = getattr(module, "Trainer", None)
+    if trainer_cls is None or getattr(trainer_cls.__init__, "_vramscope_wrapped", False):
+        return
+    original = trainer_cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if getattr(self, "_vramscope_seen", False):  # a subclass's __init__ chain passes here once
+            return
+        self._vramscope_seen = True
+        attach = _load_attach()
+        if attach is not None:
+            try:
+                attach(self)
+            except Exception as exc:
+                _say(f"could not attach the memory callback to {type(self).__name__}: {type(exc).__name__}: {exc}")
+
+    __init__._vramscope_wrapped = True  # type: ignore[attr-defined]
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    __init__.__doc__ = original.__doc__
+    trainer_cls.__init__ = __init__
+
+
+def _load_attach() -> Any:
+    try:
+        from vramscope.integrations.inject import attach
+    except ImportError:
+        # The program's interpreter may not have vramscope installed: use the copy that started it.
+        parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
+        if parent and parent not in sys.path:
+            sys.path.append(parent)
+        try:
+            from vramscope.integrations.inject import attach
+        except Exception as exc:
+            _say(f"not attaching the memory callback: vramscope cannot be imported here ({exc})")
+            return None
+    return attach
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the real loader, then wraps the Trainer."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        create = getattr(self._real, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._real.exec_module(module)
+        try:
+            _attach_to_trainers(module)
+        except Exception as exc:
+            _say(f"could not hook transformers.Trainer: {type(exc).__name__}: {exc}")
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self._real, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Waits for ``transformers.trainer``; answers None (not mine) for every other module."""
+
+    def __init__(self) -> None:
+        self._busy = False
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != _TARGET or self._busy:
+            return None
+        self._busy = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _Loader(spec.loader)
+                    return spec
+            return None
+        finally:
+            self._busy = False
+
+
+def _install() -> None:
+    if os.environ.get("VRAMSCOPE_INJECT") != "1":
+        return
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+    already = sys.modules.get(_TARGET)
+    if already is not None:  # imported before us (unusual): patch it directly
+        _attach_to_trainers(already)
+
+
+_run_shadowed_sitecustomize()
+try:
+    _install()
+except Exception as _exc:  # never break the program's start-up
+    _say(f"start-up hook failed: {_exc}")

@@ -1,0 +1,190 @@
+"""Step-aligned memory for Hugging Face's ``Trainer``: :class:`MemoryMonitorCallback`.
+
+::
+
+    from vramscope.integrations.hf import MemoryMonitorCallback
+    trainer = Trainer(..., callbacks=[MemoryMonitorCallback(log="memory_log.csv")])
+
+The callback drives a :class:`~vramscope.integrations.loop.MemoryMonitor`: one row per
+``every_n_steps`` optimizer steps (``state.global_step``), evaluation as its own ``eval`` phase (it
+begins at the first forward in eval mode, so the training steps before it keep their own peak), the
+tokens of each step's batch from a forward pre-hook on the model, and its figures
+(``mem/peak_allocated_gib``, ``mem/reserved_gib``, ``mem/leak_mib_per_step``, ...) added to the
+Trainer's ``logs`` in ``on_log``, so they reach whatever ``report_to`` already has (TensorBoard, W&B,
+MLflow) with no other code. ``vramscope run`` attaches it to every Trainer by itself (see
+:mod:`vramscope.integrations.inject`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import inspect
+import logging
+import os
+import weakref
+from typing import Any
+
+from vramscope.integrations.loop import MemoryMonitor
+
+log = logging.getLogger(__name__)
+
+if importlib.util.find_spec("transformers") is not None:
+    from transformers import TrainerCallback as _CallbackBase
+else:  # the class still imports, so that the error can say what to install
+    _CallbackBase = object  # type: ignore[misc,assignment]
+
+INSTALL_HINT = "transformers is not installed; run: pip install 'vramscope[hf]'"
+
+
+def prometheus_address(port: int | str | None) -> str | None:
+    """``9400`` -> ``"127.0.0.1:9400"``; an address with a host is kept as it is."""
+    if port is None:
+        return None
+    text = str(port)
+    return text if ":" in text else f"127.0.0.1:{text}"
+
+
+class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
+    """A ``transformers.TrainerCallback`` that logs memory at training steps and warns about leaks.
+
+    Args:
+        log: CSV (or ``.jsonl``) log path; each rank > 0 writes ``<stem>.rank<k><suffix>``. None keeps
+            the rows in memory (warnings and the ``logs`` figures still work).
+        every_n_steps: log every this many optimizer steps.
+        interval: also sample every ``interval`` seconds between steps (None: step rows only).
+        gpus: NVML indices to read (default: the GPUs this process uses).
+        oom_snapshot: save an allocator snapshot and the step/batch context on a CUDA OOM (True:
+            into ``<log stem>.oom/``; a path: into that folder).
+        prometheus_port: serve the samples and the analysis to Prometheus on this port (or
+            ``"HOST:PORT"``).
+        warn: print throttled leak / OOM warnings while training.
+        log_to_trainer: add the figures to the Trainer's ``logs`` in ``on_log``.
+        max_seq_length: the longest sequence the data can hold; with the batch size it sets the
+            longest batch for the OOM warning (default: the longest batch seen so far).
+        **monitor_options: passed to :class:`MemoryMonitor` (``analyze_every``, ``capacity_bytes``, ...).
+
+    Raises:
+        ImportError: transformers is not installed (with the install command).
+    """
+
+    def __init__(
+        self,
+        log: str | os.PathLike[str] | None = None,
+        every_n_steps: int = 1,
+        interval: float | None = None,
+        gpus: list[int] | None = None,
+        oom_snapshot: bool | str | os.PathLike[str] = False,
+        prometheus_port: int | str | None = None,
+        warn: bool = True,
+        log_to_trainer: bool = True,
+        max_seq_length: int | None = None,
+        **monitor_options: Any,
+    ) -> None:
+        if _CallbackBase is object:
+            raise ImportError(INSTALL_HINT)
+        # Build the monitor now (it validates its arguments), start it at the first event.
+        self.monitor = MemoryMonitor(
+            log=log,
+            every_n_steps=every_n_steps,
+            interval=interval,
+            gpus=gpus,
+            oom_snapshot=oom_snapshot,
+            prometheus=prometheus_address(prometheus_port),
+            warn=warn,
+            **monitor_options,
+        )
+        self.log_to_trainer = log_to_trainer
+        self.max_seq_length = max_seq_length
+        self._watched: weakref.ref[Any] | None = None
+        self._eval_phase = False
+        self._atexit = False
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def _ensure_started(self, args: Any, state: Any, model: Any) -> MemoryMonitor:
+        mon = self.monitor
+        if not mon.started and not mon._closed:
+            if getattr(state, "max_steps", 0):
+                mon.total_steps = int(state.max_steps)
+            if self.max_seq_length is not None and mon.max_batch_tokens is None:
+                mon.max_batch_tokens = int(self.max_seq_length) * int(getattr(args, "per_device_train_batch_size", 1))
+            mon.start()
+            if not self._atexit:
+                # Evaluation often follows train(); close (last row, analysis file) only at exit.
+                atexit.register(mon.close)
+                self._atexit = True
+        if model is not None and (self._watched is None or self._watched() is not model):
+            mon.watch_model(model, phase_from_mode=True)
+            self._watched = weakref.ref(model)
+        return mon
+
+    def _move_to_front(self) -> None:
+        """Run first among the Trainer's callbacks, so that ``on_log`` adds the figures before the
+        ``report_to`` integrations (added before any user callback) send the logs on.
+
+        The Trainer does not pass its callback handler to callbacks; the handler is the ``self`` of
+        the frame that called this event. Moving this callback from position k to 0 while that frame
+        iterates over the list leaves the element after k where it was, so no callback is skipped
+        or called twice. Where the frame is not a handler (another trainer), nothing changes.
+        """
+        frame = inspect.currentframe()
+        try:
+            caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+            handler = caller.f_locals.get("self") if caller is not None else None
+            callbacks = getattr(handler, "callbacks", None)
+            if type(handler).__name__ == "CallbackHandler" and isinstance(callbacks, list) and self in callbacks:
+                index = callbacks.index(self)
+                if index > 0:
+                    callbacks.insert(0, callbacks.pop(index))
+        finally:
+            del frame
+
+    # -- events -----------------------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._move_to_front()
+        self._ensure_started(args, state, model)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        mon = self._ensure_started(args, state, model)
+        if mon.current_phase == "eval":  # an eval-mode forward outside evaluate(): back to training
+            mon.exit_phase("eval")
+        mon.step(int(state.global_step))
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        # The forward hook normally entered the phase already; this covers models without hooks.
+        mon = self._ensure_started(args, state, model)
+        if mon.current_phase != "eval":
+            mon.enter_phase("eval")
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        mon = self._ensure_started(args, state, model)
+        mon.exit_phase("eval")
+
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        self.monitor.exit_phase("eval")
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if not self.log_to_trainer or logs is None or not self.monitor.started:
+            return
+        figures = self.monitor.figures(reset=True)
+        if not figures:
+            return
+        logs.update(figures)
+        # The Trainer copied the logs into its history before calling us; keep the figures there too.
+        history = getattr(state, "log_history", None)
+        if history and history[-1].get("step") == state.global_step:
+            history[-1].update(figures)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        mon = self.monitor
+        if not mon.started:
+            return
+        mon.flush()
+        path = mon.save_analysis()
+        if path is not None:
+            log.info("vramscope: memory analysis written to %s", path)
+
+    def close(self) -> None:
+        """Close the monitor now (it is closed at exit otherwise)."""
+        self.monitor.close()

@@ -1,0 +1,636 @@
+"""Step-aligned memory for a plain training loop: :class:`MemoryMonitor`.
+
+::
+
+    with vramscope.MemoryMonitor(log="memory_log.csv", every_n_steps=10) as mon:
+        for step, batch in enumerate(loader):
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+            mon.step(step)
+            if step % 500 == 0:
+                with mon.phase("eval"):
+                    evaluate(model)
+
+Each logged step is one row per GPU in the foundation's CSV schema with ``step``, ``phase``, ``tokens``
+and ``rank`` filled: the allocator's exact peak since the previous logged row (the peak counter is
+reset at every logged row), what stays allocated and reserved after the step, the device's and this
+process's memory from NVML, and host RSS. Without CUDA only host memory is known, and the analysis
+runs on the RSS.
+
+The hot path is small on purpose: ``step()`` on a step that is not logged is a modulo and two
+assignments; a logged step is one ``torch.cuda.memory_stats`` (a host-side read, no device sync),
+one NVML query of this process's GPUs and one CSV row. The leak test and the OOM forecast run every
+``analyze_every`` logged rows, and no more often than every ``analyze_min_interval_s`` seconds.
+
+Several processes (``torchrun``): every rank logs to its own file, rank 0 to ``log`` and rank *k* to
+``<stem>.rank<k><suffix>`` (``memory_log.rank1.csv``), and every row carries its ``rank``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from vramscope.analysis.alerts import Alerts, warnings_path
+from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
+from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, analyze_columns
+from vramscope.backends.host import HostBackend
+from vramscope.backends.nvml import NvmlBackend
+from vramscope.sampler import MIN_INTERVAL_S, Collector, Sampler
+from vramscope.schema import sample_rows
+from vramscope.sinks import log_sink
+from vramscope.sinks.base import Sink
+from vramscope.types import HostReading, Sample
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+MIB = 1024**2
+LEAK_HINT = (
+    "look for tensors kept across steps: losses summed without .item(), lists of outputs, eval that keeps logits"
+)
+
+
+def current_rank() -> int:
+    """This process's rank: torch.distributed's when initialised, else ``$RANK``, else 0."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank())
+        except (AttributeError, RuntimeError):
+            pass
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def rank_path(path: str, rank: int) -> str:
+    """``mem.csv`` for rank 0, ``mem.rank3.csv`` for rank 3."""
+    if rank == 0:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+
+def beside(path: str, suffix: str) -> str:
+    """``runs/mem.csv`` + ``.analysis.json`` -> ``runs/mem.analysis.json``."""
+    p = Path(path)
+    return str(p.with_name(p.stem + suffix))
+
+
+class _ThisProcess(HostBackend):
+    """Host memory of this process alone, for the per-step rows.
+
+    Listing the whole process tree walks every process on the machine (psutil reads /proc for each),
+    which is too slow for every training step; the background sampler, when asked for, still reads
+    the whole tree (dataloader workers included).
+    """
+
+    def tree_pids(self) -> frozenset[int]:
+        return frozenset({self.root_pid})
+
+
+def batch_tokens(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int | None, tuple[int, ...] | None]:
+    """(tokens, shape) of a forward call's input: ``input_ids`` (or ``inputs_embeds``, or the first
+    tensor argument). Reads the shape only: no device sync, no look at the values (so padding counts,
+    as it does for memory)."""
+    value = kwargs.get("input_ids")
+    if value is None:
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is not None and hasattr(embeds, "shape"):
+            shape = tuple(int(d) for d in embeds.shape[:-1])
+            return math.prod(shape), shape
+        value = next((a for a in args if hasattr(a, "shape")), None)
+        if value is None and isinstance(args[0] if args else None, dict):
+            value = args[0].get("input_ids")
+    if value is None or not hasattr(value, "shape"):
+        return None, None
+    shape = tuple(int(d) for d in value.shape)
+    return (math.prod(shape) if shape else 1), shape
+
+
+class MemoryMonitor:
+    """Logs memory at training steps, tells phases apart, and warns about leaks and OOM risks.
+
+    Args:
+        log: CSV (or ``.jsonl``) log path; None keeps rows in memory only (for ``analysis()``).
+        every_n_steps: log one row every this many steps (``step % every_n_steps == 0``); its peak
+            covers all the steps since the previous row.
+        interval: also sample every ``interval`` seconds on a background thread (rows with an empty
+            ``step``), to see what happens between steps; None for step rows only.
+        gpus: NVML indices to read; None reads the GPUs this process uses (matched by UUID), or
+            every GPU when none is in use yet.
+        oom_snapshot: record an allocator snapshot and the training context when CUDA runs out of
+            memory (``vramscope.oom.OomRecorder``), into ``<log stem>.oom/`` (or into this folder
+            when a path is given). Without CUDA it is off, with a warning.
+        prometheus: ``"[HOST:]PORT"`` to serve the samples and the analysis to Prometheus.
+        sinks: more sinks that receive every sample.
+        warn: print throttled one-line warnings while training (always saved beside the log).
+        analyze_every: run the leak test and the forecast every this many logged rows.
+        analyze_min_interval_s: ... and no more often than this.
+        capacity_bytes: memory to forecast against; default: the GPU's (the host's without GPU).
+        max_batch_tokens: the longest batch the run can see, for the longest-batch warning.
+        total_steps: the run's last step, when known: an OOM forecast beyond it is not a warning.
+        leak_config: thresholds of the leak test.
+        history: rows kept in memory for the analysis; older ones are thinned, never all dropped.
+        nvml: the NVML module (tests pass a fake one); default ``pynvml``.
+        warn_stream: where warnings are printed.
+    """
+
+    def __init__(
+        self,
+        log: str | os.PathLike[str] | None = None,
+        every_n_steps: int = 1,
+        interval: float | None = None,
+        gpus: Iterable[int] | None = None,
+        oom_snapshot: bool | str | os.PathLike[str] = False,
+        prometheus: str | None = None,
+        sinks: Iterable[Sink] = (),
+        warn: bool = True,
+        *,
+        analyze_every: int = 25,
+        analyze_min_interval_s: float = 2.0,
+        capacity_bytes: int | None = None,
+        max_batch_tokens: int | None = None,
+        total_steps: int | None = None,
+        leak_config: LeakConfig = DEFAULT_CONFIG,
+        history: int = 8192,
+        nvml: Any | None = None,
+        warn_stream: TextIO | None = sys.stderr,
+    ) -> None:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be a whole number of at least 1, got {every_n_steps!r}")
+        if interval is not None and not interval >= MIN_INTERVAL_S:
+            raise ValueError(
+                f"interval must be at least {MIN_INTERVAL_S} s (or None for step rows only), got {interval!r}"
+            )
+        if analyze_every < 1:
+            raise ValueError(f"analyze_every must be at least 1, got {analyze_every!r}")
+        self.requested_log = os.fspath(log) if log is not None else None
+        self.every_n_steps = every_n_steps
+        self.interval = interval
+        self.gpus = None if gpus is None else list(gpus)
+        self.oom_snapshot = oom_snapshot
+        self.prometheus = prometheus
+        self.warn = warn
+        self.analyze_every = analyze_every
+        self.analyze_min_interval_s = analyze_min_interval_s
+        self.capacity_bytes = capacity_bytes
+        self.max_batch_tokens = max_batch_tokens
+        self.total_steps = total_steps
+        self.leak_config = leak_config
+        self.history = max(256, history)
+        self._nvml_module = nvml
+        self._warn_stream = warn_stream
+        self._extra_sinks = list(sinks)
+
+        self.rank = 0
+        self.log_path: str | None = None
+        self.alerts: Alerts | None = None
+        self.latest: Sample | None = None
+        self.last_analysis: dict[str, Any] | None = None
+        self.rows_logged = 0
+        self._sampler: Sampler | None = None
+        self._collector: Collector | None = None
+        self._prometheus_sink: Any = None
+        self._oom: Any = None
+        self._lock = threading.Lock()
+        self._columns: dict[str, list[Any]] = {c: [] for c in (*INT_COLUMNS, *FLOAT_COLUMNS, *TEXT_COLUMNS)}
+        self._phases: list[str] = []
+        self._last_step: int | None = None
+        self._pending = False  # steps since the last logged row
+        self._window_tokens: int | None = None  # largest batch since the last logged row
+        self._current_tokens: int | None = None
+        self._current_shape: tuple[int, ...] | None = None
+        self._hooks: list[Any] = []
+        self._since_analysis = 0
+        self._last_analysis_at = -math.inf
+        self._figures_peak: int | None = None
+        self._system_total: int | None = None
+        self._started = False
+        self._closed = False
+        self._narrowed = False
+        self._background: _BackgroundSampler | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> MemoryMonitor:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def start(self) -> MemoryMonitor:
+        """Open the log, start the optional parts, and record the memory before training."""
+        if self._started:
+            return self
+        self.rank = current_rank()
+        sinks: list[Sink] = []
+        if self.requested_log is not None:
+            self.log_path = rank_path(self.requested_log, self.rank)
+            sinks.append(log_sink(self.log_path))  # a bad path fails here, before training starts
+        if self.prometheus is not None:
+            from vramscope.sinks.prometheus import PrometheusSink  # only when asked: an optional extra
+
+            self._prometheus_sink = PrometheusSink(self.prometheus)
+            sinks.append(self._prometheus_sink)
+        sinks.extend(self._extra_sinks)
+        self.alerts = Alerts(
+            path=warnings_path(self.log_path) if self.log_path else None,
+            stream=self._warn_stream if self.warn else None,
+        )
+        self._collector = Collector(
+            nvml=NvmlBackend(nvml=self._nvml_module, gpus=self.gpus),
+            allocator=_allocator(reset_peak=True),
+            host=_ThisProcess(),
+        )
+        self._sampler = Sampler(self._collector, sinks, interval=self.interval or 1.0)
+        self._started = True
+        if self.oom_snapshot:
+            self._start_oom_recorder()
+        self._log_row(step=None, phase="start")
+        if self.interval is not None:
+            # A second collector for the thread: its allocator reads must not reset the peak
+            # counter, or the step rows would lose the exact peak since the previous step.
+            background = Collector(
+                nvml=NvmlBackend(nvml=self._nvml_module, gpus=self.gpus),
+                allocator=_allocator(reset_peak=False),
+                host=HostBackend(),
+            )
+            self._background = _BackgroundSampler(self, background, self.interval)
+            self._background.start()
+        return self
+
+    def close(self) -> None:
+        """Log the last steps, analyse, save the analysis beside the log and close everything."""
+        if not self._started or self._closed:
+            return
+        if self._background is not None:
+            self._background.stop()
+        self.flush()
+        self._closed = True
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self.save_analysis()
+        if self._oom is not None:
+            with contextlib.suppress(Exception):
+                self._oom.stop()
+        if self._sampler is not None:
+            self._sampler.close()  # closes the sinks (never started, so it takes no extra sample)
+
+    def save_analysis(self) -> str | None:
+        """Analyse now and write it to ``<log stem>.analysis.json``; returns the path (None without a log).
+
+        Never raises: the analysis must not hide the training's own outcome.
+        """
+        try:
+            self.update_analysis()
+            if self.log_path is None or self.last_analysis is None:
+                return None
+            path = beside(self.log_path, ".analysis.json")
+            Path(path).write_text(json.dumps(self.last_analysis, indent=1, default=str), encoding="utf-8")
+            return path
+        except Exception as exc:
+            log.warning("vramscope: the analysis failed: %s", exc)
+            return None
+
+    def _start_oom_recorder(self) -> None:
+        try:
+            from vramscope.oom import OomRecorder
+        except ImportError as exc:
+            raise ImportError(
+                f"oom_snapshot=True needs vramscope.oom, which cannot be imported here ({exc}); "
+                "update vramscope or leave oom_snapshot off"
+            ) from exc
+        if isinstance(self.oom_snapshot, (str, os.PathLike)):
+            out_dir = rank_path(os.fspath(self.oom_snapshot), self.rank)
+        else:
+            out_dir = beside(self.log_path or rank_path("vramscope.csv", self.rank), ".oom")
+        recorder = OomRecorder(out_dir, context=self.oom_context)
+        try:
+            recorder.start()
+        except RuntimeError as exc:  # no CUDA here: nothing can run out of GPU memory
+            log.warning("vramscope: OOM snapshots are off: %s", exc)
+            return
+        self._oom = recorder
+
+    # -- what the training loop calls ------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        """True between :meth:`start` and :meth:`close`."""
+        return self._started and not self._closed
+
+    def flush(self) -> Sample | None:
+        """Log a row now for the steps since the last logged one (with ``every_n_steps`` > 1)."""
+        if not self.started or not self._pending:
+            return None
+        return self._log_row(step=self._last_step, phase=self.current_phase)
+
+    @property
+    def current_phase(self) -> str:
+        return self._phases[-1] if self._phases else "train"
+
+    def step(self, step: int, tokens: int | None = None) -> Sample | None:
+        """Mark the end of training step ``step``; logs a row when ``step % every_n_steps == 0``.
+
+        Args:
+            step: the step just finished.
+            tokens: tokens in its batch; by default what the forward hook of :meth:`watch_model` saw.
+
+        Returns:
+            The logged sample, or None when this step is not logged.
+        """
+        if tokens is not None and (self._window_tokens is None or tokens > self._window_tokens):
+            self._window_tokens = tokens
+        self._last_step = step
+        self._pending = True
+        if step % self.every_n_steps:
+            return None
+        return self._log_row(step=step, phase=self.current_phase)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Mark a phase (``"eval"``, ``"save"``): its own row, with its own peak, when it ends.
+
+        The steps before it are logged first, so that their peak is not counted as the phase's.
+        """
+        if self._started and self._pending:
+            self._log_row(step=self._last_step, phase=self.current_phase)
+        elif self._started:
+            self._reset_peak()
+        self._phases.append(name)
+        try:
+            yield
+        finally:
+            self._phases.pop()
+            if self._started:
+                self._log_row(step=self._last_step, phase=name)
+
+    def enter_phase(self, name: str) -> None:
+        """:meth:`phase` for callbacks that see a beginning and an end in separate calls."""
+        if self._started and self._pending:
+            self._log_row(step=self._last_step, phase=self.current_phase)
+        elif self._started:
+            self._reset_peak()
+        self._phases.append(name)
+
+    def exit_phase(self, name: str) -> None:
+        """End a phase begun with :meth:`enter_phase`; logs its row. Ending a phase not begun is a no-op."""
+        if name in self._phases:
+            self._phases.remove(name)
+            if self._started:
+                self._log_row(step=self._last_step, phase=name)
+
+    def watch_model(self, model: Any, phase_from_mode: bool = False) -> None:
+        """Count each forward call's tokens (and keep its shape for OOM reports) with a pre-hook.
+
+        Args:
+            model: a ``torch.nn.Module`` (the outermost one: inner modules run again under gradient
+                checkpointing).
+            phase_from_mode: a forward in eval mode (``model.training`` False) during the training
+                phase enters the ``"eval"`` phase right there, before that forward allocates anything;
+                the caller ends it with :meth:`exit_phase`. For trainers that announce the end of
+                an evaluation but not its beginning (HF's ``Trainer``).
+        """
+
+        def pre_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if phase_from_mode and not getattr(module, "training", True) and not self._phases:
+                self.enter_phase("eval")
+            tokens, shape = batch_tokens(args, kwargs)
+            if tokens is None:
+                return
+            self._current_tokens = tokens
+            self._current_shape = shape
+            if self._window_tokens is None or tokens > self._window_tokens:
+                self._window_tokens = tokens
+
+        register = getattr(model, "register_forward_pre_hook", None)
+        if register is None:
+            return
+        self._hooks.append(register(pre_hook, with_kwargs=True))
+
+    def oom_context(self) -> dict[str, Any]:
+        """What was running when memory ran out (called by the OOM recorder)."""
+        running = None if self._last_step is None else self._last_step + 1
+        return {
+            "step": running,
+            "last_completed_step": self._last_step,
+            "phase": self.current_phase,
+            "tokens": self._current_tokens,
+            "batch_shape": list(self._current_shape) if self._current_shape is not None else None,
+            "rank": self.rank,
+        }
+
+    # -- rows --------------------------------------------------------------------------------------
+    def _reset_peak(self) -> None:
+        allocator = self._collector.allocator if self._collector is not None else None
+        if allocator is not None:
+            with contextlib.suppress(Exception):
+                allocator.reset_peaks()
+
+    def _log_row(self, step: int | None, phase: str) -> Sample | None:
+        if self._collector is None or self._sampler is None:
+            return None
+        sample = self._collector.collect(step=step, phase=phase, tokens=self._window_tokens,
+                                         extra={"rank": self.rank})
+        self._window_tokens = None
+        self._pending = False
+        self._sampler.emit(sample)
+        self._record(sample)
+        if not self._narrowed and sample.allocator:
+            self._narrowed = True
+            self._narrow_nvml(sample)
+        if step is not None:
+            self._since_analysis += 1
+            if self._since_analysis >= self.analyze_every:
+                now = time.monotonic()
+                if now - self._last_analysis_at >= self.analyze_min_interval_s:
+                    self._since_analysis = 0
+                    self._last_analysis_at = now
+                    try:
+                        self.update_analysis()
+                    except Exception as exc:  # never let the analysis break training
+                        log.warning("vramscope: analysis failed: %s", exc)
+        return sample
+
+    def _record(self, sample: Sample, background: bool = False) -> None:
+        """Keep the sample's rows for the analysis (bounded: old rows are thinned by half when full)."""
+        rows = sample_rows(sample)
+        with self._lock:
+            if not background:
+                self.latest = sample
+                self.rows_logged += 1
+            if sample.host.system_total_bytes:
+                self._system_total = sample.host.system_total_bytes
+            for row in rows:
+                for name, values in self._columns.items():
+                    values.append(row.get(name))
+                peak = row.get("peak_allocated_bytes")
+                peak = peak if peak is not None else row.get("allocated_bytes") or row.get("host_rss_bytes")
+                if peak is not None and not background and (self._figures_peak is None or peak > self._figures_peak):
+                    self._figures_peak = peak
+            length = len(self._columns["elapsed_s"])
+            if length > self.history:
+                keep = [i for i in range(length) if i >= length // 2 or i % 2 == 0]
+                for name, values in self._columns.items():
+                    self._columns[name] = [values[i] for i in keep]
+
+    def _narrow_nvml(self, sample: Sample) -> None:
+        # Read only the GPUs this process uses, once it uses one: one NVML query per GPU per step
+        # adds up on an 8-GPU machine where each rank uses one.
+        if self.gpus is not None or not sample.allocator or self._collector is None:
+            return
+        uuids = {r.uuid for r in sample.allocator if r.uuid}
+        mine = [g.index for g in sample.gpus if g.uuid in uuids]
+        if mine and len(mine) < len(sample.gpus):
+            old = self._collector.nvml
+            self._collector.nvml = NvmlBackend(nvml=self._nvml_module, gpus=mine)
+            if old is not None:
+                old.close()
+
+    # -- analysis ---------------------------------------------------------------------------------
+    def analysis(self) -> dict[str, Any]:
+        """The same dict as :func:`vramscope.analysis.summary.analyze` over the rows logged so far."""
+        with self._lock:
+            columns = {name: list(values) for name, values in self._columns.items()}
+            has_gpu = any(g is not None for g in columns["gpu"])
+            system_total = self._system_total
+        capacity = self.capacity_bytes if self.capacity_bytes is not None else (None if has_gpu else system_total)
+        return analyze_columns(columns, capacity_bytes=capacity, max_batch_tokens=self.max_batch_tokens,
+                               config=self.leak_config)
+
+    def update_analysis(self) -> dict[str, Any]:
+        """Analyse now: update :attr:`last_analysis`, Prometheus, and the warnings."""
+        result = self.analysis()
+        self.last_analysis = result
+        if self._prometheus_sink is not None:
+            for key, lk in result["leak"]["devices"].items():
+                fc = result["forecast"]["devices"].get(key, {})
+                gpu = None if key == "host" else int(key)
+                slope = lk["slope_bytes_per_step"] if lk["detected"] else None
+                oom = fc.get("steps_to_oom") if lk["detected"] else None
+                with contextlib.suppress(Exception):
+                    self._prometheus_sink.set_analysis(slope, oom, gpu)
+        self._raise_warnings(result)
+        return result
+
+    def _raise_warnings(self, result: dict[str, Any]) -> None:
+        alerts = self.alerts
+        if alerts is None:
+            return
+        step = self._last_step
+        leak = result["leak"]
+        where = "" if leak.get("key") in (None, "host") else f"GPU {leak['key']}: "
+        if leak["detected"]:
+            alerts.warn("leak", f"{where}{leak['verdict']}; {LEAK_HINT}", step)
+        else:
+            alerts.clear("leak")
+        if leak["kind"] in ("caching", "fragmentation"):
+            alerts.warn("caching", f"{where}{leak['verdict']}", step)
+        fc = result["forecast"]
+        steps_to_oom = fc.get("steps_to_oom")
+        remaining = None if self.total_steps is None or step is None else self.total_steps - step
+        if leak["detected"] and steps_to_oom is not None and (remaining is None or steps_to_oom <= remaining):
+            when = f" (~{fc['seconds_to_oom'] / 60:.0f} min)" if fc.get("seconds_to_oom") is not None else ""
+            at = f", around step {step + int(steps_to_oom)}" if step is not None else ""
+            alerts.warn("oom", f"{where}at this rate memory runs out in ~{steps_to_oom:.0f} steps{when}{at}",
+                        step, urgency=steps_to_oom)
+        else:
+            alerts.clear("oom")
+        lb = fc.get("longest_batch") or {}
+        if lb.get("at_risk") and lb.get("warning"):
+            alerts.warn("longest_batch", lb["warning"], step)
+
+    # -- figures for trainers' loggers --------------------------------------------------------------
+    def figures(self, reset: bool = True) -> dict[str, float]:
+        """Numbers for a trainer's logs: ``mem/peak_allocated_gib`` (since the last call) and others.
+
+        Only known values are returned (missing means absent, not 0).
+        """
+        with self._lock:
+            sample = self.latest
+            peak = self._figures_peak
+            if reset:
+                self._figures_peak = None
+        out: dict[str, float] = {}
+        if sample is None:
+            return out
+        if sample.allocator:
+            out["mem/peak_allocated_gib"] = round((peak or 0) / GIB, 4)
+            out["mem/allocated_gib"] = round(sum(r.allocated_bytes for r in sample.allocator) / GIB, 4)
+            out["mem/reserved_gib"] = round(sum(r.reserved_bytes for r in sample.allocator) / GIB, 4)
+        elif peak is not None:
+            out["mem/peak_rss_gib"] = round(peak / GIB, 4)
+        host: HostReading = sample.host
+        if host.rss_bytes is not None:
+            out["mem/host_rss_gib"] = round(host.rss_bytes / GIB, 4)
+        used = [g.used_bytes for g in sample.gpus if g.used_bytes is not None]
+        if used:
+            out["mem/device_used_gib"] = round(max(used) / GIB, 4)
+        analysis = self.last_analysis
+        if analysis is not None:
+            leak = analysis["leak"]
+            if leak["detected"] and leak["slope_bytes_per_step"] is not None:
+                out["mem/leak_mib_per_step"] = round(leak["slope_bytes_per_step"] / MIB, 4)
+                steps = analysis["forecast"].get("steps_to_oom")
+                if steps is not None:
+                    out["mem/steps_to_oom"] = float(round(steps))
+        return out
+
+
+class _BackgroundSampler:
+    """Samples between steps on a daemon thread, through the monitor's sinks (rows without a step)."""
+
+    def __init__(self, monitor: MemoryMonitor, collector: Collector, interval: float) -> None:
+        self._monitor = monitor
+        self._collector = collector
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="vramscope-monitor-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=max(5.0, 3 * self._interval))
+
+    def _loop(self) -> None:
+        monitor = self._monitor
+        while not self._stop.wait(self._interval):
+            sampler = monitor._sampler
+            if sampler is None:
+                return
+            try:
+                sample = self._collector.collect(phase=monitor.current_phase, extra={"rank": monitor.rank})
+                sampler.emit(sample)
+                monitor._record(sample, background=True)
+            except Exception as exc:  # a sampling thread must not die loudly in the user's training
+                log.warning("vramscope: background sampling failed: %s", exc)
+
+
+def _allocator(reset_peak: bool) -> Any | None:
+    """The torch allocator backend when this process can use CUDA, else None (host memory only)."""
+    from vramscope.backends.torch_allocator import TorchAllocatorBackend, torch_cuda_available
+
+    if not torch_cuda_available():
+        return None
+    return TorchAllocatorBackend(reset_peak=reset_peak)
+
+
+__all__ = ["MemoryMonitor", "batch_tokens", "current_rank", "rank_path"]
