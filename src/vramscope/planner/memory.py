@@ -42,8 +42,13 @@ DQ_BLOCK = 256
 PAGED_MIN_NUMEL = 100_000
 MIN_8BIT_SIZE = 4096
 OPTIM_8BIT_BLOCK = 256
-# mem-efficient SDPA pads its log-sum-exp to a multiple of 32 query positions.
+# mem-efficient SDPA pads its log-sum-exp to a multiple of 32 query positions, an additive mask's last dim to 16.
 LSE_PAD = 32
+MASK_PAD = 16
+# Calibrated from the H200 measurements: at the softmax backward of SDPA's math kernel the GPU holds one more
+# B x H x S x S fp32 tensor than a CPU replay of the same kernel (saved probabilities + their gradient + the
+# softmax gradient). Seen identically in 9 points of 3 architectures, with and without checkpointing.
+MATH_EXTRA_SCORES = 1
 
 OPTIMIZERS = ("paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "sgd")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
@@ -61,18 +66,27 @@ class Hardware:
         cublas_handles: the forward runs on the Python thread, the backward on autograd's device thread, and
             each thread gets its own cuBLAS handle and workspace.
         cuda_context_bytes: CUDA context, kernels of torch and bitsandbytes, cuBLAS handles: memory the process
-            holds on the GPU that torch's allocator never sees.
-        fragmentation: the caching allocator's reserved-but-unallocated share of the step's dynamic memory at
-            the peak (freed blocks that cannot be reused for a larger request).
+            holds on the GPU that torch's allocator never sees. 745 MiB on the H200 (torch 2.11, CUDA 13): NVML's
+            process figure minus peak reserved was 742-746 MiB in all 60 measured points.
+        fragmentation: reserved-but-unallocated bytes at the peak per byte of (one layer's saved activations,
+            logits), with and without checkpointing: the caching allocator splits the blocks the step frees
+            for differently sized requests and opens new segments for the next large one. Fitted to the
+            H200 measurements (see docs/planner.md); the only fitted constants of the model besides
+            ``cuda_context_bytes`` and MATH_EXTRA_SCORES.
         paged_in_process: whether NVML's per-process figure includes bitsandbytes' paged (unified memory)
-            optimizer states while they are resident on the GPU.
+            optimizer states. It does not on the H200: process minus reserved is the same with paged and
+            unpaged optimizers.
+        gqa_sdpa_math: whether SDPA runs grouped-query attention on fp32 inputs with its math kernel (torch 2.11:
+            transformers passes ``enable_gqa=True`` when there is no mask, flash and cuDNN refuse fp32 and the
+            mem-efficient kernel refuses GQA), which materialises the B x H x S x S scores.
     """
 
     cublas_workspace_bytes: int = 32 * MIB
     cublas_handles: int = 2
-    cuda_context_bytes: int = 520 * MIB
-    fragmentation: float = 0.10
-    paged_in_process: bool = True
+    cuda_context_bytes: int = 745 * MIB
+    fragmentation: tuple[float, float, float, float] = (0.61, 0.275, 1.02, 0.048)
+    paged_in_process: bool = False
+    gqa_sdpa_math: bool = True
 
 
 @dataclass(frozen=True)
@@ -248,7 +262,30 @@ def _stream_bytes(spec: QLoraSpec) -> int:
     return 4 if spec.bits in (4, 8) else 2
 
 
-def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int) -> int:
+def has_mask(shape: ModelShape, spec: QLoraSpec, seq: int) -> bool:
+    """Whether transformers builds a 4-D attention mask instead of relying on ``is_causal``.
+
+    Eager attention always does; SDPA does once the sequence reaches the sliding window
+    (``_ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size``), e.g. Mistral at 4096 tokens.
+    """
+    if spec.attn == "eager":
+        return True
+    return spec.attn == "sdpa" and shape.sliding_window is not None and seq >= shape.sliding_window
+
+
+def uses_math_attention(shape: ModelShape, spec: QLoraSpec, seq: int, hw: Hardware | None = None) -> bool:
+    """Whether this run's attention goes through SDPA's math kernel (O(S^2) memory); see :class:`Hardware`.
+
+    transformers asks SDPA for grouped-query attention (``enable_gqa``) only when there is no mask; with a
+    mask it repeats K/V itself and the mem-efficient kernel takes the mask.
+    """
+    hw = hw or Hardware()
+    return (spec.attn == "sdpa" and _stream_bytes(spec) == 4 and shape.kv_heads < shape.heads
+            and hw.gqa_sdpa_math and not has_mask(shape, spec, seq))
+
+
+def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, mask_bytes: int = 1,
+                           math_attn: bool = False) -> int:
     """Bytes one decoder layer keeps for its backward (what a recomputed layer holds under checkpointing)."""
     T = batch * seq
     sd = _stream_bytes(spec)
@@ -267,7 +304,7 @@ def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: 
     attn_out_fp32 = sd == 4 and spec.attn != "flash_attention_2"
     for lin in lora_modules(shape, spec):
         if spec.lora_dropout > 0:
-            total += 5 * lin.in_features * T
+            total += (4 + mask_bytes) * lin.in_features * T
         elif sd != 4 or (lin.source == "attn_out" and not attn_out_fp32):
             total += 4 * lin.in_features * T
         elif lin.source != "attn_out":  # the attention output is kept by SDPA already
@@ -278,8 +315,19 @@ def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: 
     # Attention. Fused q/k/v projections: v is a view of the fused output, which then stays alive whole.
     fused = any(lin.name in ("qkv_proj", "query_key_value") for lin in shape.linears)
     v_keep = (q + 2 * kv) if fused else kv
-    if spec.attn == "sdpa":
-        # fp32 q/k/v rule out flash and cuDNN; mem-efficient SDPA (GQA-aware, no repeat_kv) keeps q, k, v,
+    if math_attn:
+        # SDPA's math kernel: keeps the scaled query, the repeated and scaled keys, the repeated values and
+        # the fp32 softmax probabilities (B x H x S x S).
+        total += 3 * sd * q * T + 4 * batch * shape.heads * seq * seq
+    elif spec.attn == "sdpa" and has_mask(shape, spec, seq):
+        # A materialised mask: transformers repeats K/V per query head; the mem-efficient kernel keeps q, the
+        # repeated k and v, its output, the log-sum-exp and the additive fp32 mask it made from the bool one.
+        k_rep = q if shape.kv_heads < shape.heads else kv
+        lse = 4 * batch * shape.heads * math.ceil(seq / LSE_PAD) * LSE_PAD
+        bias = 4 * batch * seq * math.ceil(seq / MASK_PAD) * MASK_PAD
+        total += sd * (2 * q + 2 * k_rep) * T + lse + bias
+    elif spec.attn == "sdpa":
+        # fp32 q/k/v rule out flash and cuDNN; mem-efficient SDPA (no repeat_kv) keeps q, k, v,
         # its output and a padded fp32 log-sum-exp. Its output is already [B, S, H*D], so no copy for o_proj.
         lse = 4 * batch * shape.heads * math.ceil(seq / LSE_PAD) * LSE_PAD
         total += sd * (q + kv + v_keep + q) * T + lse
@@ -305,19 +353,203 @@ def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: 
     return total
 
 
-def _backward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int) -> int:
-    """Gradients and casts alive on top of a layer's saved tensors while its backward runs.
+class _Live:
+    """A running total of live bytes and its maximum: replays a backward pass event by event."""
 
-    The widest moment is the gated MLP's product rule: the gradient of the product, of the activation and of
-    the up projection (stream dtype, intermediate width) exist together, with the bf16 gradient and the
-    dequantized bf16 weight of the 4-bit matmul's backward.
+    def __init__(self, start: int) -> None:
+        self.now = start
+        self.peak = start
+
+    def alloc(self, n: float) -> None:
+        self.now += int(n)
+        self.peak = max(self.peak, self.now)
+
+    def free(self, n: float) -> None:
+        self.now -= int(n)
+
+
+def _module_backward(live: _Live, lin: Linear, lora: bool, spec: QLoraSpec, T: int, first: bool,
+                     mask_bytes: int = 1) -> None:
+    """Replay the backward of one (LoRA-wrapped) frozen linear; its input gradient stays alive afterwards.
+
+    autograd runs the LoRA branch first (its nodes were created after the base layer's), then the base:
+    bitsandbytes' MatMul4Bit dequantizes the weight to bf16 again and computes the input gradient in bf16,
+    which the surrounding casts bring back to the stream dtype. ``first`` says whether this module creates
+    its input's gradient buffer (later modules reading the same input accumulate into it in place).
+    """
+    sd = _stream_bytes(spec)
+    r, n_in, n_out = spec.lora_r, lin.in_features * T, lin.out_features * T
+    if lora:
+        live.alloc(4 * n_out)  # grad * scaling (fp32 adapter dtype)
+        live.alloc(4 * r * T)  # grad of lora_A's output
+        live.alloc(4 * r * lin.out_features)  # lora_B.weight.grad (kept until the optimizer step)
+        live.free(4 * n_out)
+        live.free(4 * r * T)  # lora_B's saved input
+        live.alloc(4 * n_in)  # grad of the dropout output
+        live.alloc(4 * r * lin.in_features)  # lora_A.weight.grad
+        live.free(4 * r * T)
+        if spec.lora_dropout > 0:
+            live.free(4 * n_in)  # lora_A's saved input (the dropout output)
+            live.alloc(4 * n_in)  # dropout backward: grad * mask
+            live.free(4 * n_in)
+            live.free(mask_bytes * n_in)
+        if sd != 4:
+            live.alloc(sd * n_in)
+            live.free(4 * n_in)
+            if spec.lora_dropout == 0:
+                live.free(4 * n_in)  # the module's own fp32 copy of its input
+        if not first:
+            live.free(sd * n_in)  # accumulated into the existing buffer in place
+        first = False
+    if spec.bits in (4, 8):
+        dequant = 2 * lin.params  # 4-bit: dequantized to bf16; 8-bit: int8 weights cast to the compute dtype
+        live.alloc(2 * n_out)  # output gradient cast to the compute dtype
+        live.alloc(dequant)
+        live.alloc(2 * n_in)  # input gradient in the compute dtype
+        live.free(dequant)
+        live.free(2 * n_out)
+        if sd != 2:
+            live.alloc(sd * n_in)
+            live.free(2 * n_in)
+    else:
+        live.alloc(sd * n_in)
+    if not first:
+        live.free(sd * n_in)
+
+
+def _backward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, mask_bytes: int = 1,
+                          math_attn: bool = False) -> int:
+    """The most a decoder layer's backward holds on top of the tensors it saved, found by replaying it.
+
+    Starts with the layer's saved tensors and the incoming gradient, then walks the nodes in the order
+    autograd runs them (MLP before attention, within each the last-created branch first), adding each
+    gradient when it is produced and dropping saved tensors when their node has run.
     """
     T = batch * seq
     sd = _stream_bytes(spec)
-    width = shape.intermediate * (shape.experts_per_token if shape.experts else 1)
-    n_max = max(lin.params for lin in shape.linears)
-    dequant = 2 * n_max if spec.bits in (4, 8) else 0
-    return (3 * sd + 2) * width * T + 2 * sd * shape.hidden * T + dequant
+    h, i = shape.hidden, shape.intermediate * (shape.experts_per_token if shape.experts else 1)
+    q, kv = shape.q_dim, shape.kv_dim
+    targets = {m.name for m in lora_modules(shape, spec)}
+    lins = {lin.name: lin for lin in shape.linears}
+    shared_input_free = spec.lora_dropout == 0 and sd == 4
+    live = _Live(sd * h * T)  # the gradient arriving from the layer above
+
+    def norm_backward() -> None:
+        live.alloc(3 * 4 * h * T)  # grad * weight, grad * rsqrt, grad through pow
+        live.free(3 * 4 * h * T)
+        live.alloc(sd * h * T)  # gradient of the norm's input, added to the residual's gradient
+        live.free(4 * h * T + 4 * T)  # the norm's saved input and rsqrt
+
+    # MLP, last module first.
+    if shape.experts or shape.gated_mlp:
+        down = lins.get("down_proj") or Linear("down_proj", i, h)
+        _module_backward(live, down, down.name in targets, spec, T, True, mask_bytes)
+        if shared_input_free and down.name in targets:
+            live.free(4 * i * T)  # the product was kept only for lora_A
+        live.alloc(2 * sd * i * T)  # gradients of the activation output and of the up projection
+        live.free(sd * i * T)  # the product's gradient
+        live.free(2 * sd * i * T)  # the multiplication's saved operands
+        ups = [lins[n] for n in ("up_proj", "gate_up_proj") if n in lins] or [Linear("up_proj", h, i)]
+        _module_backward(live, ups[0], ups[0].name in targets, spec, T, True, mask_bytes)
+        live.free(sd * i * T)  # up's gradient
+        live.alloc(sd * i * T)  # activation backward
+        live.free(sd * i * T)
+        live.free(sd * i * T)  # the activation's saved input
+        gate = lins.get("gate_proj")
+        if gate is not None:
+            _module_backward(live, gate, gate.name in targets, spec, T, False, mask_bytes)
+        live.free(sd * i * T)
+    else:
+        down = lins.get("dense_4h_to_h") or Linear("down", i, h)
+        _module_backward(live, down, down.name in targets, spec, T, True, mask_bytes)
+        live.alloc(sd * i * T)  # GELU backward
+        live.free(sd * i * T)
+        live.free(sd * i * T)  # GELU's saved input
+        up = lins.get("dense_h_to_4h") or Linear("up", h, i)
+        _module_backward(live, up, up.name in targets, spec, T, True, mask_bytes)
+        live.free(sd * i * T)
+    if shared_input_free:
+        live.free(4 * h * T)
+    norm_backward()
+
+    # Attention.
+    o = next(lin for lin in shape.linears if lin.source == "attn_out")
+    _module_backward(live, o, o.name in targets, spec, T, True, mask_bytes)
+    if math_attn:
+        scores = 4 * batch * shape.heads * seq * seq
+        live.alloc(scores + sd * q * T)  # probs @ v backward: gradients of the probabilities and of v
+        live.free(sd * q * T)  # the attention output's gradient
+        live.free(sd * q * T)  # saved repeated v
+        # Softmax backward. The H200 measurements hold one more scores-sized fp32 tensor here than a replay
+        # of the math kernel on a CPU shows (2 beside the saved probabilities); MATH_EXTRA_SCORES carries it.
+        live.alloc((1 + MATH_EXTRA_SCORES) * scores)
+        live.free((1 + MATH_EXTRA_SCORES) * scores)  # gradient of the probabilities and the unexplained copy
+        live.free(scores)  # saved probabilities
+        live.alloc(2 * sd * q * T)  # q @ k^T backward
+        live.free(scores)
+        live.free(2 * sd * q * T)  # saved scaled q and repeated k
+        live.alloc(sd * (q + 2 * kv) * T)  # scale and repeat backward: gradients of q, k, v
+        live.free(3 * sd * q * T)
+    else:
+        live.alloc(sd * (q + 2 * kv) * T)  # SDPA backward: gradients of q, k, v
+        if shape.kv_heads < shape.heads:
+            live.alloc(2 * sd * q * T)  # k/v gradients per query head before the group sum
+            live.free(2 * sd * q * T)
+        live.free(sd * q * T)  # the attention output's gradient
+        live.free(sd * (q + kv) * T)  # saved q, k after rotary
+    live.alloc(sd * (q + kv) * T)  # rotary backward
+    live.free(sd * (q + kv) * T)
+    firsts = True
+    for lin in [x for x in shape.linears if x.source == "norm_attn"][::-1]:
+        _module_backward(live, lin, lin.name in targets, spec, T, firsts, mask_bytes)
+        firsts = False
+    live.free(sd * (q + 2 * kv) * T)
+    norm_backward()
+    return live.peak - 0
+
+
+def _recompute_tail_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, mask_bytes: int = 1) -> int:
+    """The most the end of a layer's forward holds on top of its saved tensors (replayed).
+
+    Under checkpointing each layer's forward is rerun with grad just before its backward, so its last
+    module's forward runs with the whole layer's saved set alive: the MLP input, the 4-bit matmul's bf16
+    casts and dequantized weight, then the base output, its clone, LoRA's scaled output and their sum.
+    """
+    T = batch * seq
+    sd = _stream_bytes(spec)
+    h, r = shape.hidden, spec.lora_r
+    last = shape.linears[-1]
+    targets = {m.name for m in lora_modules(shape, spec)}
+    lora = last.name in targets
+    n_in, n_out = last.in_features * T, last.out_features * T
+    own = (4 + mask_bytes) * n_in + 4 * r * T if lora and spec.lora_dropout > 0 else 0
+    live = _Live(-own)  # the last module's own saved tensors do not exist yet
+    # Still referenced while the last module runs: the gradient that arrived for this layer's output, the
+    # MLP's input and the last module's own input (unless LoRA without dropout keeps them anyway).
+    kept_anyway = lora and spec.lora_dropout == 0 and sd == 4
+    live.alloc(sd * h * T + (0 if kept_anyway else sd * h * T + sd * n_in))
+    if spec.bits in (4, 8):
+        live.alloc(2 * n_in)
+        live.alloc(2 * last.params)
+        live.alloc(2 * n_out)
+        live.free(2 * last.params)
+        live.free(2 * n_in)
+        live.alloc(sd * n_out)
+        live.free(2 * n_out)
+        live.alloc(sd * n_out)  # peft's defensive clone of the 4-bit result
+        live.free(sd * n_out)
+    else:
+        live.alloc(sd * n_out)
+    if lora:
+        live.alloc(own)
+        live.alloc(4 * n_out)  # lora_B output
+        live.alloc(4 * n_out)  # * scaling
+        live.free(4 * n_out)
+        live.alloc(sd * n_out)  # result + lora output
+        live.free(sd * n_out)
+        live.free(4 * n_out)
+    live.alloc(sd * h * T)  # the residual sum: the layer's output
+    return live.peak
 
 
 def _forward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int) -> int:
@@ -329,8 +561,13 @@ def _forward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
     return (sd + 2) * shape.intermediate * T + dequant
 
 
-def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware | None = None) -> Estimate:
-    """Predict one training step's peak memory (steady state: optimizer states exist from the first step on)."""
+def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware | None = None, *,
+             mask_bytes: int = 1) -> Estimate:
+    """Predict one training step's peak memory (steady state: optimizer states exist from the first step on).
+
+    ``mask_bytes`` is the size of one dropout-mask element: 1 on CUDA (bool); the CPU's dropout keeps its
+    mask in the input's dtype, which tests that replay the step on a CPU set to 4.
+    """
     validate_spec(spec)
     if batch <= 0 or seq <= 0:
         raise PlanInputError(f"batch size and sequence length must be positive, got {batch} and {seq}")
@@ -346,14 +583,19 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     opt_torch, opt_paged, opt_temp = _optimizer(spec, tensors)
     workspaces = hw.cublas_workspace_bytes * hw.cublas_handles
     tokens = 4 * _align(8 * T)  # input ids, labels, padded and shifted labels (int64)
-    static = packed + consts + unquant + lora_b + opt_torch + workspaces + tokens
 
-    S = layer_activation_bytes(shape, spec, batch, seq)
+    math_attn = uses_math_attention(shape, spec, seq, hw)
+    S = layer_activation_bytes(shape, spec, batch, seq, mask_bytes, math_attn)
     fwd_tmp = _forward_temporaries(shape, spec, batch, seq)
-    bwd_tmp = _backward_temporaries(shape, spec, batch, seq)
+    bwd_tmp = _backward_temporaries(shape, spec, batch, seq, mask_bytes, math_attn)
+    if spec.gradient_checkpointing:
+        # The recomputed layer's output stays referenced through its backward; the recompute's own tail
+        # can be the higher point.
+        bwd_tmp = max(bwd_tmp + sd * h * batch * seq, _recompute_tail_temporaries(shape, spec, batch, seq, mask_bytes))
     hid = sd * h * T  # one hidden state
     final_norm = (4 * h + 4) * T  # the final norm keeps its fp32 input and rsqrt
-    eager_mask = sd * batch * seq * seq if spec.attn == "eager" else 0  # one 4-D mask shared by all layers
+    # One 4-D mask shared by all layers: float in the stream dtype for eager, bool for SDPA.
+    eager_mask = (sd if spec.attn == "eager" else 1) * batch * seq * seq if has_mask(shape, spec, seq) else 0
     if spec.gradient_checkpointing:
         stash = L * hid  # reentrant checkpointing keeps each layer's input
     else:
@@ -369,8 +611,8 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
 
     phases: dict[str, tuple[int, Breakdown]] = {}
     base = Breakdown(quantized_weights=packed, quantization_constants=consts, unquantized_params=unquant,
-                     lora_weights=lora_b, optimizer_states=opt_torch + tokens, optimizer_states_paged=opt_paged,
-                     cublas_workspaces=workspaces)
+                     lora_weights=lora_b, optimizer_states=opt_torch, optimizer_states_paged=opt_paged,
+                     activations=tokens, cublas_workspaces=workspaces)
 
     def add(name: str, **parts: int) -> None:
         bd = Breakdown(**{**base.to_dict(), **{k: base.to_dict()[k] + v for k, v in parts.items()}})
@@ -388,19 +630,21 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     grads_all = g_layer * L
     if spec.gradient_checkpointing:
         # Last layer processed first: every checkpoint still alive, plus that layer recomputed.
-        add("layer backward (last)", activations=stash + S, temporaries=bwd_tmp + 2 * hid, lora_gradients=g_layer)
-        add("layer backward (first)", activations=hid + eager_mask + S, temporaries=bwd_tmp + 2 * hid,
-            lora_gradients=grads_all)
+        # With an fp32 stream the checkpointed input is the very tensor the recomputed first norm keeps.
+        dup = hid if sd == 4 else 0
+        add("layer backward (last)", activations=stash + S - dup, temporaries=bwd_tmp)
+        add("layer backward (first)", activations=hid - dup + eager_mask + S, temporaries=bwd_tmp,
+            lora_gradients=grads_all - g_layer)
     else:
-        add("layer backward (last)", activations=stash, temporaries=bwd_tmp + 2 * hid, lora_gradients=g_layer)
-        add("layer backward (first)", activations=S + eager_mask, temporaries=bwd_tmp + 2 * hid,
-            lora_gradients=grads_all)
+        add("layer backward (last)", activations=stash, temporaries=bwd_tmp)
+        add("layer backward (first)", activations=S + eager_mask, temporaries=bwd_tmp,
+            lora_gradients=grads_all - g_layer)
     add("optimizer step", lora_gradients=grads_all, temporaries=opt_temp)
 
     peak_phase = max(phases, key=lambda k: phases[k][0])
     peak_alloc, bd = phases[peak_phase]
-    dynamic = peak_alloc - static
-    overhead = _align(hw.fragmentation * max(dynamic, 0))
+    f_layer, f_logits = hw.fragmentation[:2] if spec.gradient_checkpointing else hw.fragmentation[2:]
+    overhead = _align(f_layer * S + f_logits * 4 * T * V)
     reserved = peak_alloc + overhead
     process = reserved + hw.cuda_context_bytes + (opt_paged if hw.paged_in_process else 0)
     bd = Breakdown(**{**bd.to_dict(), "allocator_overhead": overhead, "cuda_context": hw.cuda_context_bytes})

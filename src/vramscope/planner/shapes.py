@@ -61,6 +61,7 @@ class ModelShape:
     gated_mlp: bool = True
     parallel_block: bool = False  # attention and MLP read the same normalised input (Falcon, GPT-NeoX)
     logit_softcap: bool = False
+    sliding_window: int | None = None  # attention window, when transformers applies one
     linears: tuple[Linear, ...] = field(default=())
 
     @property
@@ -230,10 +231,17 @@ def shape_from_config(config: Mapping[str, Any]) -> ModelShape:
             lins += [Linear("gate_proj", hidden, intermediate, mlp_bias, mlp_src),
                      Linear("up_proj", hidden, intermediate, mlp_bias, mlp_src),
                      Linear("down_proj", intermediate, hidden, mlp_bias, "mlp_act")]
+    # transformers applies a sliding window for these when the config sets one (Qwen2 only with use_sliding_window).
+    window_raw = cfg.get("sliding_window")
+    window = window_raw if isinstance(window_raw, int) and not isinstance(window_raw, bool) and window_raw > 0 else None
+    if model_type in ("qwen2", "qwen2_moe") and not _bool(cfg, "use_sliding_window", False):
+        window = None
+    if model_type not in ("mistral", "mixtral", "qwen2", "qwen2_moe", "phi3", "gemma2", "gemma3_text", "starcoder2"):
+        window = None
     return ModelShape(
         model_type=model_type, hidden=hidden, intermediate=intermediate, layers=layers, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, tied_embeddings=tied, max_positions=max_pos,
         experts=experts, experts_per_token=per_token, norms_per_layer=norms, norm_bias=model_type in _LAYERNORM,
         gated_mlp=gated, parallel_block=parallel,
-        logit_softcap=bool(cfg.get("final_logit_softcapping")), linears=tuple(lins),
+        logit_softcap=bool(cfg.get("final_logit_softcapping")), sliding_window=window, linears=tuple(lins),
     )
