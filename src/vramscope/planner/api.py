@@ -6,7 +6,6 @@ Both take the model as a registry name, a config.json dict or a :class:`ModelSha
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,14 +179,15 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
             "turn gradient checkpointing on (recompute each layer in backward): saves {saving:.2f} GiB",
             {"gradient_checkpointing": True})
     if batch > 1:
-        if capacity is not None:
-            fit_b = max_batch_size(shape, spec, seq, capacity - (peak - base), hw)
-            micro = max(1, min(batch - 1, fit_b)) if fit_b else 1
-        else:
-            micro = max(1, batch // 2)
-        accum = math.ceil(batch / micro)
+        # Prefer a divisor of the batch, so that accumulation keeps the effective batch exactly.
+        limit = batch // 2
+        if capacity is not None and deficit is not None and deficit > 0:
+            # the largest micro-batch that fits, judged against the measured peak's excess over the model
+            limit = min(limit, max(1, max_batch_size(shape, spec, seq, capacity - (peak - base), hw)))
+        micro = max(d for d in range(1, limit + 1) if batch % d == 0)
+        accum = batch // micro
         add("micro_batch", spec, micro, seq,
-            f"micro-batch {micro} with gradient accumulation {accum} (same effective batch {micro * accum}): "
+            f"micro-batch {micro} with gradient accumulation {accum} (same effective batch {batch}): "
             "saves {saving:.2f} GiB", {"batch_size": micro, "grad_accum": accum})
     if spec.optim in ("adamw_torch", "adamw_torch_fused", "adamw_8bit"):
         add("optimizer", spec.with_(optim="paged_adamw_8bit"), batch, seq,
@@ -318,8 +318,9 @@ def plan(
         ms = max_seq_len(shape, spec, batch_size, cap, hw)
         if target_batch is not None:
             if mb:
-                accum = math.ceil(target_batch / mb)
-                micro = math.ceil(target_batch / accum)
+                # The largest micro-batch that fits and divides the target keeps the effective batch exact.
+                micro = max(d for d in range(1, min(mb, target_batch) + 1) if target_batch % d == 0)
+                accum = target_batch // micro
             else:
                 notes.append(f"no batch fits in {cap / 2**30:.1f} GiB at {seq_len} tokens, so target batch "
                              f"{target_batch} cannot be reached by accumulation")

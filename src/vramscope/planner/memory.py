@@ -132,12 +132,12 @@ class Estimate:
     phases: dict[str, int] = field(default_factory=dict)
     trainable_params: int = 0
     per_layer_activation_bytes: int = 0
+    paged_in_process_bytes: int = 0
 
     @property
     def device_bytes(self) -> int:
-        """What must fit on the GPU: process memory less paged states, which unified memory can evict."""
-        paged = self.breakdown.optimizer_states_paged
-        return self.process_bytes - (paged if paged and self.process_bytes > self.peak_reserved_bytes else 0)
+        """What must fit on the GPU: process memory less any paged states in it, which unified memory can evict."""
+        return self.process_bytes - self.paged_in_process_bytes
 
 
 def _align(n: float) -> int:
@@ -646,12 +646,13 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     f_layer, f_logits = hw.fragmentation[:2] if spec.gradient_checkpointing else hw.fragmentation[2:]
     overhead = _align(f_layer * S + f_logits * 4 * T * V)
     reserved = peak_alloc + overhead
-    process = reserved + hw.cuda_context_bytes + (opt_paged if hw.paged_in_process else 0)
+    paged_counted = opt_paged if hw.paged_in_process else 0
+    process = reserved + hw.cuda_context_bytes + paged_counted
     bd = Breakdown(**{**bd.to_dict(), "allocator_overhead": overhead, "cuda_context": hw.cuda_context_bytes})
     return Estimate(
         peak_allocated_bytes=peak_alloc, peak_reserved_bytes=reserved, process_bytes=process, peak_phase=peak_phase,
         breakdown=bd, phases={k: v[0] for k, v in phases.items()}, trainable_params=lora_params,
-        per_layer_activation_bytes=S,
+        per_layer_activation_bytes=S, paged_in_process_bytes=paged_counted,
     )
 
 

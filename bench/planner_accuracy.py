@@ -1,0 +1,148 @@
+"""Hold the planner against measured QLoRA steps and write the accuracy table.
+
+Reads ``tests/data/planner/h200_measurements.csv`` (written on the H200 by ``bench/planner_measure.py``),
+predicts every point with :func:`vramscope.planner.plan`, and writes ``--out DIR``/planner_accuracy.csv,
+planner_accuracy.md (the tables that docs/planner.md embeds) and planner_accuracy.json (summary). With
+``--update-docs`` it also replaces the block between the accuracy markers in docs/planner.md. Beside the
+H200 points it prints the published figures of ``../shared/data`` next to the planner's prediction for
+their settings (different library versions; for orientation, not scored).
+
+Pure arithmetic: runs on a CPU in a second.  python bench/planner_accuracy.py --out /tmp/acc [--update-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from vramscope.integrations.qlora import QLoraSpec
+from vramscope.planner import plan
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "planner" / "h200_measurements.csv"
+DOC = ROOT / "docs" / "planner.md"
+BEGIN, END = "<!-- accuracy:begin -->", "<!-- accuracy:end -->"
+GIB = 2**30
+METRICS = (("peak_allocated_bytes", "allocated"), ("peak_reserved_bytes", "reserved"), ("process_bytes", "process"))
+
+# Published points whose setup the planner can express (QLoRA reference recipe unless noted).
+PUBLISHED: list[dict[str, Any]] = [
+    {"label": "QLoRA paper Fig. 6, LLaMA-7B, 4-bit bar", "model": "LLaMA-7B", "batch": 1, "seq": 512,
+     "spec": {}, "measured": "5046 MB", "metric": "process"},
+    {"label": "QLoRA paper Fig. 6, LLaMA-13B", "model": "LLaMA-13B", "batch": 1, "seq": 512, "spec": {},
+     "measured": "8476 MB", "metric": "process"},
+    {"label": "QLoRA paper Fig. 6, LLaMA-33B", "model": "LLaMA-33B", "batch": 1, "seq": 512, "spec": {},
+     "measured": "19302 MB", "metric": "process"},
+    {"label": "QLoRA paper Fig. 6, LLaMA-65B", "model": "LLaMA-65B", "batch": 1, "seq": 512, "spec": {},
+     "measured": "37074 MB", "metric": "process"},
+    {"label": "fms-acceleration A100-80, Mistral-7B r16 qkvo, FA2, bs4x4096", "model": "Mistral-7B", "batch": 4,
+     "seq": 4096, "spec": {"lora_r": 16, "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                            "attn": "flash_attention_2", "optim": "adamw_torch"},
+     "measured": "19.25 GiB", "metric": "allocated"},
+    {"label": "fms-acceleration A100-80, Mistral-7B r16 qkvo, FA2, bs8x4096", "model": "Mistral-7B", "batch": 8,
+     "seq": 4096, "spec": {"lora_r": 16, "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                            "attn": "flash_attention_2", "optim": "adamw_torch"},
+     "measured": "34.46 GiB", "metric": "allocated"},
+    {"label": "Answer.AI DDP QLoRA, Llama-2-7B, bs8x2048", "model": "Llama-2-7B", "batch": 8, "seq": 2048,
+     "spec": {}, "measured": "20.94 GiB", "metric": "allocated"},
+]
+
+
+def spec_of(row: dict[str, str]) -> QLoraSpec:
+    return QLoraSpec(bits=int(row["bits"]), lora_r=int(row["lora_r"]), optim=row["optim"],
+                     gradient_checkpointing=row["gradient_checkpointing"] == "1")
+
+
+def evaluate(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """One record per measured point: the measurement, the prediction and the error of each metric."""
+    out = []
+    for row in rows:
+        if row.get("status", "ok") != "ok":
+            continue
+        p = plan(row["arch"], int(row["batch_size"]), int(row["seq_len"]), spec_of(row))
+        rec: dict[str, Any] = {k: row[k] for k in ("arch", "batch_size", "seq_len", "gradient_checkpointing", "optim")}
+        rec["peak_phase"] = p.peak_phase
+        predicted = {"peak_allocated_bytes": p.peak_allocated_bytes, "peak_reserved_bytes": p.peak_reserved_bytes,
+                     "process_bytes": p.process_bytes}
+        for key, short in METRICS:
+            measured = int(row[key])
+            rec[f"{short}_measured"] = measured
+            rec[f"{short}_predicted"] = predicted[key]
+            rec[f"{short}_error_pct"] = 100.0 * (predicted[key] - measured) / measured
+        out.append(rec)
+    return out
+
+
+def summary(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for _, short in METRICS:
+        errs = [abs(r[f"{short}_error_pct"]) for r in records]
+        out[short] = {"median_abs_pct": statistics.median(errs), "max_abs_pct": max(errs), "points": len(errs)}
+    return out
+
+
+def markdown(records: list[dict[str, Any]], summ: dict[str, dict[str, float]]) -> str:
+    lines = ["| metric | points | median abs. error | worst abs. error |", "|---|---:|---:|---:|"]
+    for _, short in METRICS:
+        s = summ[short]
+        lines.append(f"| peak {short} | {s['points']:.0f} | {s['median_abs_pct']:.1f}% | {s['max_abs_pct']:.1f}% |")
+    lines += ["", "| arch | batch x seq | ckpt | optim | allocated meas / pred (err) | process meas / pred (err) "
+              "| peak phase |", "|---|---|:-:|---|---|---|---|"]
+    ckpt = {"1": "on", "0": "off"}
+    for r in records:
+        lines.append(
+            f"| {r['arch']} | {r['batch_size']} x {r['seq_len']} | {ckpt[r['gradient_checkpointing']]}"
+            f" | {r['optim']} | {r['allocated_measured'] / GIB:.2f} / {r['allocated_predicted'] / GIB:.2f} GiB "
+            f"({r['allocated_error_pct']:+.1f}%) | {r['process_measured'] / GIB:.2f} / "
+            f"{r['process_predicted'] / GIB:.2f} GiB ({r['process_error_pct']:+.1f}%) | {r['peak_phase']} |")
+    return "\n".join(lines)
+
+
+def published_table() -> str:
+    lines = ["| published figure (other library versions) | measured | planner (today's stack) |", "|---|---|---|"]
+    for pub in PUBLISHED:
+        p = plan(pub["model"], pub["batch"], pub["seq"], QLoraSpec(**pub["spec"]))
+        value = p.process_bytes if pub["metric"] == "process" else p.peak_allocated_bytes
+        lines.append(f"| {pub['label']} | {pub['measured']} ({pub['metric']}) | {value / GIB:.2f} GiB |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="directory for planner_accuracy.{csv,md,json}")
+    parser.add_argument("--data", default=str(DATA), help="measurements CSV (default: the committed H200 grid)")
+    parser.add_argument("--update-docs", action="store_true", help=f"rewrite the accuracy block of {DOC.name}")
+    args = parser.parse_args()
+    with open(args.data, newline="") as f:
+        rows = list(csv.DictReader(f))
+    records = evaluate(rows)
+    summ = summary(records)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "planner_accuracy.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    table = markdown(records, summ) + "\n\n" + published_table()
+    (out / "planner_accuracy.md").write_text(table + "\n")
+    (out / "planner_accuracy.json").write_text(json.dumps(summ, indent=2) + "\n")
+    for short, s in summ.items():
+        print(f"{short:9}: {s['points']:.0f} points, median |error| {s['median_abs_pct']:.2f}%, "
+              f"worst {s['max_abs_pct']:.2f}%")
+    if args.update_docs:
+        text = DOC.read_text()
+        if BEGIN not in text or END not in text:
+            raise SystemExit(f"{DOC} has no {BEGIN} ... {END} block to replace")
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+        print(f"updated {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

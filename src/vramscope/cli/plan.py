@@ -1,0 +1,167 @@
+"""``vramscope plan``: predict a QLoRA/LoRA run's peak GPU memory before it starts.
+
+A thin wrapper over :func:`vramscope.planner.plan`: parse, plan, print (a table, or ``--json``).
+``--calibrate`` runs a few tiny real steps on the GPU and refits the per-token terms first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from vramscope.cli.common import CommandError, UsageError, positive_int
+from vramscope.integrations.qlora import QLoraSpec
+from vramscope.planner import PlanInputError, load_config_file, plan, registry
+from vramscope.planner.api import Plan
+from vramscope.planner.memory import OPTIMIZERS
+from vramscope.units import gib
+
+_LABELS = {
+    "quantized_weights": "quantized weights",
+    "quantization_constants": "  + quantization constants",
+    "unquantized_params": "unquantized params (fp32)",
+    "lora_weights": "LoRA weights (fp32)",
+    "lora_gradients": "LoRA gradients",
+    "optimizer_states": "optimizer states (torch)",
+    "optimizer_states_paged": "optimizer states (paged, unified memory)",
+    "activations": "activations",
+    "logits_and_loss": "logits and cross-entropy",
+    "temporaries": "temporaries",
+    "cublas_workspaces": "cuBLAS workspaces",
+    "allocator_overhead": "allocator overhead (reserved - allocated)",
+    "cuda_context": "CUDA context and kernels",
+}
+
+
+def _targets(text: str) -> tuple[str, ...] | None:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("--lora-targets takes all-linear or a list such as q_proj,v_proj")
+    return None if names == ("all-linear",) else names
+
+
+def _dropout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", metavar="NAME", help="a registry name, e.g. Llama-2-7B (see --list-models)")
+    model.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
+    model.add_argument("--list-models", action="store_true", help="print the registry's model names and exit")
+    parser.add_argument("--batch-size", type=positive_int, metavar="B", help="micro-batch size (required)")
+    parser.add_argument("--seq-len", type=positive_int, metavar="S", help="tokens per sequence (required)")
+    defaults = QLoraSpec()
+    parser.add_argument("--lora-r", type=positive_int, default=defaults.lora_r, metavar="R",
+                        help=f"LoRA rank (default {defaults.lora_r})")
+    parser.add_argument("--lora-alpha", type=positive_int, default=defaults.lora_alpha, metavar="A",
+                        help=f"LoRA alpha (default {defaults.lora_alpha}; does not change memory)")
+    parser.add_argument("--lora-dropout", type=_dropout, default=defaults.lora_dropout, metavar="P",
+                        help=f"LoRA dropout (default {defaults.lora_dropout})")
+    parser.add_argument("--lora-targets", type=_targets, default=None, metavar="all-linear|q_proj,v_proj,...",
+                        help="modules LoRA wraps (default all-linear: every linear layer but lm_head)")
+    parser.add_argument("--optim", choices=OPTIMIZERS, default=defaults.optim, help=f"default {defaults.optim}")
+    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
+                        default=defaults.gradient_checkpointing, help="recompute layers in backward (default on)")
+    parser.add_argument("--bits", type=int, choices=(4, 8, 16), default=defaults.bits,
+                        help="base weights: 4 (NF4), 8 (LLM.int8) or 16 (plain LoRA); default 4")
+    parser.add_argument("--no-double-quant", dest="double_quant", action="store_false",
+                        help="NF4 without double quantization of its constants")
+    parser.add_argument("--compute-dtype", choices=("bf16", "fp16"), default=defaults.compute_dtype,
+                        help="default bf16")
+    parser.add_argument("--attn", choices=("sdpa", "eager", "flash_attention_2"), default=defaults.attn,
+                        help="attention implementation (default sdpa)")
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory to fit in, e.g. 24GiB or 80GB")
+    gpu.add_argument("--gpu", metavar="NAME", help="a GPU by name, e.g. RTX-4090, A100-80GB, H200")
+    parser.add_argument("--target-batch", type=positive_int, metavar="N",
+                        help="effective batch to reach by gradient accumulation (needs --gpu-memory or --gpu)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="run a few tiny real steps on this machine's GPU to fit the per-token terms")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _spec(args: argparse.Namespace) -> QLoraSpec:
+    return QLoraSpec(
+        bits=args.bits, double_quant=args.double_quant, compute_dtype=args.compute_dtype, lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
+        gradient_checkpointing=args.gradient_checkpointing, attn=args.attn, optim=args.optim,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_models:
+        for name in registry.names():
+            print(f"{name:16} {registry.source(name)}")
+        return 0
+    sizes = (("--batch-size", args.batch_size), ("--seq-len", args.seq_len))
+    missing = [flag for flag, value in sizes if value is None]
+    if missing:
+        raise UsageError(f"{' and '.join(missing)} required, e.g. --batch-size 4 --seq-len 2048")
+    try:
+        model: Any = args.model if args.model is not None else load_config_file(args.config)
+        spec = _spec(args)
+        hardware = None
+        if args.calibrate:
+            from vramscope.planner.calibrate import CalibrationError, calibrate
+
+            try:
+                hardware, report = calibrate(model, spec)
+            except CalibrationError as exc:
+                raise CommandError(str(exc)) from None
+            if not args.json:
+                print(report, file=sys.stderr)
+        result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
+                      target_batch=args.target_batch, hardware=hardware)
+    except PlanInputError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_plan(result))
+    return 0
+
+
+def format_plan(p: Plan) -> str:
+    """The plan as a short table for a terminal."""
+    s = p.spec
+    quant = {4: f"NF4{' + double quant' if s.double_quant else ''}", 8: "LLM.int8", 16: f"{s.compute_dtype} (no quant)"}
+    lines = [
+        f"{p.model}: {p.total_params / 1e9:.2f}B params, batch {p.batch_size} x {p.seq_len} tokens",
+        f"  {quant[s.bits]}, LoRA r={s.lora_r} on {','.join(s.lora_targets) if s.lora_targets else 'all linear'} "
+        f"({p.trainable_params / 1e6:.1f}M trainable), {s.optim}, "
+        f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}, {s.attn}",
+        "",
+        f"  breakdown at the peak ({p.peak_phase}):",
+    ]
+    for name, value in p.breakdown.to_dict().items():
+        if value:
+            lines.append(f"    {_LABELS.get(name, name):42} {gib(value):>11}")
+    lines += [
+        "",
+        f"  peak allocated (torch.cuda.max_memory_allocated) {gib(p.peak_allocated_bytes):>11}",
+        f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(p.peak_reserved_bytes):>11}",
+        f"  process memory (nvidia-smi)                      {gib(p.process_bytes):>11}",
+    ]
+    if p.gpu_memory_bytes is not None:
+        verdict = "fits" if p.fits else "does NOT fit"
+        lines += ["", f"  {verdict} in {gib(p.gpu_memory_bytes)}; largest batch at {p.seq_len} tokens: "
+                      f"{p.max_batch_size}; longest sequence at batch {p.batch_size}: {p.max_seq_len}"]
+        if p.target_batch is not None and p.grad_accum_steps is not None:
+            lines.append(f"  target batch {p.target_batch}: micro-batch {p.micro_batch_size} x "
+                         f"{p.grad_accum_steps} accumulation steps")
+    if p.recommendations:
+        lines += ["", "  to use less memory (predicted saving):"]
+        for rec in p.recommendations:
+            lines.append(f"    - {rec.text}")
+    for note in p.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
