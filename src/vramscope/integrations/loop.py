@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -145,7 +146,8 @@ class MemoryMonitor:
         max_batch_tokens: the longest batch the run can see, for the longest-batch warning.
         total_steps: the run's last step, when known: an OOM forecast beyond it is not a warning.
         leak_config: thresholds of the leak test.
-        history: rows kept in memory for the analysis; older ones are thinned, never all dropped.
+        history: rows kept in memory for the analysis: the newest half as they are, the older ones
+            evenly thinned over the whole run (never all dropped).
         nvml: the NVML module (tests pass a fake one); default ``pynvml``.
         warn_stream: where warnings are printed.
     """
@@ -208,7 +210,12 @@ class MemoryMonitor:
         self._prometheus_sink: Any = None
         self._oom: Any = None
         self._lock = threading.Lock()
-        self._columns: dict[str, list[Any]] = {c: [] for c in (*INT_COLUMNS, *FLOAT_COLUMNS, *TEXT_COLUMNS)}
+        self._column_names: tuple[str, ...] = (*INT_COLUMNS, *FLOAT_COLUMNS, *TEXT_COLUMNS)
+        self._recent: deque[tuple[Any, ...]] = deque(maxlen=self.history // 2)
+        self._archive: list[tuple[Any, ...]] = []
+        self._archive_cap = self.history - self.history // 2
+        self._archived = 0
+        self._stride = 1
         self._phases: list[str] = []
         self._last_step: int | None = None
         self._pending = False  # steps since the last logged row
@@ -469,7 +476,13 @@ class MemoryMonitor:
         return sample
 
     def _record(self, sample: Sample, background: bool = False) -> None:
-        """Keep the sample's rows for the analysis (bounded: old rows are thinned by half when full)."""
+        """Keep the sample's rows for the analysis, in bounded memory.
+
+        The newest ``history / 2`` rows are kept as they are (the leak test's short windows need full
+        resolution); older rows move to an archive that keeps every ``stride``-th of them and, when
+        full, drops every other one and doubles the stride. So the whole run stays represented,
+        evenly thinned, however long it is.
+        """
         rows = sample_rows(sample)
         with self._lock:
             if not background:
@@ -478,17 +491,27 @@ class MemoryMonitor:
             if sample.host.system_total_bytes:
                 self._system_total = sample.host.system_total_bytes
             for row in rows:
-                for name, values in self._columns.items():
-                    values.append(row.get(name))
+                if len(self._recent) == self._recent.maxlen:
+                    self._archive_row(self._recent[0])
+                self._recent.append(tuple(row.get(name) for name in self._column_names))
                 peak = row.get("peak_allocated_bytes")
                 peak = peak if peak is not None else row.get("allocated_bytes") or row.get("host_rss_bytes")
                 if peak is not None and not background and (self._figures_peak is None or peak > self._figures_peak):
                     self._figures_peak = peak
-            length = len(self._columns["elapsed_s"])
-            if length > self.history:
-                keep = [i for i in range(length) if i >= length // 2 or i % 2 == 0]
-                for name, values in self._columns.items():
-                    self._columns[name] = [values[i] for i in keep]
+
+    def _archive_row(self, row: tuple[Any, ...]) -> None:
+        self._archived += 1
+        if self._archived % self._stride:
+            return
+        self._archive.append(row)
+        if len(self._archive) > self._archive_cap:
+            self._archive = self._archive[::2]
+            self._stride *= 2
+
+    def rows_held(self) -> int:
+        """Rows kept in memory for the analysis (bounded by ``history``)."""
+        with self._lock:
+            return len(self._archive) + len(self._recent)
 
     def _narrow_nvml(self, sample: Sample) -> None:
         # Read only the GPUs this process uses, once it uses one: one NVML query per GPU per step
@@ -507,7 +530,8 @@ class MemoryMonitor:
     def analysis(self) -> dict[str, Any]:
         """The same dict as :func:`vramscope.analysis.summary.analyze` over the rows logged so far."""
         with self._lock:
-            columns = {name: list(values) for name, values in self._columns.items()}
+            held = [*self._archive, *self._recent]
+            columns = {name: [row[i] for row in held] for i, name in enumerate(self._column_names)}
             has_gpu = any(g is not None for g in columns["gpu"])
             system_total = self._system_total
         capacity = self.capacity_bytes if self.capacity_bytes is not None else (None if has_gpu else system_total)
