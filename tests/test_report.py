@@ -354,3 +354,17 @@ def test_planner_inputs_are_checked(capsys: pytest.CaptureFixture[str], logs: di
     assert "needs both --model and --batch-size" in refused(capsys, log, "--batch-size", "4")
     assert "closest" in refused(capsys, log, "--model", "Llama-9-7B", "--batch-size", "4")
     assert "positive" in refused(capsys, log, "--model", "Llama-2-7B", "--batch-size", "0")
+
+
+def test_png_without_matplotlib_names_the_extra(tmp_path: Path, logs: dict[str, Path],
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """On an install without the `plot` extra, --png says how to get it, before reading any log."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    out = tmp_path / "r.png"
+    assert "pip install 'vramscope[plot]'" in refused(capsys, str(logs["clean"]), "--png", str(out))
+    assert not out.exists()
