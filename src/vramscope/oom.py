@@ -42,6 +42,37 @@ ENV_MAX_ENTRIES = "VRAMSCOPE_OOM_MAX_ENTRIES"
 """Optional: the history ring buffer's size (alloc/free events kept), default :data:`DEFAULT_MAX_ENTRIES`."""
 
 DEFAULT_MAX_ENTRIES = 100_000
+DEFAULT_DIR = "vramscope-oom"
+
+
+def snapshot_env(out_dir: str | None, log_path: str | None = None) -> dict[str, str]:
+    """The child environment for ``vramscope run --oom-snapshot [DIR]``: ``{ENV_VAR: absolute DIR}``.
+
+    Without DIR the post-mortems go beside the log (``mem.csv`` -> ``mem.oom/``), else into
+    ``./vramscope-oom``. The folder is created now, so a path that cannot be written fails before
+    the command starts.
+
+    Raises:
+        ValueError: with a message that says what to do.
+    """
+    if out_dir:
+        target = Path(out_dir)
+    elif log_path:
+        log = Path(log_path)
+        target = log.with_name((log.stem if log.suffix else log.name) + ".oom")
+    else:
+        target = Path(DEFAULT_DIR)
+    target = target.resolve()  # the child may change directory
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"--oom-snapshot {target} is a file; give a folder for the OOM post-mortems")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot create {target} for OOM post-mortems: {exc.strerror or exc}; choose a writable folder"
+        ) from None
+    return {ENV_VAR: str(target)}
+
 
 # (substring of the error message, kind). Exact texts as PyTorch and the NVIDIA libraries print them:
 # torch's caching allocator raises torch.OutOfMemoryError("CUDA out of memory. Tried to allocate ...");
@@ -753,7 +784,11 @@ def write_report(report: OomReport, out_dir: str | os.PathLike[str], stem: str) 
 
 
 def report_from_files(
-    snapshot_path: str | os.PathLike[str], event_path: str | os.PathLike[str] | None = None
+    snapshot_path: str | os.PathLike[str],
+    event_path: str | os.PathLike[str] | None = None,
+    *,
+    model: Any = None,
+    spec: Any = None,
 ) -> OomReport:
     """Rebuild a report from a snapshot pickle (and the ``*.event.json`` the recorder wrote beside it)."""
     with open(snapshot_path, "rb") as f:
@@ -762,7 +797,7 @@ def report_from_files(
     if event_path is not None:
         raw = json.loads(Path(event_path).read_text(encoding="utf-8"))
         event = OomEvent(**{k: v for k, v in raw.items() if k in OomEvent.__dataclass_fields__})
-    return build_report(snapshot, event, snapshot_file=str(snapshot_path))
+    return build_report(snapshot, event, snapshot_file=str(snapshot_path), model=model, spec=spec)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -942,7 +977,7 @@ class OomRecorder:
             raw = json.loads(event_file.read_text(encoding="utf-8"))
             raw["message"] = message
             event_file.write_text(json.dumps(raw, indent=2, default=str), encoding="utf-8")
-            report = report_from_files(Path(raw["snapshot_file"]), event_file)
+            report = report_from_files(Path(raw["snapshot_file"]), event_file, model=self.model, spec=self.spec)
             write_report(report, self.out_dir, self.reports[-1].stem)
         except (OSError, ValueError, KeyError) as exc:  # pragma: no cover - best effort
             log.warning("vramscope: could not add the OOM message to %s: %s", event_file, exc)

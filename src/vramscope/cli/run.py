@@ -26,6 +26,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="start a new log file (FILE.1, FILE.2, ...) before one passes this size; keeps every row")
     parser.add_argument("--no-inject", dest="inject", action="store_false",
                         help="do not attach the step-aligned callback to HF Trainers inside the command")
+    parser.add_argument("--oom-snapshot", metavar="DIR", nargs="?", const="",
+                        help="on a CUDA OOM in the command, write an allocator snapshot and a report into DIR "
+                             "(default: beside --log, or ./vramscope-oom)")
     parser.add_argument("--prometheus", metavar="[HOST:]PORT",
                         help="serve /metrics for Prometheus while the command runs (binds 127.0.0.1 unless HOST)")
     parser.add_argument("--push", metavar="URL", help="push metrics to this Prometheus Pushgateway on a timer")
@@ -44,6 +47,13 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if args.inject:
         env.update(_injection_env(args))
+    if args.oom_snapshot is not None:  # read by the child (HF injection, OomRecorder.from_env)
+        from vramscope.oom import snapshot_env
+
+        try:
+            env.update(snapshot_env(args.oom_snapshot, args.log))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     exporters = _exporters(args)  # before the command starts: a port in use must not cost a run
     try:
         result = run_monitored(command, log_path=args.log, interval=args.interval, gpus=args.gpus, env=env,
