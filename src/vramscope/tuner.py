@@ -78,7 +78,9 @@ class CudaProbe:
         self.release()
         free, total = cuda.mem_get_info(self.device)
         capacity = int(free) + int(cuda.memory_reserved(self.device))
-        get_fraction = getattr(cuda, "get_per_process_memory_fraction", None)  # torch >= 2.12
+        # Recent torch can say what set_per_process_memory_fraction set; older torch cannot, and then
+        # only limit_bytes knows about such a cap.
+        get_fraction = getattr(cuda, "get_per_process_memory_fraction", None)
         if get_fraction is not None:
             capacity = min(capacity, int(float(get_fraction(self.device)) * int(total)))
         if self.limit_bytes is not None:

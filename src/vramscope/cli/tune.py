@@ -1,0 +1,344 @@
+"""``vramscope tune --model-dir DIR --seq-len S``: the largest batch that fits, in a few real steps.
+
+Builds the model as the QLoRA options say (:mod:`vramscope.integrations.qlora`), then runs
+:func:`vramscope.tuner.find_max_batch_size` on real training steps over random tokens (memory depends
+on shapes, not values). ``--max-seq-len`` searches the longest sequence for a fixed ``--batch-size``
+instead. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from vramscope.cli.common import CommandError, UsageError, positive_int
+from vramscope.units import gib, parse_bytes
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-dir", required=True, metavar="DIR", help="a Hugging Face model folder (config.json and weights)"
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int,
+        metavar="S",
+        help="tokens per sequence (with --max-seq-len: the first length to measure, default 256)",
+    )
+    parser.add_argument(
+        "--max-seq-len",
+        action="store_true",
+        help="find the longest sequence for --batch-size instead of the largest batch",
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=1, metavar="B", help="with --max-seq-len: the batch size (default 1)"
+    )
+    parser.add_argument(
+        "--target-batch",
+        type=positive_int,
+        metavar="N",
+        help="the effective batch you want: prints the micro-batch and gradient accumulation",
+    )
+    parser.add_argument(
+        "--margin",
+        type=_fraction,
+        default=0.05,
+        metavar="F",
+        help="fraction of the memory to keep free at the peak (default 0.05)",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        type=_size,
+        metavar="SIZE",
+        help="pretend the GPU has only this much (e.g. 24GiB); enforced with torch's per-process limit",
+    )
+    parser.add_argument(
+        "--start", type=positive_int, default=1, metavar="N", help="the first batch size to measure (default 1)"
+    )
+    parser.add_argument(
+        "--max-batch", type=positive_int, default=4096, metavar="N", help="never try a larger batch (default 4096)"
+    )
+    parser.add_argument(
+        "--max-len",
+        type=positive_int,
+        metavar="N",
+        help="with --max-seq-len: never try longer (default: the model's max_position_embeddings)",
+    )
+    parser.add_argument(
+        "--multiple-of",
+        type=positive_int,
+        default=64,
+        metavar="N",
+        help="with --max-seq-len: lengths are multiples of this (default 64)",
+    )
+    parser.add_argument(
+        "--max-trials",
+        type=positive_int,
+        default=5,
+        metavar="N",
+        help="real steps at most (default 5; usually 3 are needed)",
+    )
+    parser.add_argument("--device", type=int, default=0, metavar="I", help="CUDA device index (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_qlora_arguments(parser)
+
+
+def add_qlora_arguments(parser: argparse.ArgumentParser) -> None:
+    """The recipe flags, one per :class:`~vramscope.integrations.qlora.QLoraSpec` field (defaults: QLoRA's)."""
+    from vramscope.integrations.qlora import OPTIMIZERS, QLoraSpec
+
+    d = QLoraSpec()
+    g = parser.add_argument_group("recipe (defaults: the QLoRA reference recipe)")
+    g.add_argument(
+        "--bits",
+        type=int,
+        choices=(4, 8, 16),
+        default=d.bits,
+        help=f"4 (NF4), 8 (LLM.int8) or 16 (plain LoRA) (default {d.bits})",
+    )
+    g.add_argument("--quant-type", choices=("nf4", "fp4"), default=d.quant_type, help="4-bit data type")
+    g.add_argument(
+        "--no-double-quant",
+        dest="double_quant",
+        action="store_false",
+        help="do not quantize the quantization constants",
+    )
+    g.add_argument("--compute-dtype", choices=("bf16", "fp16"), default=d.compute_dtype)
+    g.add_argument("--lora-r", type=positive_int, default=d.lora_r, metavar="R")
+    g.add_argument("--lora-alpha", type=positive_int, default=d.lora_alpha, metavar="A")
+    g.add_argument("--lora-dropout", type=_dropout, default=d.lora_dropout, metavar="P")
+    g.add_argument(
+        "--lora-targets",
+        type=_names,
+        metavar="q_proj,v_proj",
+        help="LoRA on these modules (default: every linear layer but lm_head)",
+    )
+    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
+    g.add_argument("--attn", choices=("sdpa", "eager", "flash_attention_2"), default=d.attn)
+    g.add_argument("--optim", choices=OPTIMIZERS, default=d.optim)
+
+
+def spec_from_args(args: argparse.Namespace) -> Any:
+    from vramscope.integrations.qlora import QLoraSpec
+
+    return QLoraSpec(
+        bits=args.bits,
+        double_quant=args.double_quant,
+        quant_type=args.quant_type,
+        compute_dtype=args.compute_dtype,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        lora_targets=args.lora_targets,
+        gradient_checkpointing=args.gradient_checkpointing,
+        attn=args.attn,
+        optim=args.optim,
+    )
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--margin is a fraction like 0.05, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"--margin must be at least 0 and below 1, got {text!r}")
+    return value
+
+
+def _dropout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lora-dropout is a probability like 0.05, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"--lora-dropout must be in [0, 1), got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"--lora-targets takes module names like q_proj,v_proj; got {text!r}")
+    return names
+
+
+def _check(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate what argparse cannot; returns the model's config.json."""
+    model_dir = Path(args.model_dir)
+    if not model_dir.is_dir():
+        raise UsageError(f"--model-dir {model_dir} is not a folder; give a Hugging Face model folder")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise UsageError(f"{model_dir} has no config.json; give a Hugging Face model folder")
+    try:
+        config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {config_path}: {exc}; check the file") from None
+    if args.max_seq_len:
+        if args.target_batch is not None:
+            raise UsageError("--target-batch goes with the batch search, not with --max-seq-len")
+        start = args.seq_len or 256
+        if start < args.multiple_of:
+            raise UsageError(f"--seq-len ({start}) must be at least --multiple-of ({args.multiple_of})")
+        if args.max_len is not None and args.max_len < start:
+            raise UsageError(f"--max-len ({args.max_len}) must be at least the start length ({start})")
+    else:
+        if args.seq_len is None:
+            raise UsageError(
+                "--seq-len is required: the tokens per sequence to tune the batch for, e.g. --seq-len 2048"
+            )
+        if args.max_batch < args.start:
+            raise UsageError(f"--max-batch ({args.max_batch}) must be at least --start ({args.start})")
+    if args.bits == 8 and args.quant_type != "nf4":
+        raise UsageError("--quant-type applies to 4-bit only; drop it or use --bits 4")
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _check(args)
+    spec = spec_from_args(args)
+    try:
+        import torch
+    except ImportError:
+        raise CommandError("vramscope tune needs torch; run: pip install 'vramscope[hf]'") from None
+    if not torch.cuda.is_available():
+        raise CommandError("vramscope tune runs real training steps and needs a CUDA GPU; torch sees none")
+    if args.device >= torch.cuda.device_count():
+        raise UsageError(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    torch.cuda.set_device(args.device)
+    total = int(torch.cuda.get_device_properties(args.device).total_memory)
+    if args.memory_limit is not None:
+        if args.memory_limit > total:
+            raise UsageError(f"--memory-limit {gib(args.memory_limit)} is more than the GPU's {gib(total)}")
+        # Set before loading so that the model counts against the limit too, as on a smaller GPU.
+        torch.cuda.set_per_process_memory_fraction(args.memory_limit / total, args.device)
+
+    from vramscope.tuner import CudaProbe, NoSizeFitsError, Trial, find_max_batch_size, find_max_seq_len
+
+    def say(text: str) -> None:  # progress goes to stderr, and not at all with --json
+        if not args.json:
+            print(text, file=sys.stderr, flush=True)
+
+    say(f"vramscope tune: loading {args.model_dir} ({_recipe(spec)})")
+    try:
+        from vramscope.integrations.qlora import build_trainer
+
+        trainer = build_trainer(args.model_dir, spec, device=f"cuda:{args.device}")
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"cannot load {args.model_dir}: {exc}") from None
+
+    count = [0]
+    noun = "length" if args.max_seq_len else "batch"
+
+    def progress(trial: Trial) -> None:
+        count[0] += 1
+        if trial.ok and trial.peak_bytes is not None:
+            say(f"  trial {count[0]}: {noun} {trial.size}: ok, peak {gib(trial.peak_bytes)} ({trial.seconds:.1f} s)")
+        else:
+            say(f"  trial {count[0]}: {noun} {trial.size}: out of memory ({trial.error}) ({trial.seconds:.1f} s)")
+
+    probe = CudaProbe(device=args.device, limit_bytes=args.memory_limit)
+
+    def step(batch: int, seq: int) -> None:
+        # zero_grad first: a step that ran out of memory in backward left partial gradients behind.
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.step(batch, seq)
+
+    try:
+        if args.max_seq_len:
+            max_len = args.max_len or int(config.get("max_position_embeddings") or 131072)
+            result = find_max_seq_len(
+                lambda s: step(args.batch_size, s),
+                start=args.seq_len or 256,
+                max_len=max_len,
+                multiple_of=args.multiple_of,
+                margin=args.margin,
+                quadratic=spec.attn == "eager",
+                max_trials=args.max_trials,
+                probe=probe,
+                on_trial=progress,
+            )
+        else:
+            result = find_max_batch_size(
+                lambda b: step(b, args.seq_len),
+                start=args.start,
+                max_batch=args.max_batch,
+                margin=args.margin,
+                target_batch=args.target_batch,
+                max_trials=args.max_trials,
+                probe=probe,
+                on_trial=progress,
+            )
+    except NoSizeFitsError as exc:
+        raise CommandError(f"{exc}; try --bits 4, a shorter --seq-len or a smaller --lora-r") from None
+
+    out = result.to_dict()
+    out.update(
+        model_dir=str(args.model_dir),
+        spec=spec.to_dict(),
+        device=args.device,
+        memory_limit_bytes=args.memory_limit,
+        gpu_total_bytes=total,
+    )
+    if args.max_seq_len:
+        out["batch_size_fixed"] = args.batch_size
+    else:
+        out["seq_len"] = args.seq_len
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(format_result(out))
+    return 0
+
+
+def _recipe(spec: Any) -> str:
+    quant = {4: f"4-bit {spec.quant_type}", 8: "8-bit", 16: "16-bit"}[spec.bits]
+    gc = "gradient checkpointing" if spec.gradient_checkpointing else "no checkpointing"
+    return f"{quant}, LoRA r={spec.lora_r}, {spec.optim}, {spec.attn}, {gc}"
+
+
+def format_result(out: dict[str, Any]) -> str:
+    """The human summary of a tune result dict (``TuneResult.to_dict()`` plus the run's settings)."""
+    seq_mode = out.get("unit") == "seq_len"
+    what = "longest sequence" if seq_mode else "largest batch"
+    at = f"at batch {out.get('batch_size_fixed')}" if seq_mode else f"at {out.get('seq_len')} tokens"
+    lines = [
+        f"{what} {at}: {out['size']}"
+        + (
+            f" (peak {gib(out['peak_bytes'])}, {gib(out['headroom_bytes'])} free of {gib(out['capacity_bytes'])})"
+            if out.get("peak_bytes") is not None
+            else ""
+        ),
+        f"  margin kept: {out['margin']:.0%} ({gib(out['margin_bytes'])}); largest that ran at all: "
+        f"{out['limit_size']}",
+        f"  {len(out['trials'])} trials ({out['ooms']} out of memory), {out['seconds']:.1f} s",
+    ]
+    if out.get("bytes_per_unit") is not None and out.get("fixed_bytes") is not None:
+        unit = "token" if seq_mode else "sample"
+        per = out["bytes_per_unit"]
+        per_text = f"{per / 1024**2:.2f} MiB" if per < 1024**3 else gib(per)
+        lines.append(
+            f"  fitted: {per_text} per {unit} + {gib(out['fixed_bytes'])} fixed; "
+            f"with no margin the line allows {out.get('predicted_max')}"
+        )
+    if out.get("target_batch") is not None:
+        lines.append(
+            f"  target batch {out['target_batch']}: micro-batch {out['micro_batch']} x "
+            f"{out['grad_accum_steps']} gradient accumulation steps = "
+            f"{out['micro_batch'] * out['grad_accum_steps']}"
+        )
+    lines += [f"  note: {n}" for n in out.get("notes", ())]
+    return "\n".join(lines)
