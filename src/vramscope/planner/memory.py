@@ -79,6 +79,9 @@ class Hardware:
         gqa_sdpa_math: whether SDPA runs grouped-query attention on fp32 inputs with its math kernel (torch 2.11:
             transformers passes ``enable_gqa=True`` when there is no mask, flash and cuDNN refuse fp32 and the
             mem-efficient kernel refuses GQA), which materialises the B x H x S x S scores.
+        dynamic_scale, dynamic_offset_bytes, static_offset_bytes: a calibration (``vramscope plan --calibrate``):
+            peak allocated = static + static offset + scale x (the model's step memory) + offset. Identity
+            by default.
     """
 
     cublas_workspace_bytes: int = 32 * MIB
@@ -87,6 +90,9 @@ class Hardware:
     fragmentation: tuple[float, float, float, float] = (0.61, 0.275, 1.02, 0.048)
     paged_in_process: bool = False
     gqa_sdpa_math: bool = True
+    dynamic_scale: float = 1.0
+    dynamic_offset_bytes: int = 0
+    static_offset_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,13 +111,15 @@ class Breakdown:
     logits_and_loss: int = 0
     temporaries: int = 0
     cublas_workspaces: int = 0
+    calibration: int = 0
     allocator_overhead: int = 0
     cuda_context: int = 0
 
-    # Components that make up torch's peak allocated.
+    # Components that make up torch's peak allocated. ``calibration`` is what a --calibrate fit adds to (or
+    # takes from) the analytic figure; 0 without calibration.
     ALLOCATED = ("quantized_weights", "quantization_constants", "unquantized_params", "lora_weights",
                  "lora_gradients", "optimizer_states", "activations", "logits_and_loss", "temporaries",
-                 "cublas_workspaces")
+                 "cublas_workspaces", "calibration")
 
     def allocated(self) -> int:
         return sum(getattr(self, name) for name in self.ALLOCATED)
@@ -643,6 +651,12 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
 
     peak_phase = max(phases, key=lambda k: phases[k][0])
     peak_alloc, bd = phases[peak_phase]
+    static = base.allocated()
+    adjust = (hw.static_offset_bytes + round((hw.dynamic_scale - 1.0) * (peak_alloc - static))
+              + hw.dynamic_offset_bytes)
+    if adjust:
+        peak_alloc += adjust
+        bd = Breakdown(**{**bd.to_dict(), "calibration": adjust})
     f_layer, f_logits = hw.fragmentation[:2] if spec.gradient_checkpointing else hw.fragmentation[2:]
     overhead = _align(f_layer * S + f_logits * 4 * T * V)
     reserved = peak_alloc + overhead
