@@ -39,7 +39,7 @@ def primary_series(table: Any) -> Any:
 def evaluate(csv_path: Path, every: int = 5) -> dict[str, Any]:
     """Replay one trace against its truth file."""
     from vramscope.analysis.leak import first_detection
-    from vramscope.analysis.summary import analyze
+    from vramscope.analysis.summary import analyze, config_for
     from vramscope.logfile import read_log
 
     truth = json.loads(csv_path.with_name(csv_path.stem + ".truth.json").read_text())
@@ -47,11 +47,13 @@ def evaluate(csv_path: Path, every: int = 5) -> dict[str, Any]:
     series = primary_series(table)
     final = analyze(table)
     start = truth.get("leak_start_step")
-    first_x, _ = first_detection(series.xs, series.ys, every=every)
+    config = config_for(series.signal)  # what analyze() and the live monitor use for this signal
+    first_x, _ = first_detection(series.xs, series.ys, every=every, config=config, tokens=series.tokens)
     false_alarm = first_x is not None and (not truth["leak"] or (start is not None and first_x < start))
     caught_x = None
     if truth["leak"]:
-        caught_x, _ = first_detection(series.xs, series.ys, every=every, after=start)
+        caught_x, _ = first_detection(series.xs, series.ys, every=every, config=config, after=start,
+                                      tokens=series.tokens)
     leak = final["leak"]["devices"][series.key]
     return {
         "trace": f"{csv_path.parent.name}/{csv_path.stem}",

@@ -296,6 +296,10 @@ def record(scn: Scenario, setup: Setup, out: Path, steps: int, work: Path) -> di
     extra = runner(scn, setup, log_path, steps, work) if scn.kind == "hf" else runner(scn, setup, log_path, steps)
     seconds = time.perf_counter() - started
     release_memory()
+    # The monitor's own analysis and warnings at recording time are derived data, and would go stale
+    # as the detector changes; the corpus keeps the log and the truth, and is re-analysed by its tests.
+    for derived in (".analysis.json", ".warnings.jsonl"):
+        (out / f"{scn.name}{derived}").unlink(missing_ok=True)
     leak = scn.leak is not None
     active_steps = steps - scn.leak_start + 1 if leak else 0
     truth = {

@@ -165,3 +165,33 @@ def test_verdict_and_dict_carry_slope_and_start() -> None:
     assert as_dict["detected"] is True
     assert as_dict["start_x"] == pytest.approx(100, abs=3)
     assert "1.00 MiB/step since step 10" in result.verdict
+
+
+def test_growth_that_follows_a_length_curriculum_is_not_a_leak() -> None:
+    # Sequence length grows through the run; what stays after a step follows the longest batch so far.
+    tokens = [256 + 8 * s for s in range(1, 301)]
+    ys = [BASE + t * 128 * 1024 for t in tokens]  # 128 KiB per token of the longest batch
+    result = detect_leak(steps(300), ys, tokens=tokens)
+    assert not result.detected
+    assert result.kind == "batch_growth"
+    assert "longest batch" in result.verdict
+    assert detect_leak(steps(300), ys).detected  # without the token counts it looks like a leak
+
+
+def test_a_leak_among_variable_lengths_is_still_a_leak() -> None:
+    rng = random.Random(7)
+    tokens = [rng.randint(64, 2048) for _ in range(300)]
+    longest = 0
+    ys = []
+    for s, t in enumerate(tokens, start=1):
+        longest = max(longest, t)
+        ys.append(BASE + longest * 16 * 1024 + max(0, s - 100) * 2 * MIB)
+    result = detect_leak(steps(300), ys, tokens=tokens)
+    assert result.detected
+    assert result.slope_per_x == pytest.approx(2 * MIB, rel=0.15)
+
+
+def test_a_climb_that_stops_is_not_confirmed() -> None:
+    # 40 steps of steady growth, then nothing: at step 60 it is not (yet) a leak.
+    ys = [BASE + min(s, 40) * 2 * MIB for s in range(1, 61)]
+    assert not detect_leak(steps(60), ys).detected

@@ -197,7 +197,7 @@ def test_prometheus_gets_the_samples_and_the_analysis(tmp_path: Path) -> None:
     leak = HostLeak()
     try:
         with MemoryMonitor(prometheus="127.0.0.1:0", analyze_every=1000, warn=False) as mon:
-            for step in range(1, 61):
+            for step in range(1, 121):  # host RSS: 50 steps of warm-up are skipped
                 leak(2 * MIB)
                 mon.step(step)
             mon.update_analysis()

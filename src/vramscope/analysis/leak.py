@@ -46,6 +46,9 @@ class LeakConfig:
         warmup_fraction: share of the points at the start that are skipped as warm-up ...
         min_warmup_points: ... and at least this many.
         max_points: longer series are thinned evenly to this many points (keeps the cost bounded).
+        confirm_points: a leak is reported only when the test also fired this many rows earlier (or an
+            eighth or a quarter of the run earlier) and memory kept growing since (a warm-up climbs
+            and stops; a leak goes on).
     """
 
     min_growth_bytes: float = 16 * MIB
@@ -56,6 +59,7 @@ class LeakConfig:
     warmup_fraction: float = 0.1
     min_warmup_points: int = 5
     max_points: int = 120
+    confirm_points: int = 16
 
 
 DEFAULT_CONFIG = LeakConfig()
@@ -76,7 +80,7 @@ class LeakResult:
     """What the leak test found. ``x`` is the step (or seconds when the log has no steps)."""
 
     detected: bool
-    kind: str  # "leak", "none", "plateau", "insufficient"
+    kind: str  # "leak", "none", "plateau", "unconfirmed", "batch_growth", "insufficient"
     verdict: str
     slope_per_x: float | None = None  # bytes per step (or per second)
     start_x: float | None = None  # where the growth began
@@ -222,35 +226,42 @@ def find_start(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
     return best_x
 
 
-def detect_leak(
-    xs: Sequence[float],
-    ys: Sequence[float],
-    config: LeakConfig = DEFAULT_CONFIG,
-    unit: str = "step",
-) -> LeakResult:
-    """Test whether ``ys`` (bytes left after each step) keeps growing with ``xs`` (steps).
+def _level(pairs: Sequence[tuple[float, float]], end: int, width: int = 5) -> float:
+    """Memory around row ``end`` (exclusive): the median of the few rows before it."""
+    window = [y for _, y in pairs[max(0, end - width) : end]]
+    return median(window) if window else 0.0
 
-    Args:
-        xs: steps (or seconds), increasing; repeated values are allowed.
-        ys: bytes at each x.
-        config: thresholds.
-        unit: what x counts, for the verdict ("step" or "s").
 
-    Returns:
-        A :class:`LeakResult`; ``detected`` is True only for a significant, continuing growth of at
-        least ``config.min_growth_bytes``.
+def _confirmed(pairs: Sequence[tuple[float, float]], slope: float, config: LeakConfig) -> bool:
+    """Did the test also fire some rows ago, with memory still growing since at a fair share of the trend?
+
+    A warm-up that climbs for a while (the first eval, the first long batches, the allocator filling
+    its caches) fires once and stops; a leak keeps going. Looking back ``confirm_points`` rows catches
+    a steady leak soon; looking back an eighth and a quarter of the run keeps a leak in steps (an eval
+    every 50 steps that keeps its logits) confirmed between its steps.
     """
-    pairs = sorted((float(x), float(y)) for x, y in zip(xs, ys, strict=True))
+    skip = max(config.min_warmup_points, int(len(pairs) * config.warmup_fraction))
+    body = len(pairs) - skip
+    for back in sorted({config.confirm_points, body // 8, body // 4}):
+        if back < config.confirm_points or back >= len(pairs):
+            continue
+        earlier = pairs[: len(pairs) - back]
+        since = _level(pairs, len(pairs)) - _level(pairs, len(earlier))
+        if since < config.min_chunk_rise * slope * (pairs[-1][0] - earlier[-1][0]):
+            continue
+        if _scan(earlier, config)[0] is not None:
+            return True
+    return False
+
+
+def _scan(
+    pairs: Sequence[tuple[float, float]], config: LeakConfig
+) -> tuple[tuple[int, Trend] | None, list[dict[str, Any]], str]:
+    """Try the trailing windows, shortest first; returns (window that shows a leak, checks, why not)."""
     skip = max(config.min_warmup_points, int(len(pairs) * config.warmup_fraction))
     body = pairs[skip:]
     if len(body) < config.min_points:
-        need = config.min_points + config.min_warmup_points
-        return LeakResult(
-            detected=False,
-            kind="insufficient",
-            verdict=f"not enough steps to test for a leak: {len(pairs)} logged, need at least {need}",
-            points=len(pairs),
-        )
+        return None, [], "insufficient"
     bx, by = thin([p[0] for p in body], [p[1] for p in body], config.max_points)
     n = len(bx)
     sizes = []
@@ -259,9 +270,7 @@ def detect_leak(
         sizes.append(size)
         size *= 2
     sizes.append(n)
-
     checked: list[dict[str, Any]] = []
-    found: tuple[int, Trend] | None = None
     plateau = False
     for size in sizes:
         wx, wy = bx[n - size :], by[n - size :]
@@ -280,18 +289,65 @@ def detect_leak(
              "rising": rising, "stopped": stopped}
         )
         if ok and not stopped:
-            found = (size, t)
-            break  # the shortest window that shows it: its slope is the most recent one
+            return (size, t), checked, ""  # the shortest window that shows it: its slope is the newest
         plateau = plateau or stopped
+    return None, checked, "plateau" if plateau else "none"
 
+
+def detect_leak(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    config: LeakConfig = DEFAULT_CONFIG,
+    unit: str = "step",
+    tokens: Sequence[int | None] | None = None,
+) -> LeakResult:
+    """Test whether ``ys`` (bytes left after each step) keeps growing with ``xs`` (steps).
+
+    Args:
+        xs: steps (or seconds), increasing; repeated values are allowed.
+        ys: bytes at each x.
+        config: thresholds.
+        unit: what x counts, for the verdict ("step" or "s").
+        tokens: each row's batch tokens, when known. Caches sized for the longest batch so far grow
+            while longer batches keep arriving (a length curriculum); when that explains the growth
+            as well as the steps do, it is reported as ``batch_growth``, not as a leak.
+
+    Returns:
+        A :class:`LeakResult`; ``detected`` is True only for a significant, continuing growth of at
+        least ``config.min_growth_bytes``.
+    """
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
+    pairs = [(float(xs[i]), float(ys[i])) for i in order]
+    toks = [tokens[i] for i in order] if tokens is not None and len(tokens) == len(xs) else None
+    found, checked, plateau = _scan(pairs, config)
     if found is None:
-        if plateau:
+        if plateau == "insufficient":
+            need = config.min_points + config.min_warmup_points
+            return LeakResult(
+                detected=False,
+                kind="insufficient",
+                verdict=f"not enough steps to test for a leak: {len(pairs)} logged, need at least {need}",
+                points=len(pairs),
+            )
+        if plateau == "plateau":
             kind, verdict = "plateau", "no leak: memory rose, then stayed flat (a warm-up or a one-off allocation)"
         else:
             kind, verdict = "none", "no leak: no significant, continuing growth"
         return LeakResult(detected=False, kind=kind, verdict=verdict, points=len(pairs), checked=checked)
 
-    size, t = found
+    # Confirmation: the test must also have fired ``confirm_points`` rows ago, and memory must have
+    # gone on growing since at a fair share of the trend. A warm-up that climbs in a few steps (the
+    # first eval, the first long batch) fires once and stops; a leak keeps going.
+    _, t = found
+    if not _confirmed(pairs, t.slope, config):
+        return LeakResult(
+            detected=False,
+            kind="unconfirmed",
+            verdict="no leak yet: memory grew, and the next steps will tell whether it goes on",
+            points=len(pairs),
+            checked=checked,
+        )
+
     # The growth began somewhere in or before the window: look for it over the whole series.
     allx = [p[0] for p in pairs]
     ally = [p[1] for p in pairs]
@@ -304,6 +360,19 @@ def detect_leak(
     if slope <= 0:
         slope = t.slope
     growth_total = slope * (allx[-1] - start)
+    if toks is not None:
+        records = _follows_longest_batch(pairs, toks, start)
+        if records is not None:
+            return LeakResult(
+                detected=False,
+                kind="batch_growth",
+                verdict=(
+                    f"no leak: memory grows with the longest batch seen so far ({records[0]} -> {records[1]} tokens), "
+                    "as caches sized for longer batches do; it stops when the batches stop growing"
+                ),
+                points=len(pairs),
+                checked=checked,
+            )
     if unit == "s":
         verdict = f"leak: memory grows {_rate(slope)}/s since {start:.1f} s (+{_size(growth_total)} so far)"
     else:
@@ -319,7 +388,7 @@ def detect_leak(
         start_x=start,
         growth_bytes=growth_total,
         z=t.z,
-        window=(bx[n - size], bx[-1]),
+        window=(checked[-1]["from"], pairs[-1][0]),
         points=len(pairs),
         checked=checked,
     )
@@ -337,19 +406,53 @@ def _size(n: float) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
+def _follows_longest_batch(
+    pairs: Sequence[tuple[float, float]], tokens: Sequence[int | None], start: float
+) -> tuple[int, int] | None:
+    """(tokens at the start, tokens now) of the longest batch so far, when it explains the growth.
+
+    Since ``start``, memory is fitted once against the step and once against the longest batch seen
+    so far; when the batch fits about as well (the two are confounded in a length curriculum), the
+    growth is given to the batches, because memory that follows them stops when they stop.
+    """
+    running: list[int | None] = []
+    longest: int | None = None
+    for tok in tokens:
+        if tok is not None and (longest is None or tok > longest):
+            longest = tok
+        running.append(longest)
+    since = [i for i, (x, _) in enumerate(pairs) if x >= start and running[i] is not None]
+    if len(since) < 8:
+        return None
+    first, last = running[since[0]], running[since[-1]]
+    assert first is not None and last is not None
+    if last < 1.1 * first:
+        return None  # the batches stopped growing before the memory did
+    xs, ys = thin([pairs[i][0] for i in since], [pairs[i][1] for i in since], 120)
+    ms, ms_ys = thin([float(running[i] or 0) for i in since], [pairs[i][1] for i in since], 120)
+    by_step = _segment_cost(xs, ys)[0]
+    by_batch, fit = _segment_cost(ms, ms_ys)
+    if fit.slope > 0 and by_batch <= 1.1 * by_step:
+        return first, last
+    return None
+
+
 def first_detection(
     xs: Sequence[float],
     ys: Sequence[float],
     every: float = 5,
     config: LeakConfig = DEFAULT_CONFIG,
     after: float | None = None,
+    tokens: Sequence[int | None] | None = None,
 ) -> tuple[float | None, LeakResult | None]:
     """Replay a series as a live monitor sees it: test each prefix ending every ``every`` x.
 
     Returns the first x at which the test fires, with its result, or ``(None, None)``. ``after``
     skips the prefixes ending before it (to ask "when was this leak, which began at x, caught").
     """
-    pairs = sorted(zip(xs, ys, strict=True))
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
+    pairs = [(xs[i], ys[i]) for i in order]
+    toks = [tokens[i] for i in order] if tokens is not None else None
     if not pairs:
         return None, None
     end = pairs[-1][0]
@@ -360,7 +463,8 @@ def first_detection(
             count += 1
         if after is None or t >= after:
             prefix = pairs[:count]
-            result = detect_leak([p[0] for p in prefix], [p[1] for p in prefix], config)
+            result = detect_leak([p[0] for p in prefix], [p[1] for p in prefix], config,
+                                 tokens=toks[:count] if toks is not None else None)
             if result.detected:
                 return min(t, end), result
         if count >= len(pairs):

@@ -14,7 +14,7 @@ process's or the device's memory from NVML; else the host RSS.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vramscope.analysis.forecast import allocator_capacity, forecast_oom, longest_batch, seconds_per_step
@@ -43,6 +43,17 @@ TEXT_COLUMNS = ("time", "phase")
 LEVEL_SIGNALS = ("allocated_bytes", "process_bytes", "device_used_bytes", "host_rss_bytes")
 PEAK_SIGNALS = ("peak_allocated_bytes", "allocated_bytes", "process_bytes", "device_used_bytes", "host_rss_bytes")
 TRAIN_PHASES = (None, "", "train")
+# Signals that include an allocator's cache (glibc's heap in the RSS, torch's reserved memory in the
+# device's and the process's figures) climb for a while after the start as the caches fill: a longer
+# warm-up is skipped on them than on what the allocator has handed out.
+CACHED_SIGNAL_WARMUP_POINTS = 50
+
+
+def config_for(signal: str | None, config: LeakConfig = DEFAULT_CONFIG) -> LeakConfig:
+    """The leak-test thresholds for a signal: ``config``, with a longer warm-up on cache-including ones."""
+    if signal is None or signal == "allocated_bytes":
+        return config
+    return replace(config, min_warmup_points=max(config.min_warmup_points, CACHED_SIGNAL_WARMUP_POINTS))
 
 Columns = Mapping[str, Sequence[Any]]
 
@@ -229,6 +240,7 @@ class LeakSeries:
     unit: str
     xs: list[float]
     ys: list[float]
+    tokens: list[int | None] | None = None  # each row's batch tokens, when the log has them
 
 
 def leak_series(table: LogTable) -> dict[str, LeakSeries]:
@@ -248,7 +260,9 @@ def leak_series(table: LogTable) -> dict[str, LeakSeries]:
         values: Sequence[Any] = _col(columns, signal, n) if signal else [None] * n
         xcol = step if unit == "step" else elapsed
         picked = [i for i in train_rows if values[i] is not None]
-        out[key] = LeakSeries(key, signal, unit, [float(xcol[i]) for i in picked], [float(values[i]) for i in picked])
+        tokens = [columns["tokens"][i] for i in picked]
+        out[key] = LeakSeries(key, signal, unit, [float(xcol[i]) for i in picked], [float(values[i]) for i in picked],
+                              tokens if any(t is not None for t in tokens) else None)
     return out
 
 
@@ -258,8 +272,11 @@ def _leak_on(
     if name is None:
         return LeakResult(detected=False, kind="insufficient", verdict="no memory readings to test for a leak")
     values = _col(columns, name, n)
+    tokens = _col(columns, "tokens", n)
     picked = [i for i in rows if values[i] is not None]
-    return detect_leak([x_of(i) for i in picked], [values[i] for i in picked], config, unit=unit)
+    known = [tokens[i] for i in picked]
+    return detect_leak([x_of(i) for i in picked], [values[i] for i in picked], config_for(name, config), unit=unit,
+                       tokens=known if any(t is not None for t in known) else None)
 
 
 def _leak_dict(leak: LeakResult, signal: str | None, key: str, unit: str) -> dict[str, Any]:
@@ -330,7 +347,8 @@ def _overall_leak(devices: list[dict[str, Any]]) -> dict[str, Any]:
     if found:
         worst = max(found, key=lambda lk: lk["slope_bytes_per_step"] or lk["slope_bytes_per_second"] or 0.0)
     else:
-        rank = {"caching": 0, "fragmentation": 0, "none": 1, "plateau": 1, "insufficient": 2}
+        rank = {"caching": 0, "fragmentation": 0, "batch_growth": 0, "unconfirmed": 1, "none": 1, "plateau": 1,
+                "insufficient": 2}
         worst = min(leaks, key=lambda lk: rank.get(lk["kind"], 3)) if leaks else {
             "detected": False, "kind": "insufficient", "verdict": "the log has no rows", "slope_bytes_per_step": None,
             "start_step": None}
