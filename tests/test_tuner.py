@@ -260,6 +260,32 @@ def test_model_and_optimizer_are_left_as_they_were() -> None:
     assert optimizer.state_dict()["state"] == {}
 
 
+def test_warm_optimizer_state_is_restored_in_place() -> None:
+    # Optimizer state that exists before the search (training already ran) gets its values back, in the
+    # very tensors that hold it (bitsandbytes keeps its state in paged memory that must stay paged).
+    dev = BudgetDevice(capacity=600 * MIB, round_to=1)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
+
+    def step(batch: int) -> None:
+        acts = [dev.empty(5 * MIB) for _ in range(batch)]
+        model(torch.randn(batch, 8)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del acts
+
+    step(2)  # training so far
+    holders = {id(t) for entry in optimizer.state.values() for t in entry.values() if torch.is_tensor(t)}
+    values = {(id(p), k): v.clone() for p, entry in optimizer.state.items() for k, v in entry.items()}
+    weights = [p.detach().clone() for p in model.parameters()]
+    find_max_batch_size(step, probe=dev, restore=(model, optimizer), margin=0.0)
+    for p, entry in optimizer.state.items():
+        for k, v in entry.items():
+            assert id(v) in holders
+            assert torch.equal(v, values[(id(p), k)]), k
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
+
+
 def test_target_batch_gives_micro_batch_and_accumulation() -> None:
     dev = BudgetDevice(capacity=1000 * MIB, round_to=1)
     toy = ToyTraining(dev, weights=300 * MIB, per_sample=24 * MIB, fixed=40 * MIB, state=20 * MIB)

@@ -374,8 +374,10 @@ class _Restorer:
 
     Modules (anything with ``named_parameters``): only parameters that require grad are saved (the
     frozen, possibly quantized base does not change during a step), and their ``.grad`` is dropped
-    after each failed trial. Anything else with ``state_dict``/``load_state_dict`` (optimizers,
-    schedulers, scalers): its state dict, with tensors copied to host memory.
+    after each failed trial. Optimizers (``state`` and ``param_groups``): the per-parameter state is
+    copied back *into the tensors it lives in*, so that state kept in special memory (bitsandbytes'
+    paged buffers) stays there; state the search created is dropped. Anything else with
+    ``state_dict``/``load_state_dict`` (schedulers, scalers): its state dict.
     """
 
     def __init__(self, objects: Iterable[Any]) -> None:
@@ -386,6 +388,10 @@ class _Restorer:
                 self._saved.append(
                     {n: p.detach().to("cpu", copy=True) for n, p in obj.named_parameters() if p.requires_grad}
                 )
+            elif hasattr(obj, "state") and hasattr(obj, "param_groups"):
+                state = {p: {k: _host_copy(v) for k, v in st.items()} for p, st in obj.state.items()}
+                groups = [{k: v for k, v in g.items() if k != "params"} for g in obj.param_groups]
+                self._saved.append((state, _to_host(groups)))
             elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
                 self._saved.append(_to_host(obj.state_dict()))
             else:
@@ -410,8 +416,30 @@ class _Restorer:
                         if n in saved:
                             p.copy_(saved[n])
                         p.grad = None
+            elif hasattr(obj, "state") and hasattr(obj, "param_groups"):
+                state, groups = saved
+                for p in [p for p in obj.state if p not in state]:
+                    del obj.state[p]  # created by the search: training had none
+                with torch.no_grad():
+                    for p, entries in state.items():
+                        current = obj.state.setdefault(p, {})
+                        for key, (value, device) in entries.items():
+                            now = current.get(key)
+                            if torch.is_tensor(value) and torch.is_tensor(now) and now.shape == value.shape:
+                                now.copy_(value)
+                            else:
+                                current[key] = value.to(device) if torch.is_tensor(value) else value
+                for group, hyper in zip(obj.param_groups, groups, strict=False):
+                    group.update(hyper)
             else:
                 obj.load_state_dict(saved)
+
+
+def _host_copy(value: Any) -> tuple[Any, Any]:
+    """``(copy on the host, the device it came from)`` for a tensor; ``(value, None)`` otherwise."""
+    if hasattr(value, "detach") and hasattr(value, "device"):
+        return value.detach().to("cpu", copy=True), value.device
+    return value, None
 
 
 def _to_host(value: Any) -> Any:

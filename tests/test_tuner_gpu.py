@@ -1,0 +1,164 @@
+"""The tuner on a real GPU (run on the H200): QLoRA on a TinyLlama-1.1B config with random weights,
+under a 6 GiB per-process cap so that the maximum is small and checking it is cheap."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+GIB = 1024**3
+MIB = 1024**2
+LIMIT = 6 * GIB
+SEQ = 512
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from vramscope.planner import get_config
+
+    out = tmp_path_factory.mktemp("tinyllama")
+    torch.manual_seed(0)
+    with torch.device("cuda"):  # random weights, initialised on the GPU: seconds instead of a minute
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(**get_config("TinyLlama-1.1B")), dtype=torch.bfloat16
+        )
+    model.save_pretrained(out)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+@pytest.fixture(scope="module")
+def trainer(checkpoint: Path) -> Iterator[Any]:
+    import torch
+
+    from vramscope.integrations.qlora import QLoraSpec, build_trainer
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(LIMIT / total)
+    t = build_trainer(checkpoint, QLoraSpec())
+    yield t
+    del t
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def stepper(trainer: Any) -> Callable[[int], None]:
+    def step(batch: int) -> None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.step(batch, SEQ)
+
+    return step
+
+
+def released() -> int:
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.memory_allocated())
+
+
+def test_finds_the_true_maximum_within_one_and_leaves_nothing(trainer: Any) -> None:
+    import torch
+
+    from vramscope.tuner import CudaProbe, find_max_batch_size
+
+    step = stepper(trainer)
+    step(1)  # CUDA context, cuBLAS workspace and optimizer state exist before the search, as in training
+    before = released()
+    result = find_max_batch_size(step, margin=0.0, probe=CudaProbe(limit_bytes=LIMIT), restore=(trainer.model,))
+    print(json.dumps(result.to_dict(), default=str))
+    assert result.batch_size >= 2
+    assert len(result.trials) <= 5
+    assert result.capacity_bytes <= LIMIT
+    # No OOM left behind: what the search allocated is all gone (grads dropped, caches released).
+    assert released() - before <= 16 * MIB
+    # The answer runs...
+    step(result.batch_size)
+    released()
+    # ...and nothing two sizes larger does: the true maximum is the answer or one more.
+    with pytest.raises(torch.OutOfMemoryError):
+        step(result.batch_size + 2)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    released()
+
+
+def test_lora_weights_and_optimizer_state_are_restored(trainer: Any) -> None:
+    import torch
+
+    from vramscope.tuner import CudaProbe, find_max_batch_size
+
+    step = stepper(trainer)
+    step(1)
+    lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    state = {
+        k: {n: v.detach().clone() for n, v in s.items() if torch.is_tensor(v)}
+        for k, s in trainer.optimizer.state_dict()["state"].items()
+    }
+    find_max_batch_size(
+        step, margin=0.05, probe=CudaProbe(limit_bytes=LIMIT), restore=(trainer.model, trainer.optimizer)
+    )
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p.detach(), lora[n]), n
+            assert p.grad is None
+    after = trainer.optimizer.state_dict()["state"]
+    assert after.keys() == state.keys()
+    for k, values in state.items():
+        for n, v in values.items():
+            assert torch.equal(after[k][n].to(v.device), v), (k, n)
+    released()
+
+
+def run_cli(checkpoint: Path, *args: str) -> dict[str, Any]:
+    env = dict(os.environ)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramscope",
+            "tune",
+            "--model-dir",
+            str(checkpoint),
+            "--memory-limit",
+            "6GiB",
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+def test_cli_batch_and_sequence_length(checkpoint: Path) -> None:
+    batch = run_cli(checkpoint, "--seq-len", str(SEQ), "--target-batch", "64")
+    assert batch["unit"] == "batch" and batch["batch_size"] >= 2
+    assert batch["capacity_bytes"] <= LIMIT
+    assert len(batch["trials"]) <= 5
+    assert batch["micro_batch"] * batch["grad_accum_steps"] >= 64
+    assert batch["micro_batch"] <= batch["batch_size"]
+    seq = run_cli(checkpoint, "--max-seq-len", "--batch-size", "2", "--seq-len", "256")
+    assert seq["unit"] == "seq_len" and seq["seq_len"] >= 256 and seq["seq_len"] % 64 == 0
+    assert len(seq["trials"]) <= 5
