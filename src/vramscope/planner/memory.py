@@ -87,7 +87,7 @@ class Hardware:
     cublas_workspace_bytes: int = 32 * MIB
     cublas_handles: int = 2
     cuda_context_bytes: int = 745 * MIB
-    fragmentation: tuple[float, float, float, float] = (0.61, 0.275, 1.02, 0.048)
+    fragmentation: tuple[float, float, float, float] = (0.615, 0.269, 1.037, 0.026)
     paged_in_process: bool = False
     gqa_sdpa_math: bool = True
     dynamic_scale: float = 1.0
