@@ -102,6 +102,10 @@ def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[
     from vramscope.integrations.qlora import load_model, make_optimizer
 
     model = load_model(model_dir, spec)
+    if spec.gradient_checkpointing:
+        # As the H200 measurements ran: reentrant checkpointing, asked for explicitly (peft passes no kwargs,
+        # and torch warns, or in later versions refuses, when use_reentrant is left unset).
+        model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     optimizer = make_optimizer(model, spec)
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(0)
