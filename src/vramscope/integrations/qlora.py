@@ -173,11 +173,13 @@ class Trainer:
 
     def step(self, batch_size: int, seq_len: int) -> float:
         ids = self.batch(batch_size, seq_len)
-        out = self.model(input_ids=ids, labels=ids)
-        out.loss.backward()
+        # Keep only the loss: holding the whole output would keep the logits alive through backward,
+        # which HF's Trainer does not do and which would inflate the measured peak.
+        loss = self.model(input_ids=ids, labels=ids).loss
+        loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(out.loss.detach())
+        return float(loss.detach())
 
 
 def build_trainer(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: str | None = None) -> Trainer:
