@@ -500,7 +500,7 @@ def main() -> int:
         "settings": {
             "model": args.model,
             "seq_len": seq_len,
-            "memory_limit_bytes": limit,
+            "memory_limit_bytes": sim.capacity if sim is not None else limit,  # tiny: the simulated budget
             "tiny": args.tiny,
             "spec": spec.to_dict(),
             "accelerate_start": args.accelerate_start,
