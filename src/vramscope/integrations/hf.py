@@ -103,7 +103,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     # -- setup ----------------------------------------------------------------------------------------
     def _ensure_started(self, args: Any, state: Any, model: Any) -> MemoryMonitor:
         mon = self.monitor
-        if not mon.started and not mon._closed:
+        if not mon.started and not mon.closed:
             if getattr(state, "max_steps", 0):
                 mon.total_steps = int(state.max_steps)
             if self.max_seq_length is not None and mon.max_batch_tokens is None:

@@ -338,6 +338,11 @@ class MemoryMonitor:
 
     # -- what the training loop calls ------------------------------------------------------------
     @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran; a closed monitor logs nothing more."""
+        return self._closed
+
+    @property
     def started(self) -> bool:
         """True between :meth:`start` and :meth:`close`."""
         return self._started and not self._closed
@@ -418,18 +423,21 @@ class MemoryMonitor:
         def pre_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if phase_from_mode and not getattr(module, "training", True) and not self._phases:
                 self.enter_phase("eval")
-            tokens, shape = batch_tokens(args, kwargs)
-            if tokens is None:
-                return
-            self._current_tokens = tokens
-            self._current_shape = shape
-            if self._window_tokens is None or tokens > self._window_tokens:
-                self._window_tokens = tokens
+            self.observe_batch(*batch_tokens(args, kwargs))
 
         register = getattr(model, "register_forward_pre_hook", None)
         if register is None:
             return
         self._hooks.append(register(pre_hook, with_kwargs=True))
+
+    def observe_batch(self, tokens: int | None, shape: tuple[int, ...] | None = None) -> None:
+        """Note a batch about to run: its tokens (for the row's ``tokens``) and shape (for OOM reports)."""
+        if tokens is None:
+            return
+        self._current_tokens = tokens
+        self._current_shape = shape
+        if self._window_tokens is None or tokens > self._window_tokens:
+            self._window_tokens = tokens
 
     def oom_context(self) -> dict[str, Any]:
         """What was running when memory ran out (called by the OOM recorder)."""
@@ -451,7 +459,7 @@ class MemoryMonitor:
                 allocator.reset_peaks()
 
     def _log_row(self, step: int | None, phase: str) -> Sample | None:
-        if self._collector is None or self._sampler is None:
+        if self._collector is None or self._sampler is None or self._closed:
             return None
         sample = self._collector.collect(step=step, phase=phase, tokens=self._window_tokens,
                                          extra={"rank": self.rank})
