@@ -341,3 +341,11 @@ def test_report_from_a_real_h200_snapshot() -> None:
     assert report.top_sites and report.top_sites[0].bytes > 0
     assert report.advice
     assert "<script" not in render_html(report)
+
+
+def test_blocks_awaiting_a_free_on_another_stream_count_as_held() -> None:
+    snap = make_snapshot()
+    snap["segments"][2]["blocks"][0]["state"] = "active_awaiting_free"
+    report = build_report(snap, event())
+    assert report.allocated_bytes == (8 + 8 + 30 + 4 + 2) * MIB
+    assert report.free_in_segments_bytes == 10 * MIB

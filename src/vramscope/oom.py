@@ -317,7 +317,7 @@ def build_report(
         for block in segment.get("blocks", []):
             size = int(block.get("size", 0))
             state = block.get("state")
-            if state == "active_allocated":
+            if str(state).startswith("active"):  # active_allocated, or awaiting a free on another stream
                 allocated += size
                 frames = block.get("frames") or []
                 kind = classify_stack(frames)
