@@ -336,9 +336,15 @@ def run_lightning(h: Harness, init_val: int, max_batch: int) -> dict[str, Any]:
         enable_model_summary=False,
         default_root_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / "vramscope-lightning"),
     )
-    found = Tuner(trainer).scale_batch_size(
-        lit, mode="binsearch", steps_per_trial=3, init_val=init_val, margin=0.0, max_val=max_batch
-    )
+    try:
+        found = Tuner(trainer).scale_batch_size(
+            lit, mode="binsearch", steps_per_trial=3, init_val=init_val, margin=0.0, max_val=max_batch
+        )
+    except Exception as exc:
+        # Lightning restores its checkpoint after the search; if only that fails (e.g. a quantized
+        # layer it cannot load back), the size it found is still on the module.
+        traceback.print_exc()
+        return {"batch": lit.batch_size, "error": f"after the search: {type(exc).__name__}: {exc}"[:300]}
     return {"batch": found}
 
 
@@ -372,7 +378,7 @@ def summarise(h: Harness, name: str, fn: Callable[[], dict[str, Any]], true_max:
         "allocator_ooms": h.num_ooms() - before_ooms,
         "seconds": round(seconds, 2),
         "left_allocated_bytes": h.allocated() - before_alloc,
-        "error": error,
+        "error": error or out.get("error"),
         "sizes_tried": [t["batch"] for t in trials],
     }
     if "details" in out:
