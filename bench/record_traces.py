@@ -257,6 +257,7 @@ def run_hf(scn: Scenario, setup: Setup, log_path: Path, steps: int, work: Path) 
         callbacks=[callback],
     )
     trainer.train()
+    callback.close()  # now, not at exit: the trace is complete when the scenario ends
     kept.clear()
     del trainer
     return {"planted_bytes": planted[0]}
