@@ -96,14 +96,17 @@ def test_a_planted_leak_is_warned_once_saved_beside_the_log_and_analysed(tmp_pat
     stream = io.StringIO()
     leak = HostLeak()
     try:
-        with MemoryMonitor(log=log, analyze_every=10, analyze_min_interval_s=0, warn_stream=stream) as mon:
+        with MemoryMonitor(log=log, analyze_every=10, analyze_min_interval_s=0, analyze_max_share=1.0,
+                           warn_stream=stream) as mon:
             for step in range(1, 121):
                 if step >= 30:
                     leak(2 * MIB)
                 mon.step(step)
             live = mon.analysis()
+            first_warning_step = mon.alerts.history[0]["step"] if mon.alerts and mon.alerts.history else None
     finally:
         leak.close()
+    assert first_warning_step is not None and 30 < first_warning_step < 120  # while training, not at the end
     printed = [line for line in stream.getvalue().splitlines() if "leak:" in line]
     assert len(printed) == 1, stream.getvalue()  # throttled: one line, not one per analysis
     assert printed[0].startswith("vramscope: step ")
@@ -121,7 +124,7 @@ def test_a_planted_leak_is_warned_once_saved_beside_the_log_and_analysed(tmp_pat
 def test_a_clean_loop_raises_no_warning(tmp_path: Path) -> None:
     stream = io.StringIO()
     model, opt = tiny_model()
-    with MemoryMonitor(log=tmp_path / "mem.csv", analyze_every=10, analyze_min_interval_s=0,
+    with MemoryMonitor(log=tmp_path / "mem.csv", analyze_every=10, analyze_min_interval_s=0, analyze_max_share=1.0,
                        warn_stream=stream) as mon:
         for step in range(1, 81):
             train_step(model, opt, batch=2, length=8 + step % 7)

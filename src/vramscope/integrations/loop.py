@@ -20,7 +20,9 @@ runs on the RSS.
 The hot path is small on purpose: ``step()`` on a step that is not logged is a modulo and two
 assignments; a logged step is one ``torch.cuda.memory_stats`` (a host-side read, no device sync),
 one NVML query of this process's GPUs and one CSV row. The leak test and the OOM forecast run every
-``analyze_every`` logged rows, and no more often than every ``analyze_min_interval_s`` seconds.
+``analyze_every`` logged rows, no more often than every ``analyze_min_interval_s`` seconds, and at
+least 200 times their own cost apart (``analyze_max_share``: at most 0.5% of the wall time, however
+fast the steps).
 
 Several processes (``torchrun``): every rank logs to its own file, rank 0 to ``log`` and rank *k* to
 ``<stem>.rank<k><suffix>`` (``memory_log.rank1.csv``), and every row carries its ``rank``.
@@ -141,7 +143,8 @@ class MemoryMonitor:
         sinks: more sinks that receive every sample.
         warn: print throttled one-line warnings while training (always saved beside the log).
         analyze_every: run the leak test and the forecast every this many logged rows.
-        analyze_min_interval_s: ... and no more often than this.
+        analyze_min_interval_s: ... and no more often than this ...
+        analyze_max_share: ... nor than keeps the analysis under this share of the wall time.
         capacity_bytes: memory to forecast against; default: the GPU's (the host's without GPU).
         max_batch_tokens: the longest batch the run can see, for the longest-batch warning.
         total_steps: the run's last step, when known: an OOM forecast beyond it is not a warning.
@@ -165,6 +168,7 @@ class MemoryMonitor:
         *,
         analyze_every: int = 25,
         analyze_min_interval_s: float = 2.0,
+        analyze_max_share: float = 0.005,
         capacity_bytes: int | None = None,
         max_batch_tokens: int | None = None,
         total_steps: int | None = None,
@@ -190,6 +194,9 @@ class MemoryMonitor:
         self.warn = warn
         self.analyze_every = analyze_every
         self.analyze_min_interval_s = analyze_min_interval_s
+        if not 0 < analyze_max_share <= 1:
+            raise ValueError(f"analyze_max_share must be in (0, 1], got {analyze_max_share!r}")
+        self.analyze_max_share = analyze_max_share
         self.capacity_bytes = capacity_bytes
         self.max_batch_tokens = max_batch_tokens
         self.total_steps = total_steps
@@ -225,6 +232,7 @@ class MemoryMonitor:
         self._hooks: list[Any] = []
         self._since_analysis = 0
         self._last_analysis_at = -math.inf
+        self._analysis_cost_s = 0.0
         self._figures_peak: int | None = None
         self._system_total: int | None = None
         self._started = False
@@ -474,13 +482,16 @@ class MemoryMonitor:
             self._since_analysis += 1
             if self._since_analysis >= self.analyze_every:
                 now = time.monotonic()
-                if now - self._last_analysis_at >= self.analyze_min_interval_s:
+                # Spaced so that the analysis takes at most ~0.5% of the wall time, however fast the steps.
+                gap = max(self.analyze_min_interval_s, self._analysis_cost_s / self.analyze_max_share)
+                if now - self._last_analysis_at >= gap:
                     self._since_analysis = 0
                     self._last_analysis_at = now
                     try:
                         self.update_analysis()
                     except Exception as exc:  # never let the analysis break training
                         log.warning("vramscope: analysis failed: %s", exc)
+                    self._analysis_cost_s = time.monotonic() - now
         return sample
 
     def _record(self, sample: Sample, background: bool = False) -> None:
