@@ -110,5 +110,5 @@ def test_summary_text() -> None:
     assert lines[0].startswith("largest batch at 2048 tokens: 18 (peak 22.00 GiB, 2.00 GiB free of 24.00 GiB)")
     assert "margin kept: 5% (1.20 GiB)" in text
     assert "2 trials (0 out of memory)" in text  # no fixed part: the safe far point is already the answer
-    assert "fitted: 1.00 GiB per sample + 0.00 GiB fixed; with no margin the line allows 20" in text
+    assert "fitted: 1.00 GiB per sample + 0 B fixed; with no margin the line allows 20" in text
     assert "target batch 64: micro-batch 16 x 4 gradient accumulation steps = 64" in text

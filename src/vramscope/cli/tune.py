@@ -9,6 +9,7 @@ instead. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -224,6 +225,30 @@ def run(args: argparse.Namespace) -> int:
         # Set before loading so that the model counts against the limit too, as on a smaller GPU.
         torch.cuda.set_per_process_memory_fraction(args.memory_limit / total, args.device)
 
+    # Libraries print to stdout while loading; keep stdout for the result alone (e.g. for --json | jq).
+    with contextlib.redirect_stdout(sys.stderr):
+        result = _tune(args, config, spec)
+    out = result.to_dict()
+    out.update(
+        model_dir=str(args.model_dir),
+        spec=spec.to_dict(),
+        device=args.device,
+        memory_limit_bytes=args.memory_limit,
+        gpu_total_bytes=total,
+    )
+    if args.max_seq_len:
+        out["batch_size_fixed"] = args.batch_size
+    else:
+        out["seq_len"] = args.seq_len
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(format_result(out))
+    return 0
+
+
+def _tune(args: argparse.Namespace, config: dict[str, Any], spec: Any) -> Any:
+    """Load the model and run the search; progress on stderr."""
     from vramscope.tuner import CudaProbe, NoSizeFitsError, Trial, find_max_batch_size, find_max_seq_len
 
     def say(text: str) -> None:  # progress goes to stderr, and not at all with --json
@@ -285,29 +310,21 @@ def run(args: argparse.Namespace) -> int:
     except NoSizeFitsError as exc:
         raise CommandError(f"{exc}; try --bits 4, a shorter --seq-len or a smaller --lora-r") from None
 
-    out = result.to_dict()
-    out.update(
-        model_dir=str(args.model_dir),
-        spec=spec.to_dict(),
-        device=args.device,
-        memory_limit_bytes=args.memory_limit,
-        gpu_total_bytes=total,
-    )
-    if args.max_seq_len:
-        out["batch_size_fixed"] = args.batch_size
-    else:
-        out["seq_len"] = args.seq_len
-    if args.json:
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        print(format_result(out))
-    return 0
+    return result
 
 
 def _recipe(spec: Any) -> str:
     quant = {4: f"4-bit {spec.quant_type}", 8: "8-bit", 16: "16-bit"}[spec.bits]
     gc = "gradient checkpointing" if spec.gradient_checkpointing else "no checkpointing"
     return f"{quant}, LoRA r={spec.lora_r}, {spec.optim}, {spec.attn}, {gc}"
+
+
+def _size_text(n: float) -> str:
+    # Two decimals in the unit that suits: a per-token cost is KiB, a per-sample one MiB or GiB.
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 def format_result(out: dict[str, Any]) -> str:
@@ -328,10 +345,8 @@ def format_result(out: dict[str, Any]) -> str:
     ]
     if out.get("bytes_per_unit") is not None and out.get("fixed_bytes") is not None:
         unit = "token" if seq_mode else "sample"
-        per = out["bytes_per_unit"]
-        per_text = f"{per / 1024**2:.2f} MiB" if per < 1024**3 else gib(per)
         lines.append(
-            f"  fitted: {per_text} per {unit} + {gib(out['fixed_bytes'])} fixed; "
+            f"  fitted: {_size_text(out['bytes_per_unit'])} per {unit} + {_size_text(out['fixed_bytes'])} fixed; "
             f"with no margin the line allows {out.get('predicted_max')}"
         )
     if out.get("target_batch") is not None:
