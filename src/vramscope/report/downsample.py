@@ -31,18 +31,22 @@ def minmax_indices(values: Sequence[float | None], buckets: int = DEFAULT_BUCKET
     if buckets < 1:
         raise ValueError(f"buckets must be at least 1, got {buckets}")
     n = len(values)
-    has_gaps = None in values
     if n <= 2 * buckets:
-        return [i for i, v in enumerate(values) if v is not None] if has_gaps else list(range(n))
+        return [i for i, v in enumerate(values) if v is not None]
     keep: list[int] = []
     for b in range(buckets):
         lo = b * n // buckets
         hi = (b + 1) * n // buckets
         part = values[lo:hi]
-        known = [v for v in part if v is not None] if has_gaps else part
-        if not known:
-            continue
-        low, high = min(known), max(known)  # type: ignore[type-var]
+        try:  # no gap in the bucket (the usual case): two C passes, no copy
+            low, high = min(part), max(part)  # type: ignore[type-var]
+        except TypeError:  # a None among numbers
+            low = high = None
+        if low is None or high is None:
+            known = [v for v in part if v is not None]
+            if not known:
+                continue
+            low, high = min(known), max(known)  # type: ignore[type-var]
         i_low = lo + part.index(low)
         i_high = lo + part.index(high)
         if i_low == i_high:

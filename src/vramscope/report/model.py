@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from operator import is_not, itemgetter
+from operator import eq, is_not, itemgetter
 from typing import Any
 
 from vramscope.analysis.summary import analyze
@@ -261,12 +261,27 @@ def _row_of(sel: Selector, j: int) -> int:
 _known = partial(is_not, None)  # a C-level "is not None" for filter()
 
 
+def _min_known(values: Sequence[int | None]) -> int:
+    """The smallest known value of a list that has one."""
+    try:
+        low = min(values)  # type: ignore[type-var]
+    except TypeError:
+        low = None
+    return low if low is not None else min(filter(_known, values))  # type: ignore[type-var,return-value]
+
+
 def _argmax(values: Sequence[int | None]) -> tuple[int, int] | None:
     """(position, value) of the largest known value, first occurrence; None when nothing is known."""
-    known = values if None not in values else list(filter(_known, values))
-    if not known:
+    if not values:
         return None
-    top = max(known)  # type: ignore[type-var]
+    try:
+        top = max(values)  # type: ignore[type-var]  # one C pass when the column has no gap (the usual case)
+    except TypeError:  # a None among numbers: compare the known values only
+        top = max(filter(_known, values), default=None)  # type: ignore[type-var]
+    if top is None:
+        top = max(filter(_known, values), default=None)  # type: ignore[type-var]  # [None] or [None, 5]
+        if top is None:
+            return None
     return values.index(top), top  # type: ignore[return-value]
 
 
@@ -289,6 +304,9 @@ class _Device:
         self.n = len(self.step)
         self.title = "host (no GPU in the log)" if key == "host" else f"GPU {key}"
         self.capacity = next((t for t in reversed(self.total) if t is not None), None)
+        top = _argmax(self.step)
+        self.step_range: tuple[int, int] | None = None if top is None else (_min_known(self.step), top[1])
+        self._runs: list[tuple[str, int, int]] | None = None
         self._labels: list[str] | None = None
 
     # ---- summary ----
@@ -306,11 +324,13 @@ class _Device:
         """Each row's phase as people name it: the logged phase, else "train" on step rows, else "run"."""
         if self._labels is None:
             if not any(self.phase):
-                default = TRAIN if any(s is not None for s in self.step) else "run"
+                default = TRAIN if self.step_range is not None else "run"
                 self._labels = [default] * self.n
+            elif None not in self.phase:
+                self._labels = self.phase  # type: ignore[assignment]  # every row has its phase: no copy
             else:
                 self._labels = [
-                    p if p else (TRAIN if s is not None else "run") for p, s in zip(self.phase, self.step, strict=False)
+                    p if p else (TRAIN if s is not None else "run") for p, s in zip(self.phase, self.step, strict=True)
                 ]
         return self._labels
 
@@ -323,24 +343,20 @@ class _Device:
         return out
 
     def phase_peaks(self) -> dict[str, dict[str, Any]]:
+        """Peaks within each phase. A phase's rows are picked with C-level ``compress`` (eval runs can be
+        hundreds of short stretches; slicing each would cost a copy per stretch per measure)."""
         labels = self.labels()
-        runs: dict[str, list[tuple[int, int]]] = {}
-        start = 0
-        for label, group in itertools.groupby(labels):
-            length = len(list(group))
-            runs.setdefault(label, []).append((start, start + length))
-            start += length
         out: dict[str, dict[str, Any]] = {}
-        for label, spans in runs.items():
-            entry: dict[str, Any] = {"rows": sum(b - a for a, b in spans)}
+        for label in dict.fromkeys(labels):
+            mask = list(map(eq, labels, itertools.repeat(label)))
+            positions = list(itertools.compress(range(self.n), mask))
+            entry: dict[str, Any] = {"rows": len(positions)}
             for metric, values in self.values.items():
-                best: tuple[int, int] | None = None
-                for a, b in spans:
-                    found = _argmax(values[a:b]) if values else None
-                    if found is not None and (best is None or found[1] > best[1]):
-                        best = (a + found[0], found[1])
-                if best is not None:
-                    entry[metric] = self._where(*best)
+                if not values:
+                    continue
+                found = _argmax(values if len(positions) == self.n else list(itertools.compress(values, mask)))
+                if found is not None:
+                    entry[metric] = self._where(positions[found[0]], found[1])
             out[label] = entry
         return out
 
@@ -366,23 +382,20 @@ class _Device:
         if not reserved or not demand:
             return None
         if None in reserved or None in demand:
-            pairs = [(j, r, a) for j, (r, a) in enumerate(zip(reserved, demand, strict=True))
-                     if r is not None and a is not None]
-            if not pairs:
+            both = [r is not None and a is not None for r, a in zip(reserved, demand, strict=True)]
+            idx = list(itertools.compress(range(self.n), both))
+            if not idx:
                 return None
-            idx = [p[0] for p in pairs]
-            res: list[int] = [p[1] for p in pairs]
-            used: list[int] = [p[2] for p in pairs]
+            res: list[int] = list(itertools.compress(reserved, both))  # type: ignore[arg-type]
+            used: list[int] = list(itertools.compress(demand, both))  # type: ignore[arg-type]
         else:
             idx = list(range(self.n))
             res, used = reserved, demand  # type: ignore[assignment]
-        # The reserved pool is sized by the largest demand so far, so compare each row with that.
-        unused = list(map(int.__sub__, res, itertools.accumulate(used, max)))
         top = max(res)
         at = res.index(top)
         top_demand = max(used)
         xs, x_unit = self._trend_axis(idx)
-        slope = _bucket_slope(xs, unused) if xs is not None else None
+        slope = _gap_slope(xs, res, used) if xs is not None else None
         total_res = sum(res)
         out: dict[str, Any] = {
             "measured_against": demand_metric,
@@ -398,17 +411,24 @@ class _Device:
             "unused_trend": _round(slope, 1),
         }
         if self.cols.table.has("inactive_split_bytes"):
-            known = [v for v in _pick(self.cols.ints("inactive_split_bytes"), self.sel) if v is not None]
-            out["inactive_split_max_bytes"] = max(known) if known else None
-            out["inactive_split_last_bytes"] = known[-1] if known else None
-        if self.cols.table.has("num_alloc_retries"):
-            retries = [v for v in _pick(self.cols.ints("num_alloc_retries"), self.sel) if v is not None]
-            out["alloc_retries"] = max(retries) if retries else None
-        if self.cols.table.has("num_ooms"):
-            ooms = [v for v in _pick(self.cols.ints("num_ooms"), self.sel) if v is not None]
-            out["ooms"] = max(ooms) if ooms else None
+            split = _pick(self.cols.ints("inactive_split_bytes"), self.sel)
+            found = _argmax(split)
+            out["inactive_split_max_bytes"] = found[1] if found else None
+            out["inactive_split_last_bytes"] = next((v for v in reversed(split) if v is not None), None)
+        for column, key in (("num_alloc_retries", "alloc_retries"), ("num_ooms", "ooms")):
+            out[key] = self._counter_max(column)
         out["verdict"] = _fragmentation_verdict(out)
         return out
+
+    def _counter_max(self, column: str) -> int | None:
+        """The largest value of one of torch's counters (cumulative); None when the log lacks it."""
+        raw = self.cols.table.raw.get(column)
+        if raw is None or not any(raw):
+            return None
+        if set(raw) <= {"", "0"}:  # the usual case, read without converting a million cells
+            return 0
+        found = _argmax(_pick(self.cols.ints(column), self.sel))
+        return found[1] if found else None
 
     def _trend_axis(self, idx: list[int]) -> tuple[list[float] | None, str]:
         steps = self.step if len(idx) == self.n else [self.step[j] for j in idx]
@@ -428,9 +448,15 @@ class _Device:
         known.discard(None)
         if not known:
             return []
-        cutoff = sorted(known, reverse=True)[:LONGEST_BATCHES][-1]  # type: ignore[type-var]
         peak = self.values["peak_allocated_bytes"] or self.values["allocated_bytes"] or [None] * self.n
-        rows = [j for j, t in enumerate(self.tokens) if t is not None and t >= cutoff]
+        # Rows of the longest lengths first, one length at a time (C-level), until enough distinct steps:
+        # batches padded to max_length can make one length hold most of the run.
+        rows: list[int] = []
+        for length in sorted(known, reverse=True)[: LONGEST_BATCHES * 10]:  # type: ignore[type-var]
+            rows.extend(itertools.compress(range(self.n), map(eq, self.tokens, itertools.repeat(length))))
+            batches = {j if self.step[j] is None else -1 - self.step[j] for j in rows[: LONGEST_BATCHES * 64]}  # type: ignore[operator]
+            if len(batches) >= LONGEST_BATCHES:
+                break
         # Many rows can share the longest length (batches padded to max_length): rank them with C-level tuple
         # comparisons on a bounded heap instead of sorting them all. A step logged twice counts once.
         ranked = heapq.nlargest(
@@ -496,7 +522,7 @@ class _Device:
         return chart
 
     def _step_chart(self, analysis: dict[str, Any], buckets: int) -> Chart | None:
-        if not any(s is not None for s in self.step):
+        if self.step_range is None:
             return None
         rows = list(range(self.n)) if None not in self.step else [j for j, s in enumerate(self.step) if s is not None]
         chart = Chart(title=f"{self.title}: memory per training step", x_label="step", capacity_bytes=None)
@@ -538,13 +564,13 @@ class _Device:
         steps_to_oom = forecast.get("steps_to_oom")
         current = forecast.get("current_peak_bytes")
         capacity = forecast.get("capacity_bytes")
-        last_step = max((s for s in self.step if s is not None), default=None)
+        last_step = self.step_range[1] if self.step_range is not None else None
         if steps_to_oom is not None and current is not None and capacity is not None and last_step is not None:
             when = f"~{steps_to_oom:,.0f} steps"
             if forecast.get("seconds_to_oom") is not None:
                 when += f" ({duration(forecast['seconds_to_oom'])})"
             notes.append(f"OOM forecast: out of memory at step ~{last_step + steps_to_oom:,.0f}, in {when}")
-            first_step = min(s for s in self.step if s is not None)  # type: ignore[type-var]
+            first_step = self.step_range[0] if self.step_range is not None else last_step
             span = max(1, last_step - first_step)
             if steps_to_oom <= 2 * span:  # a projection far beyond the run would squash the chart
                 chart.lines.append(Line("forecast", "OOM forecast", [float(last_step), last_step + steps_to_oom],
@@ -572,41 +598,55 @@ class _Device:
                 ys.append(float(v))
         return xs, ys
 
+    def runs(self) -> list[tuple[str, int, int]]:
+        """Stretches of consecutive rows of one phase: (label, first row, row after the last)."""
+        if self._runs is None:
+            self._runs = []
+            start = 0
+            for label, group in itertools.groupby(self.labels()):
+                length = len(list(group))
+                self._runs.append((label, start, start + length))
+                start += length
+        return self._runs
+
     def _spans(self, x_of: Callable[[int], float | None]) -> list[Span]:
         """Runs of rows of a phase other than training, along x (eval bands)."""
         if not any(self.phase):
             return []
         spans: list[Span] = []
-        start = 0
-        for label, group in itertools.groupby(self.labels()):
-            length = len(list(group))
+        for label, start, end in self.runs():
             if label not in (TRAIN, "run"):
-                a, b = x_of(start), x_of(start + length - 1)
+                a, b = x_of(start), x_of(end - 1)
                 if a is not None and b is not None:
                     if spans and spans[-1].phase == label and a - spans[-1].end <= 0:
                         spans[-1].end = b
                     else:
                         spans.append(Span(a, b, label))
-            start += length
         return spans
 
 
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def _bucket_slope(xs: Sequence[float], ys: Sequence[int], buckets: int = 64) -> float | None:
-    """Least-squares slope through bucket means: the trend of a long noisy series in a few C passes."""
+def _gap_slope(xs: Sequence[float], reserved: list[int], demand: list[int], buckets: int = 64) -> float | None:
+    """Trend of reserved memory beyond the largest demand so far, per unit of x, in a few C passes.
+
+    Per bucket of consecutive rows: its largest reserved value less the largest demand up to its end
+    (the pool is sized by the largest demand seen); then a least-squares slope over the buckets' mean x.
+    """
     n = len(xs)
     if n < 2:
         return None
     b = min(buckets, n)
     mx: list[float] = []
     my: list[float] = []
+    demand_so_far = 0
     for k in range(b):
         lo, hi = k * n // b, (k + 1) * n // b
         if hi > lo:
+            demand_so_far = max(demand_so_far, max(demand[lo:hi]))
             mx.append(sum(xs[lo:hi]) / (hi - lo))
-            my.append(sum(ys[lo:hi]) / (hi - lo))
+            my.append(max(reserved[lo:hi]) - demand_so_far)
     ax, ay = sum(mx) / len(mx), sum(my) / len(my)
     sxx = sum((x - ax) ** 2 for x in mx)
     if sxx == 0:
