@@ -26,6 +26,8 @@ BLOCK = re.compile(
 )
 RERUN_HINT = "not measured yet: run the commands under “How to rerun” on a GPU, then make_benchmarks_md.py"
 
+BENCHMARKS = ("overhead", "reading_cost", "peak_capture")
+
 ARM_LABELS = {
     "none": "no monitor (baseline)",
     "hf_callback": "vramscope HF callback, every step",
@@ -42,7 +44,10 @@ class ResultError(ValueError):
 
 def load_results(directory: Path, allow_tiny: bool) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
-    for path in sorted(directory.glob("*.json")):
+    # Only this page's benchmarks: other scripts keep their own results in the same folder.
+    for path in sorted(directory / f"{name}.json" for name in BENCHMARKS):
+        if not path.is_file():
+            continue
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
@@ -326,6 +331,49 @@ def copied_table(doc: Path, heading_word: str) -> str:
     return f"From `{rel}`, section “{heading}”:\n\n" + "\n".join(block)
 
 
+def tuner_section(results_dir: Path, allow_tiny: bool) -> str:
+    """The tuner's comparison, from every ``tune_compare.json`` that bench/tune_compare.py wrote under the
+    results folder (``--out bench/results/tune-1b``); a pointer to docs/tuner.md while there is none."""
+    blocks = []
+    for path in sorted(results_dir.rglob("tune_compare.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            settings = data["settings"]
+            rows = data["methods"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ResultError(f"{path}: not a bench/tune_compare.py result ({exc}); rerun it") from exc
+        if settings.get("tiny") and not allow_tiny:
+            continue
+        table_rows = [
+            [
+                str(r.get("method")),
+                "failed" if r.get("batch") is None else str(r["batch"]),
+                "-" if r.get("off_by") is None else str(r["off_by"]),
+                str(r.get("trials")),
+                str(r.get("steps")),
+                str(r.get("oom_steps")),
+                secs(r.get("seconds")),
+            ]
+            for r in rows
+        ]
+        rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        note = " (CPU `--tiny` smoke run with simulated memory: not a measurement)" if settings.get("tiny") else ""
+        blocks.append(
+            f"{settings.get('model')}, sequence length {settings.get('seq_len')}, memory capped at "
+            f"{gib(settings.get('memory_limit_bytes'))} GiB{note}. True maximum (exhaustive search): "
+            f"**{data.get('true_max')}**.\n\n"
+            + table(["method", "batch found", "off by", "trials", "steps run", "OOM steps", "wall time"], table_rows)
+            + f"\n\nRaw data: `{rel}`."
+        )
+    if not blocks:
+        return (
+            "Not measured on the GPU yet (docs/tuner.md has the CPU smoke run). Run "
+            "`python bench/tune_compare.py --out bench/results/tune-1b` (see docs/tuner.md for the 7B "
+            "command), then `python bench/make_benchmarks_md.py`."
+        )
+    return "\n\n".join(blocks)
+
+
 def render(doc_text: str, sections: dict[str, str]) -> str:
     found: set[str] = set()
 
@@ -362,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             "reading-cost": reading_cost_section(results.get("reading_cost")),
             "peak-capture": peak_capture_section(results.get("peak_capture")),
             "planner": copied_table(REPO / "docs" / "planner.md", "accuracy"),
-            "tuner": copied_table(REPO / "docs" / "tuner.md", "trial"),
+            "tuner": tuner_section(args.results, args.allow_tiny),
             "environment": environment_section(results),
         }
         args.doc.write_text(render(text, sections), encoding="utf-8")

@@ -166,3 +166,29 @@ def test_copied_table_takes_the_table_under_the_named_heading(tmp_path: Path) ->
     assert "| 7B | 2 % |" in copied and "| x |" not in copied and "| b |" not in copied
     assert "no heading" in make_benchmarks_md.copied_table(doc, "trial")
     assert "Not written yet" in make_benchmarks_md.copied_table(tmp_path / "absent.md", "trial")
+
+
+def test_tuner_tables_come_from_every_tune_compare_result(tmp_path: Path) -> None:
+    result = {
+        "settings": {"model": "TinyLlama-1.1B", "seq_len": 1024, "memory_limit_bytes": 8 * 2**30, "tiny": False},
+        "true_max": 13,
+        "methods": [
+            {"method": "vramscope", "batch": 13, "off_by": 0, "trials": 3, "steps": 3, "oom_steps": 0, "seconds": 4.2},
+            {
+                "method": "accelerate",
+                "batch": None,
+                "off_by": None,
+                "trials": 20,
+                "steps": 20,
+                "oom_steps": 19,
+                "seconds": 30.0,
+            },
+        ],
+    }
+    (tmp_path / "tune-1b").mkdir()
+    (tmp_path / "tune-1b" / "tune_compare.json").write_text(json.dumps(result), encoding="utf-8")
+    text = make_benchmarks_md.tuner_section(tmp_path, allow_tiny=False)
+    assert "**13**" in text and "| vramscope | 13 | 0 | 3 | 3 | 0 |" in text and "| accelerate | failed |" in text
+    result["settings"]["tiny"] = True
+    (tmp_path / "tune-1b" / "tune_compare.json").write_text(json.dumps(result), encoding="utf-8")
+    assert "Not measured on the GPU yet" in make_benchmarks_md.tuner_section(tmp_path, allow_tiny=False)
