@@ -368,8 +368,10 @@ def tuner_section(results_dir: Path, allow_tiny: bool) -> str:
     if not blocks:
         return (
             "Not measured on the GPU yet (docs/tuner.md has the CPU smoke run). Run "
-            "`python bench/tune_compare.py --out bench/results/tune-1b` (see docs/tuner.md for the 7B "
-            "command), then `python bench/make_benchmarks_md.py`."
+            "`python bench/tune_compare.py --out bench/results/tune-1b "
+            "--checkpoint-dir /dev/shm/vramscope-bench/tune-1b` "
+            "(the checkpoint outside the results; docs/tuner.md has the 7B command), then "
+            "`python bench/make_benchmarks_md.py`."
         )
     return "\n\n".join(blocks)
 
