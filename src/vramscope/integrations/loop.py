@@ -336,7 +336,11 @@ class MemoryMonitor:
             out_dir = rank_path(os.fspath(self.oom_snapshot), self.rank)
         else:
             out_dir = beside(self.log_path or rank_path("vramscope.csv", self.rank), ".oom")
-        recorder = OomRecorder(out_dir, context=self.oom_context)
+        options: dict[str, Any] = {}
+        entries = os.environ.get("VRAMSCOPE_OOM_MAX_ENTRIES", "")  # set by `vramscope run --oom-snapshot`
+        if entries.isdigit() and int(entries) > 0:
+            options["max_entries"] = int(entries)
+        recorder = OomRecorder(out_dir, context=self.oom_context, **options)
         try:
             recorder.start()
         except RuntimeError as exc:  # no CUDA here: nothing can run out of GPU memory
