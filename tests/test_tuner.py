@@ -450,3 +450,11 @@ def test_property_allocator_rounding(per_sample: int, fixed: int, odd: int) -> N
     assert result.batch_size <= truth
     assert result.batch_size >= truth - 1
     assert dev.current == 200 * MIB
+
+
+def test_max_seq_len_cap_is_reported_in_tokens() -> None:
+    dev = BudgetDevice(capacity=10_000 * MIB, round_to=1)
+    toy = ToyTraining(dev, weights=0, per_sample=KIB, fixed=0, state=0)
+    result = find_max_seq_len(lambda s: toy.step(1, s), probe=dev, start=128, max_len=1024, multiple_of=64)
+    assert result.size == 1024 and result.capped
+    assert "reached the upper bound 1024" in " ".join(result.notes)

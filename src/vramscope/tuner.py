@@ -238,8 +238,12 @@ def search(
     margin: float = 0.05,
     max_trials: int = DEFAULT_MAX_TRIALS,
     degree: int = 1,
+    scale: int = 1,
 ) -> TuneResult:
-    """The pure search: ``run_trial(size)`` runs one real step and reports it; see the module doc."""
+    """The pure search: ``run_trial(size)`` runs one real step and reports it; see the module doc.
+
+    ``scale`` only changes how sizes read in the notes (the sequence search counts in multiples).
+    """
     _check(start=start, max_size=max_size, margin=margin, max_trials=max_trials)
     t0 = time.perf_counter()
     usable = capacity * (1.0 - margin)
@@ -291,9 +295,9 @@ def search(
     peak = max((t.peak_bytes for t in st.trials if t.size == size_found and t.peak_bytes is not None), default=None)
     capped = size_found >= max_size
     if capped:
-        notes.append(f"reached the upper bound {max_size}; more may fit")
+        notes.append(f"reached the upper bound {max_size * scale}; more may fit")
     if st.hi - max(st.lo, 1) > 1 and not capped and len(st.trials) >= max_trials:
-        notes.append(f"stopped after {max_trials} trials; sizes between {st.lo} and {st.hi} untried")
+        notes.append(f"stopped after {max_trials} trials; sizes between {st.lo * scale} and {st.hi * scale} untried")
     return TuneResult(
         size=size_found,
         margin=margin,
@@ -640,6 +644,7 @@ def find_max_seq_len(
             margin=margin,
             max_trials=max_trials,
             degree=2 if quadratic else 1,
+            scale=multiple_of,
         )
     finally:
         if restorer is not None:
@@ -655,7 +660,6 @@ def find_max_seq_len(
         bytes_per_unit=per_unit,
         trials=tuple(_scaled(t, m) for t in result.trials),
         unit="seq_len",
-        notes=tuple(n.replace("upper bound", "upper bound (in units of multiple_of)") for n in result.notes),
     )
 
 
