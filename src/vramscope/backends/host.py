@@ -7,6 +7,7 @@ and of the machine, and names processes for display.
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 
@@ -16,11 +17,16 @@ from vramscope.types import HostReading
 class HostBackend:
     """RSS of the process tree rooted at ``root_pid`` (default: this process) and system memory."""
 
-    def __init__(self, root_pid: int | None = None, include_root: bool = True) -> None:
+    def __init__(self, root_pid: int | None = None, include_root: bool = True, tree_refresh_s: float = 1.0) -> None:
         self.root_pid = root_pid if root_pid is not None else os.getpid()
         self._include_root = include_root
         self._root: psutil.Process | None = None
         self._names: dict[int, tuple[str, str]] = {}
+        # Listing descendants reads /proc for every process on the machine (~8 ms on a quiet box), so the
+        # list is refreshed at most this often; a new worker shows up within that time.
+        self._tree_refresh_s = tree_refresh_s
+        self._tree: frozenset[int] = frozenset()
+        self._tree_time = -float("inf")
 
     def _root_process(self) -> psutil.Process | None:
         if self._root is None:
@@ -35,6 +41,9 @@ class HostBackend:
         root = self._root_process()
         if root is None:
             return frozenset()
+        now = time.monotonic()
+        if now - self._tree_time < self._tree_refresh_s:
+            return self._tree
         try:
             children = root.children(recursive=True)
         except psutil.Error:
@@ -42,7 +51,8 @@ class HostBackend:
         pids = {c.pid for c in children}
         if self._include_root:
             pids.add(root.pid)
-        return frozenset(pids)
+        self._tree, self._tree_time = frozenset(pids), now
+        return self._tree
 
     def tree_rss_bytes(self, pids: frozenset[int] | None = None) -> int | None:
         total = 0
