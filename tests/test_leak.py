@@ -78,7 +78,7 @@ def test_noisy_but_flat_series_never_fire(seed: int, n: int, noise_mib: float) -
     assert not detect_leak(steps(n), ys).detected
 
 
-@SETTINGS
+@FEW
 @given(seed=st.integers(0, 10_000), ramp=st.integers(5, 60), height_mib=st.floats(50, 2000))
 def test_a_plateau_after_warm_up_is_not_a_leak(seed: int, ramp: int, height_mib: float) -> None:
     # Memory climbs for `ramp` steps (optimizer state, allocator warm-up), then stays: checked at the
