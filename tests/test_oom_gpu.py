@@ -109,3 +109,19 @@ def test_stopped_recorder_writes_nothing_and_reports_are_capped(tmp_path: Path, 
             held, error = fill(512 * MIB)
             del held, error
     assert sorted(p.name for p in (tmp_path / "capped").glob("*.md")) == ["oom-1.md"]
+
+
+def test_two_recorders_share_the_history(tmp_path: Path, capped: None) -> None:
+    from vramscope.oom import OomRecorder
+
+    first = OomRecorder(tmp_path / "first")
+    second = OomRecorder(tmp_path / "second")
+    first.start()
+    second.start()
+    first.stop()  # the second still needs the history
+    held, error = fill(512 * MIB)
+    second.stop()
+    del held, error
+    report = json.loads((tmp_path / "second" / "oom-1.json").read_text())
+    assert report["history_entries"] > 0
+    assert not list((tmp_path / "first").glob("oom-*"))

@@ -807,6 +807,7 @@ def report_from_files(
 _listeners: list[Callable[[int, int, int, int], None]] = []
 _attached = False
 _lock = threading.Lock()
+_recording = 0  # recorders started and not stopped: history stays on until the last one stops
 
 
 def add_oom_listener(listener: Callable[[int, int, int, int], None]) -> Callable[[], None]:
@@ -920,10 +921,14 @@ class OomRecorder:
 
         if not torch.cuda.is_available():
             raise RuntimeError("OOM snapshots need a CUDA GPU, and torch sees none")
+        global _recording
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._record_memory_history(
-            enabled="all", context="alloc", stacks=self.stacks, max_entries=self.max_entries
-        )
+        with _lock:
+            # History is one per process; with several recorders the last one started sets its size.
+            torch.cuda.memory._record_memory_history(
+                enabled="all", context="alloc", stacks=self.stacks, max_entries=self.max_entries
+            )
+            _recording += 1
         self._remove = add_oom_listener(self._on_oom)
 
     def stop(self) -> None:
@@ -932,9 +937,13 @@ class OomRecorder:
             return
         import torch
 
+        global _recording
         self._remove()
         self._remove = None
-        torch.cuda.memory._record_memory_history(enabled=None)
+        with _lock:
+            _recording -= 1
+            if _recording == 0:  # another recorder still running keeps the history it needs
+                torch.cuda.memory._record_memory_history(enabled=None)
 
     def __enter__(self) -> OomRecorder:
         self.start()
