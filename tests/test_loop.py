@@ -280,3 +280,28 @@ def test_an_allocated_leak_on_the_gpu_is_found(tmp_path: Path) -> None:
     assert result["leak"]["signal"] == "allocated_bytes"
     assert result["leak"]["slope_bytes_per_step"] == pytest.approx(MIB, rel=0.05)
     assert abs(result["leak"]["start_step"] - 40) <= 5
+
+
+def test_warnings_are_throttled_per_kind_repeated_when_worse_and_saved(tmp_path: Path) -> None:
+    from vramscope.analysis.alerts import Alerts, warnings_path
+
+    now = [0.0]
+    stream = io.StringIO()
+    path = warnings_path(tmp_path / "mem.csv")
+    alerts = Alerts(path=path, stream=stream, repeat_s=600, clock=lambda: now[0])
+    assert alerts.warn("oom", "out of memory in ~1000 steps", step=10, urgency=1000)
+    now[0] = 60
+    assert not alerts.warn("oom", "out of memory in ~900 steps", step=20, urgency=900)  # not much worse
+    assert alerts.warn("leak", "leak: 1 MiB/step", step=20)  # another kind is not throttled by it
+    assert alerts.warn("oom", "out of memory in ~400 steps", step=30, urgency=400)  # halved: shown
+    now[0] = 700
+    assert alerts.warn("leak", "leak: 1 MiB/step", step=40)  # repeated after repeat_s
+    alerts.clear("oom")
+    assert alerts.warn("oom", "out of memory in ~390 steps", step=41, urgency=390)  # came back: shown at once
+    assert alerts.suppressed == 1
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "vramscope: step 10: out of memory in ~1000 steps" and len(lines) == 5
+    saved = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    expected = [("oom", 10), ("leak", 20), ("oom", 30), ("leak", 40), ("oom", 41)]
+    assert [(r["kind"], r["step"]) for r in saved] == expected
+    assert path == str(tmp_path / "mem.warnings.jsonl")
