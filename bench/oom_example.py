@@ -19,8 +19,8 @@ Everything is written to ``OUT/oom_example.json``; nothing is asserted.
 ``--tiny`` (CPU): the model and the timing loop run for real, but a CPU has no CUDA allocator, no
 history and no OOM observer, so parts 1-3 are skipped with a note. It proves the script runs.
 
-H200 (about 60 s with the 1.1B model, including writing the checkpoint):
-    python bench/oom_example.py --out out/oom-example
+H200 (about 45 s with the 1.1B model when tune_compare already wrote its checkpoint, 60 s otherwise):
+    python bench/oom_example.py --out out/oom-example --stacks-all
 """
 
 from __future__ import annotations
@@ -227,7 +227,12 @@ def main() -> int:
     ap.add_argument("--oom-max-entries", type=int, default=20_000, help="ring buffer for the forced OOM")
     ap.add_argument("--stacks-all", action="store_true", help="also time C++ stacks (slower to record)")
     ap.add_argument("--test-entries", type=int, default=2000)
-    ap.add_argument("--checkpoint-dir", type=Path, default=None)
+    ap.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="reuse/write the random checkpoint here (default: TMPDIR/vramscope-bench/<model>)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -236,7 +241,7 @@ def main() -> int:
     from vramscope.planner import get_config
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tune_compare import write_checkpoint
+    from tune_compare import default_checkpoint_dir, write_checkpoint
 
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda and not args.tiny:
@@ -250,7 +255,7 @@ def main() -> int:
     limit = parse_bytes(args.memory_limit)
     if cuda:
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / torch.cuda.get_device_properties(0).total_memory))
-    ckpt = args.checkpoint_dir or (args.out / f"checkpoint-{args.model}{'-tiny' if args.tiny else ''}")
+    ckpt = args.checkpoint_dir or default_checkpoint_dir(args.model, args.tiny)
     t0 = time.perf_counter()
     write_checkpoint(config, ckpt, cuda)
     spec = QLoraSpec()

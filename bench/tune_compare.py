@@ -24,9 +24,10 @@ simulated by a byte budget (a fake at the hardware boundary, as in the tests) th
 Writes ``tune_compare.json`` (everything), ``tune_compare.md`` (the table) and ``exhaustive.csv``
 (peak per batch) into ``--out``. Nothing is asserted: the script measures.
 
-H200 (about 80 s for the 1.1B model, 150-200 s for Llama-2-7B, including writing the checkpoint):
-    python bench/tune_compare.py --out out/tune-1b
-    python bench/tune_compare.py --out out/tune-7b --model Llama-2-7B --seq-len 2048 --memory-limit 24GiB
+H200 (TinyLlama-1.1B: about 1.5 min; Llama-2-7B: about 4 min, 1.5 of them writing and loading the
+13.5 GB checkpoint, which is then kept under $TMPDIR/vramscope-bench/ for the next run):
+    python bench/tune_compare.py --out bench/results/tune-1b
+    python bench/tune_compare.py --out bench/results/tune-7b --model Llama-2-7B --seq-len 2048 --memory-limit 24GiB
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 import traceback
 import weakref
@@ -193,6 +195,12 @@ class Harness:
         from vramscope.tuner import CudaProbe
 
         return CudaProbe(limit_bytes=self.limit)
+
+
+def default_checkpoint_dir(model: str, tiny: bool) -> Path:
+    """Outside ``--out`` (results stay small) and shared by tune_compare and oom_example, so one writes
+    the checkpoint and the other reuses it."""
+    return Path(tempfile.gettempdir()) / "vramscope-bench" / f"{model}{'-tiny' if tiny else ''}"
 
 
 def write_checkpoint(config: dict[str, Any], out_dir: Path, cuda: bool) -> Path:
@@ -439,7 +447,12 @@ def main() -> int:
     ap.add_argument("--accelerate-start", type=int, default=128)
     ap.add_argument("--lightning-init", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=512)
-    ap.add_argument("--checkpoint-dir", type=Path, default=None, help="reuse/write the random checkpoint here")
+    ap.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="reuse/write the random checkpoint here (default: TMPDIR/vramscope-bench/<model>)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -457,7 +470,7 @@ def main() -> int:
     limit = parse_bytes(args.memory_limit)
     if args.tiny:
         config.update(TINY_CONFIG_OVERRIDES)
-    ckpt = args.checkpoint_dir or (args.out / f"checkpoint-{args.model}{'-tiny' if args.tiny else ''}")
+    ckpt = args.checkpoint_dir or default_checkpoint_dir(args.model, args.tiny)
     t0 = time.perf_counter()
     if cuda:
         total = torch.cuda.get_device_properties(0).total_memory
