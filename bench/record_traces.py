@@ -60,26 +60,26 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("leak_cache_1mib", "a list keeps a 1 MiB tensor every step from step 100", seq="varlen",
              leak="cache", leak_bytes=MIB, expect="leak"),
     Scenario("clean_varlen", "variable sequence lengths, nothing kept"),
-    Scenario("leak_eval_logits", "eval (2 batches) every 20 steps from step 100 keeps each batch's logits",
-             seq="varlen", eval_every=20, leak="eval_logits", expect="leak"),
+    Scenario("hf_leak_eval_logits", "HF Trainer; preprocess_logits_for_metrics stashes logits; eval every 20 steps",
+             kind="hf", seq="varlen", eval_every=20, leak="eval_logits", leak_start=20, expect="leak"),
     Scenario("clean_eval", "variable lengths, an eval phase every 50 steps that keeps nothing", seq="varlen",
              eval_every=50),
     Scenario("leak_loss_graph", "from step 100 a metric loss is kept without .item(), holding its graph",
              seq="varlen", leak="loss_graph", expect="leak"),
-    Scenario("leak_cache_4mib", "a list keeps a 4 MiB tensor every step from step 150", seq="varlen",
-             leak="cache", leak_bytes=4 * MIB, leak_start=150, expect="leak"),
-    Scenario("clean_curriculum", "sequence length grows over the run: peak and reserved grow, allocated flat",
-             seq="curriculum", expect="caching"),
-    Scenario("hf_leak_eval_logits", "HF Trainer; preprocess_logits_for_metrics stashes logits; eval every 20 steps",
-             kind="hf", seq="varlen", eval_every=20, leak="eval_logits", leak_start=20, expect="leak"),
     Scenario("hf_clean_eval", "HF Trainer, variable lengths, eval every 50 steps", kind="hf", seq="varlen",
              eval_every=50),
+    Scenario("leak_eval_logits", "eval (2 batches) every 20 steps from step 100 keeps each batch's logits",
+             seq="varlen", eval_every=20, leak="eval_logits", expect="leak"),
+    Scenario("clean_curriculum", "sequence length grows over the run: peak and reserved grow, allocated flat",
+             seq="curriculum", expect="caching"),
+    Scenario("leak_cache_4mib", "a list keeps a 4 MiB tensor every step from step 150", seq="varlen",
+             leak="cache", leak_bytes=4 * MIB, leak_start=150, expect="leak"),
     Scenario("clean_fixed", "one sequence length, nothing kept"),
     Scenario("leak_slow_256k", "a list keeps 256 KiB every step from step 100 (below the 1 MiB/step goal)",
              seq="varlen", leak="cache", leak_bytes=256 * 1024, expect="leak"),
 )
-# This is a 1-indexed "clean_fixed" etc. order on purpose: the most informative traces first, so a
-# run cut short by --budget-s still yields the ones the corpus needs most.
+# The order is on purpose: the traces the corpus needs most come first (a 1 MiB/step leak, a clean
+# variable-length run, one of each integration), so a run cut short by --budget-s still yields them.
 
 
 @dataclass
