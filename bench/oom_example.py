@@ -226,7 +226,7 @@ def main() -> int:
     ap.add_argument("--max-entries", type=int, default=100_000, help="history ring buffer for the cost runs")
     ap.add_argument("--oom-max-entries", type=int, default=20_000, help="ring buffer for the forced OOM")
     ap.add_argument("--stacks-all", action="store_true", help="also time C++ stacks (slower to record)")
-    ap.add_argument("--test-entries", type=int, default=2000)
+    ap.add_argument("--test-entries", type=int, default=500, help="history kept in the test-data copy")
     ap.add_argument(
         "--checkpoint-dir",
         type=Path,
