@@ -282,6 +282,10 @@ def test_empty_log_and_header_only(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_a_folder_as_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "folder" in refused(capsys, str(tmp_path))
+    # An empty name is the current folder to pathlib, and cannot be stat'ed: still one line, exit 2.
+    out = tmp_path / "r.html"
+    assert "folder" in refused(capsys, "", "--html", str(out))
+    assert not out.exists()
 
 
 def test_unwritable_outputs_fail_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -122,7 +122,11 @@ def _check_output(flag: str, path: str, logs: list[str]) -> None:
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {path} is not writable; choose another path")
     for log in logs:
-        if Path(log).exists() and target.exists() and os.path.samefile(log, target):
+        try:
+            same = Path(log).exists() and target.exists() and os.path.samefile(log, target)
+        except OSError:  # "" exists as Path (it is ".") but cannot be stat'ed; reading it fails clearly later
+            same = False
+        if same:
             raise UsageError(f"{flag} {path} is one of the logs; writing it would destroy the log")
 
 
