@@ -372,3 +372,31 @@ def test_png_without_matplotlib_names_the_extra(tmp_path: Path, logs: dict[str, 
     out = tmp_path / "r.png"
     assert "pip install 'vramscope[plot]'" in refused(capsys, str(logs["clean"]), "--png", str(out))
     assert not out.exists()
+
+
+def test_log_of_the_training_loop_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real training loop on the CPU under MemoryMonitor, keeping 2 MiB per step (a planted leak)."""
+    log = tmp_path / "loop.csv"
+    child = (
+        "import sys\n"
+        "from vramscope.integrations.loop import MemoryMonitor\n"
+        "kept = []\n"
+        "with MemoryMonitor(log=sys.argv[1], warn=False) as mon:\n"
+        "    for step in range(1, 181):\n"
+        "        kept.append(bytearray(2 * 1024 * 1024))\n"
+        "        mon.step(step, tokens=512 + 64 * (step % 5))\n"
+        "        if step % 60 == 0:\n"
+        "            with mon.phase('eval'):\n"
+        "                scratch = bytearray(64 * 1024 * 1024)\n"
+        "                mon.step(step, tokens=2048)\n"
+        "                del scratch\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child, str(log)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = report_json(capsys, str(log))
+    assert list(data["devices"]) == ["host"]
+    host = data["devices"]["host"]
+    assert {"train", "eval"} <= set(host["phases"])
+    assert host["peaks"]["host_rss_bytes"]["bytes"] > 300 * MIB
+    assert data["leak"]["detected"] is True
+    assert data["leak"]["slope_bytes_per_step"] == pytest.approx(2 * MIB, rel=0.25)
