@@ -61,15 +61,17 @@ def run(args: argparse.Namespace) -> int:
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
 
-    written: list[str] = []
+    # Everything is rendered before anything is written: a failure leaves no output at all.
+    files: list[tuple[str, bytes]] = []
     if args.html:
-        _write(args.html, render_html(reports).encode("utf-8"))
-        written.append(args.html)
+        files.append((args.html, render_html(reports).encode("utf-8")))
     if args.png:
         from vramscope.report.png import render_png
 
-        _write(args.png, render_png(reports))
-        written.append(args.png)
+        files.append((args.png, render_png(reports)))
+    for path, data in files:
+        _write(path, data)
+    written = [path for path, _ in files]
 
     if args.json:
         data: object = reports[0].summary if len(reports) == 1 else {
