@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         from vramscope.report.png import render_png
 
         files.append((args.png, render_png(reports)))
-    for path, data in files:
-        _write(path, data)
+    for path, content in files:
+        _write(path, content)
     written = [path for path, _ in files]
 
     if args.json:
