@@ -157,7 +157,8 @@ def _print_advice(s: dict[str, Any], console: Console, limit: int = 5) -> None:
     items = (s.get("recommendations") or [])[:limit]
     if not items:
         return
-    lines: list[Text] = [Text("recommendations (from this log):", style="bold")]
+    sources = "this log and the planner" if any(i.get("source") == "planner" for i in items) else "this log"
+    lines: list[Text] = [Text(f"recommendations (from {sources}):", style="bold")]
     for i, item in enumerate(items, 1):
         saves = f" [saves up to {_gib(item['saves_bytes'])}]" if item.get("saves_bytes") else ""
         lines.append(Text.assemble(f" {i}. ", (item["title"], "bold red" if item.get("urgent") else "bold"),
