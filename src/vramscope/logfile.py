@@ -219,7 +219,10 @@ def _complete_lines(text: str) -> str:
 def _read_csv(name: str, text: str) -> LogTable:
     columns = _split_plain(text)
     if columns is None:
-        columns = _split_quoted(_complete_lines(text))
+        try:
+            columns = _split_quoted(_complete_lines(text))
+        except csv.Error as exc:  # e.g. a cell over the csv module's size limit: not a log we wrote
+            raise LogFormatError(f"{name} cannot be read as CSV ({exc}); is it a vramscope log?") from None
     return LogTable(name, columns)
 
 
@@ -254,7 +257,8 @@ def _split_plain(text: str) -> dict[str, list[str]] | None:
 
 def _split_quoted(body: str) -> dict[str, list[str]]:
     with _gc_paused():
-        reader = csv.reader(io.StringIO(body))
+        # newline="": the csv module finds line ends itself (a stray "\r" is then a line end, not an error).
+        reader = csv.reader(io.StringIO(body, newline=""))
         header = next(reader, [])
         width = len(header)
         columns: list[list[str]] = [[] for _ in header]
@@ -286,8 +290,8 @@ def _read_jsonl(name: str, text: str) -> LogTable:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn line in the middle of the file (two writers); skip it
+        except (ValueError, RecursionError):  # JSONDecodeError, too many digits, nesting too deep
+            continue  # a torn or foreign line in the middle of the file (two writers); skip it
         if not isinstance(row, dict):
             continue
         for key in row:
@@ -307,8 +311,10 @@ _SMI_NUMBER = re.compile(r"([0-9.]+)")
 
 def _read_nvidia_smi(name: str, text: str) -> LogTable:
     """nvidia-smi --query-gpu=...,memory.used,memory.total --format=csv[,nounits] -> our columns."""
-    reader = csv.reader(io.StringIO(_complete_lines(text)), skipinitialspace=True)
-    header = [h.strip() for h in next(reader)]
+    # A header without its line end (nvidia-smi killed at once) still names the columns; rows need an end.
+    body = _complete_lines(text) or text + "\n"
+    reader = _csv_rows(name, csv.reader(io.StringIO(body, newline=""), skipinitialspace=True))
+    header = [h.strip() for h in next(reader, [])]
     keys = [h.split(" [")[0] for h in header]
 
     def col(key: str) -> int | None:
@@ -344,14 +350,24 @@ def _read_nvidia_smi(name: str, text: str) -> LogTable:
     return LogTable(name, out, kind="nvidia-smi")
 
 
+def _csv_rows(name: str, reader: Iterator[list[str]]) -> Iterator[list[str]]:
+    try:
+        yield from reader
+    except csv.Error as exc:  # e.g. a cell over the csv module's size limit
+        raise LogFormatError(f"{name} cannot be read as CSV ({exc}); is it an nvidia-smi --format=csv log?") from None
+
+
 def _smi_number(cell: str) -> str:
     match = _SMI_NUMBER.search(cell)
     return match.group(1) if match else ""
 
 
 def _smi_mib(cell: str) -> str:
-    number = _smi_number(cell)
-    return str(int(float(number) * MIB)) if number else ""
+    try:
+        value = float(_smi_number(cell)) * MIB
+    except ValueError:  # "", "1.2.3", "."
+        return ""
+    return str(int(value)) if value != float("inf") else ""  # 400 nines overflow a float: unknown
 
 
 def _smi_time(stamp: str) -> float | None:

@@ -126,6 +126,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise PlanInputError(f"{str(p)!r} is not valid JSON ({exc.msg} at line {exc.lineno}); "
                              "pass a Hugging Face config.json") from None
+    except (ValueError, RecursionError) as exc:  # a number of 5000 digits, arrays nested 100000 deep
+        raise PlanInputError(f"{str(p)!r} is not a config.json vramscope can read ({type(exc).__name__}); "
+                             "pass a Hugging Face config.json") from None
     if not isinstance(data, dict):
         raise PlanInputError(f"{str(p)!r} holds a JSON {type(data).__name__}, not an object; "
                              "pass a Hugging Face config.json")
