@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vramscope.schema import iso_time
-from vramscope.tui.text import host_line, sparkline
+from vramscope.tui.text import host_line, printable, sparkline
 from vramscope.types import Sample
 from vramscope.units import gib, human
 
@@ -62,8 +62,10 @@ def render(history: Sequence[Sample], interval: float) -> RenderableType:
             ),
         )
         for proc in sorted(gpu.processes, key=lambda p: -(p.gpu_bytes or 0)):
-            # Text, not markup: a command line can hold '[' and ']' that rich would read as styles.
-            procs.add_row(str(gpu.index), str(proc.pid), human(proc.gpu_bytes), Text(proc.cmdline or proc.name or "?"))
+            # Text, not markup: a command line can hold '[' and ']' that rich would read as styles; and
+            # printable(): rich passes escape sequences through to the terminal.
+            cmd = printable(proc.cmdline or proc.name or "?")
+            procs.add_row(str(gpu.index), str(proc.pid), human(proc.gpu_bytes), Text(cmd))
     parts: list[RenderableType] = [gpus]
     if procs.row_count:
         parts.append(procs)

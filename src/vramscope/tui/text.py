@@ -29,6 +29,18 @@ def sparkline(values: Sequence[float | None], width: int = 30, top: float | None
     return "".join(out)
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print to a terminal: control and format characters shown as escapes (``\\x1b``).
+
+    Process names and command lines come from any user's process on the GPU; printed raw, an escape
+    sequence in one would drive the watcher's terminal (retitle it, clear it), a newline would forge a
+    line of output, and a right-to-left override would reorder what is shown.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def gpu_line(gpu: GpuReading) -> str:
     pct = f" ({100 * gpu.used_bytes / gpu.total_bytes:.0f}%)" if gpu.used_bytes is not None and gpu.total_bytes else ""
     util = f"{gpu.utilization_pct}%" if gpu.utilization_pct is not None else "?"
@@ -47,7 +59,7 @@ def snapshot_lines(sample: Sample) -> list[str]:
     for gpu in sample.gpus:
         lines.append(gpu_line(gpu))
         for proc in sorted(gpu.processes, key=lambda p: -(p.gpu_bytes or 0)):
-            cmd = proc.cmdline or proc.name or "?"
+            cmd = printable(proc.cmdline or proc.name or "?")
             lines.append(f"  pid {proc.pid:>7} {human(proc.gpu_bytes):>9}  {cmd[:100]}")
     lines.append(host_line(sample.host))
     return lines
