@@ -22,7 +22,8 @@ simulated by a byte budget (a fake at the hardware boundary, as in the tests) th
 ``torch.OutOfMemoryError`` when exceeded. It proves the script works; its numbers mean nothing.
 
 Writes ``tune_compare.json`` (everything), ``tune_compare.md`` (the table) and ``exhaustive.csv``
-(peak per batch) into ``--out``. Nothing is asserted: the script measures.
+(allocated and reserved peak per batch) into ``--out``; ``tune_compare.json`` has vramscope's
+per-trial allocated and reserved peaks under ``details.trials``. Nothing is asserted: the script measures.
 
 H200 (TinyLlama-1.1B: about 1.5 min; Llama-2-7B: about 4 min, 1.5 of them writing and loading the
 13.5 GB checkpoint, which is then kept under $TMPDIR/vramscope-bench/ for the next run):
@@ -127,10 +128,16 @@ class SimulatedDevice:
     def allocated_bytes(self) -> int:
         return self.current
 
+    def reserved_bytes(self) -> int:
+        return self.current  # no allocator cache simulated: the reserve is the allocation
+
     def reset_peak(self) -> None:
         self.peak = self.current
 
     def peak_bytes(self) -> int:
+        return self.peak
+
+    def peak_reserved_bytes(self) -> int:
         return self.peak
 
     def release(self) -> None:
@@ -238,15 +245,35 @@ def run_exhaustive(h: Harness, limit: int) -> dict[str, Any]:
         h.release()
         probe.reset_peak()
         base = probe.allocated_bytes()
+        # The reserve is what the memory cap limits (allocated + the allocator's cached/rounded blocks).
+        base_reserved = probe.reserved_bytes()
         try:
             h.step(batch)
-            rows.append({"batch": batch, "ok": True, "base_bytes": base, "peak_bytes": probe.peak_bytes()})
+            rows.append(
+                {
+                    "batch": batch,
+                    "ok": True,
+                    "base_bytes": base,
+                    "peak_bytes": probe.peak_bytes(),
+                    "base_reserved_bytes": base_reserved,
+                    "peak_reserved_bytes": probe.peak_reserved_bytes(),
+                }
+            )
             if failures == 0:
                 true_max = batch
         except Exception as exc:
             if oom_kind(exc) is None:
                 raise
-            rows.append({"batch": batch, "ok": False, "base_bytes": base, "peak_bytes": None})
+            rows.append(
+                {
+                    "batch": batch,
+                    "ok": False,
+                    "base_bytes": base,
+                    "peak_bytes": None,
+                    "base_reserved_bytes": base_reserved,
+                    "peak_reserved_bytes": None,
+                }
+            )
             failures += 1
             del exc
             if failures >= 2:
@@ -534,9 +561,12 @@ def main() -> int:
     (args.out / "tune_compare.md").write_text(markdown(result))
     if exhaustive:
         with open(args.out / "exhaustive.csv", "w") as f:
-            f.write("batch,ok,base_bytes,peak_bytes\n")
+            f.write("batch,ok,base_bytes,peak_bytes,base_reserved_bytes,peak_reserved_bytes\n")
             for r in exhaustive["rows"]:
-                f.write(f"{r['batch']},{int(r['ok'])},{r['base_bytes']},{r['peak_bytes'] or ''}\n")
+                f.write(
+                    f"{r['batch']},{int(r['ok'])},{r['base_bytes']},{r['peak_bytes'] or ''},"
+                    f"{r['base_reserved_bytes']},{r['peak_reserved_bytes'] or ''}\n"
+                )
     print(markdown(result))
     print(f"setup {setup_s:.1f} s; results in {args.out}")
     return 0

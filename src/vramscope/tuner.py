@@ -1,10 +1,14 @@
 """Find the largest batch (or sequence length) that fits, in a few real steps instead of a walk through OOMs.
 
-How: run one real step at a small size and measure how far the step's peak rises above the memory
-held before it. If all of that rise scaled with the batch, ``start * room / rise`` samples would fit;
-the real rise also has a fixed part, so that batch is a safe lower bound, and the second step runs
-there. The two measured peaks give a line (peak vs batch); the third step runs at the largest batch
-the line says fits while keeping ``margin`` of the capacity free. If that step runs out of memory or
+How: run one real step at a small size and measure how far the step's peak *reserve* rises above
+the memory reserved before it. The reserve, not the allocation, is what the capacity limits: the
+caching allocator holds allocated blocks plus cached and rounded-up ones (on the H200, TinyLlama
+QLoRA batch 8 OOMed with its allocated peak 0.8 GB under the cap). If all of that rise scaled with
+the batch, ``start * room / rise`` samples would fit; the rise also has a fixed part, but the
+allocator's overhead grows with the tensors' size, so the second step runs there with
+:data:`FAR_PROBE_HEADROOM` kept spare: a safe, far point. The two measured reserve peaks give a
+line (reserve vs batch); the third step runs at the largest batch the line says fits while keeping
+``margin`` of the capacity free. If that step runs out of memory or
 eats into the margin, the search backs off along the corrected line, inside the bracket of sizes
 already known to fit and to fail. Every OOM form counts (:func:`vramscope.oom.oom_kind`), and memory
 is released after every trial, so no OOM is left behind.
@@ -31,21 +35,32 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 4096
 DEFAULT_MAX_TRIALS = 5
+# The second (far) probe assumes the reserve rises this much faster than the larger of the first
+# probe's reserve and allocated rises. Why: a step's reserve/allocated ratio grows with the tensors'
+# size (tests/data/planner/h200_measurements.csv: 0.3-1.0x at batch 1 x 512 tokens, where cached
+# weight blocks are reused, up to 1.39x at Mistral-7B batch 8 x 1024), and the far probe must not OOM.
+FAR_PROBE_HEADROOM = 0.4
 
 
 class MemoryProbe(Protocol):
     """The hardware boundary: what the search reads from the device between and during trials.
 
-    All values are bytes. ``peak_bytes`` is the highest allocation since the last ``reset_peak``.
+    All values are bytes. ``peak_bytes`` is the highest allocation since the last ``reset_peak``;
+    ``reserved_bytes`` / ``peak_reserved_bytes`` the same for what the allocator holds from the device
+    (allocated plus cached and rounded blocks), which is what ``capacity_bytes`` limits.
     """
 
     def capacity_bytes(self) -> int: ...
 
     def allocated_bytes(self) -> int: ...
 
+    def reserved_bytes(self) -> int: ...
+
     def reset_peak(self) -> None: ...
 
     def peak_bytes(self) -> int: ...
+
+    def peak_reserved_bytes(self) -> int: ...
 
     def release(self) -> None: ...
 
@@ -55,8 +70,8 @@ class CudaProbe:
 
     The capacity is what this process's allocator can hold: free device memory plus what it already
     reserved, capped by the per-process fraction (``torch.cuda.set_per_process_memory_fraction``) and
-    by ``limit_bytes`` when given. The margin is kept on *allocated* memory against that capacity, so
-    it also absorbs the allocator's fragmentation.
+    by ``limit_bytes`` when given. torch enforces the per-process fraction on the allocator's
+    *reserve* (``memory_reserved``), so the search measures and predicts reserved memory against it.
 
     Args:
         device: CUDA device index; None means the current device.
@@ -90,11 +105,19 @@ class CudaProbe:
     def allocated_bytes(self) -> int:
         return int(self._torch.cuda.memory_allocated(self.device))
 
+    def reserved_bytes(self) -> int:
+        return int(self._torch.cuda.memory_reserved(self.device))
+
     def reset_peak(self) -> None:
+        # Resets the allocated and the reserved peak alike; release() ran empty_cache() just before,
+        # so the reserve starts at what live tensors need and its peak reflects this trial only.
         self._torch.cuda.reset_peak_memory_stats(self.device)
 
     def peak_bytes(self) -> int:
         return int(self._torch.cuda.max_memory_allocated(self.device))
+
+    def peak_reserved_bytes(self) -> int:
+        return int(self._torch.cuda.max_memory_reserved(self.device))
 
     def release(self) -> None:
         gc.collect()
@@ -113,18 +136,34 @@ class Trial:
     seconds: float
     error: str | None = None  # OOM kind and the message's first line
     after_bytes: int | None = None  # allocated after the step, once released (state the step created)
+    # The same three for the allocator's reserve (None from a probe or caller that cannot tell).
+    base_reserved_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    after_reserved_bytes: int | None = None
 
     @property
     def rise_bytes(self) -> int | None:
         return None if self.peak_bytes is None else self.peak_bytes - self.base_bytes
+
+    @property
+    def reserve_rise_bytes(self) -> int | None:
+        if self.peak_reserved_bytes is None or self.base_reserved_bytes is None:
+            return None
+        return self.peak_reserved_bytes - self.base_reserved_bytes
+
+    def limited(self) -> tuple[int, int | None, int | None]:
+        """``(base, peak, after)`` of what the capacity limits: the reserve when known, else allocation."""
+        if self.base_reserved_bytes is not None and (self.peak_reserved_bytes is not None or not self.ok):
+            return self.base_reserved_bytes, self.peak_reserved_bytes, self.after_reserved_bytes
+        return self.base_bytes, self.peak_bytes, self.after_bytes
 
 
 @dataclass(frozen=True)
 class TuneResult:
     """What the search found.
 
-    ``batch_size`` (also ``size``) is the largest size run for real whose peak kept ``margin`` of the
-    capacity free; ``limit_size`` the largest that ran at all. ``predicted_max`` is the fitted line's
+    ``batch_size`` (also ``size``) is the largest size run for real whose peak reserve kept ``margin``
+    of the capacity free; ``limit_size`` the largest that ran at all. ``predicted_max`` is the fitted line's
     zero-margin maximum. With ``target_batch``, ``micro_batch`` x ``grad_accum_steps`` reaches it.
     """
 
@@ -132,12 +171,12 @@ class TuneResult:
     margin: float
     margin_bytes: int  # the capacity the margin keeps free
     capacity_bytes: int
-    peak_bytes: int | None  # measured peak at ``size``
-    headroom_bytes: int | None  # capacity - peak at ``size``
+    peak_bytes: int | None  # measured allocated peak at ``size``
+    headroom_bytes: int | None  # capacity - peak reserve at ``size`` (- allocated peak without a reserve)
     limit_size: int
     predicted_max: int | None
-    fixed_bytes: float | None  # fitted: peak rise independent of size
-    bytes_per_unit: float | None  # fitted: peak rise per sample (or per token)
+    fixed_bytes: float | None  # fitted: peak reserve rise independent of size
+    bytes_per_unit: float | None  # fitted: peak reserve rise per sample (or per token)
     trials: tuple[Trial, ...]
     ooms: int
     seconds: float
@@ -147,6 +186,7 @@ class TuneResult:
     grad_accum_steps: int | None = None
     notes: tuple[str, ...] = ()
     unit: str = "batch"
+    peak_reserved_bytes: int | None = None  # measured peak reserve at ``size``
 
     @property
     def batch_size(self) -> int:
@@ -154,7 +194,9 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["trials"] = [dict(asdict(t), rise_bytes=t.rise_bytes) for t in self.trials]
+        out["trials"] = [
+            dict(asdict(t), rise_bytes=t.rise_bytes, reserve_rise_bytes=t.reserve_rise_bytes) for t in self.trials
+        ]
         out["batch_size" if self.unit == "batch" else "seq_len"] = self.size
         return out
 
@@ -224,7 +266,8 @@ class _State:
     hi: int = 0  # smallest size known to fail or to break the margin
     limit: int = 0  # largest size that ran at all
     points: list[tuple[int, int, int]] = field(default_factory=list)  # size, rise, created
-    base: int = 0  # allocation before the latest trial
+    base: int = 0  # reserve (or allocation) before the next trial
+    far_rise: float = 0.0  # the first point's rise as the far probe assumes it (see FAR_PROBE_HEADROOM)
     trials: list[Trial] = field(default_factory=list)
     contradicted: list[int] = field(default_factory=list)  # sizes the line said fit but that failed
 
@@ -255,19 +298,27 @@ def search(
     while size is not None and len(st.trials) < max_trials:
         trial = run_trial(size)
         st.trials.append(trial)
-        # What stays allocated from now on: after the first step that includes optimizer state.
-        st.base = trial.after_bytes if trial.after_bytes is not None else trial.base_bytes
-        if trial.ok and trial.rise_bytes is not None:
-            created = 0 if trial.after_bytes is None else trial.after_bytes - trial.base_bytes
-            st.points.append((size, trial.rise_bytes, created))
+        base, peak, after = trial.limited()
+        # What stays held from now on: after the first step that includes optimizer state.
+        st.base = after if after is not None else base
+        if trial.ok and peak is not None:
+            created = 0 if after is None else after - base
+            if not st.points:
+                # Only a measured reserve has an allocator overhead that can grow; plain bytes (a caller
+                # of search() with its own memory model) are taken as exact.
+                reserve = trial.peak_reserved_bytes is not None and trial.base_reserved_bytes is not None
+                alloc_rise = trial.rise_bytes if trial.rise_bytes is not None else 0
+                headroom = 1.0 + FAR_PROBE_HEADROOM if reserve else 1.0
+                st.far_rise = max(peak - base, alloc_rise, 1) * headroom
+            st.points.append((size, peak - base, created))
             st.limit = max(st.limit, size)
-            if trial.base_bytes + trial.rise_bytes <= usable:
+            if peak <= usable:
                 st.lo = max(st.lo, size)
             else:
                 st.hi = min(st.hi, size)
         else:
             st.hi = min(st.hi, size)
-            if line is not None and trial.base_bytes + line.rise(size) <= capacity:
+            if line is not None and base + line.rise(size) <= capacity:
                 st.contradicted.append(size)
         if st.points:
             line = fit_line(st.points, degree)
@@ -293,6 +344,11 @@ def search(
     predicted = line.largest_within(capacity - st.base) if line is not None else None
     size_found = st.lo or st.limit
     peak = max((t.peak_bytes for t in st.trials if t.size == size_found and t.peak_bytes is not None), default=None)
+    peak_reserved = max(
+        (t.peak_reserved_bytes for t in st.trials if t.size == size_found and t.peak_reserved_bytes is not None),
+        default=None,
+    )
+    held = peak_reserved if peak_reserved is not None else peak
     capped = size_found >= max_size
     if capped:
         notes.append(f"reached the upper bound {max_size * scale}; more may fit")
@@ -304,7 +360,7 @@ def search(
         margin_bytes=int(capacity - usable),
         capacity_bytes=capacity,
         peak_bytes=peak,
-        headroom_bytes=None if peak is None else capacity - peak,
+        headroom_bytes=None if held is None else capacity - held,
         limit_size=st.limit,
         predicted_max=predicted,
         fixed_bytes=None if line is None else line.fixed,
@@ -314,6 +370,7 @@ def search(
         seconds=time.perf_counter() - t0,
         capped=capped,
         notes=tuple(notes),
+        peak_reserved_bytes=peak_reserved,
     )
 
 
@@ -339,9 +396,10 @@ def _next_size(st: _State, line: _Line | None, start: int, degree: int) -> int |
     room = st.usable - st.base
     if len(st.points) == 1 and lo > 0:
         # One point: if all of the rise scaled with size, this much would fit; the rise's fixed part
-        # makes it a lower bound, which makes it a safe, far-away second point for the line.
-        x, rise, _ = st.points[0]
-        nxt = math.floor(x * (room / max(rise, 1)) ** (1.0 / degree))
+        # makes it a lower bound, and the allocator headroom in far_rise covers the reserve growing
+        # faster than the allocation at larger sizes, which makes it a safe, far-away second point.
+        x = st.points[0][0]
+        nxt = math.floor(x * (max(room, 0.0) / st.far_rise) ** (1.0 / degree))
         nxt = max(nxt, x + 1)
     else:
         nxt = line.largest_within(room)
@@ -465,15 +523,19 @@ def make_trial_runner(
     """Wrap ``step_fn(size)`` into a trial: memory released before and after, OOMs caught and cleared."""
 
     def run(size: int) -> Trial:
+        # empty_cache() first, so the reserve holds only live tensors and its peak is this trial's.
         probe.release()
         base = probe.allocated_bytes()
+        base_reserved = probe.reserved_bytes()
         probe.reset_peak()
         t0 = time.perf_counter()
         error: str | None = None
         peak: int | None = None
+        peak_reserved: int | None = None
         try:
             step_fn(size)
             peak = probe.peak_bytes()
+            peak_reserved = probe.peak_reserved_bytes()
         except BaseException as exc:
             kind = oom_kind(exc)
             if kind is None:
@@ -497,6 +559,9 @@ def make_trial_runner(
             seconds=seconds,
             error=error,
             after_bytes=probe.allocated_bytes(),
+            base_reserved_bytes=base_reserved,
+            peak_reserved_bytes=peak_reserved,
+            after_reserved_bytes=probe.reserved_bytes(),
         )
         log.info("trial %d: %s", size, "ok" if trial.ok else error)
         if on_trial is not None:
@@ -558,8 +623,8 @@ def find_max_batch_size(
         step_fn: runs one training step at the given batch size.
         start: the first (small) batch size to measure.
         max_batch: never try more than this.
-        margin: fraction of the capacity to keep unallocated at the peak (fragmentation, longer
-            batches later). 0 finds the raw limit.
+        margin: fraction of the capacity to keep free at the step's peak reserve (longer batches
+            later; the allocator's fragmentation is measured, not guessed). 0 finds the raw limit.
         target_batch: the effective batch you want; the result then carries ``micro_batch`` and
             ``grad_accum_steps``.
         max_trials: real steps at most.
