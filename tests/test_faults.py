@@ -16,10 +16,12 @@ is built from it).
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -479,24 +481,28 @@ def test_log_deleted_mid_run_is_recreated_with_every_row(tmp_path: Path, caplog:
 
 
 def test_log_on_a_full_disk_from_the_start_is_refused_before_the_command(tmp_path: Path) -> None:
-    """/dev/full: every write fails with ENOSPC. Nothing starts, nothing half-written is left."""
-    if not os.path.exists("/dev/full"):
-        pytest.skip("no /dev/full on this system")
+    """A full device (a private copy of /dev/full: every write fails with ENOSPC). Nothing starts, nothing
+    half-written is left, and the device is not mistaken for a half-written log and removed."""
+    full = tmp_path / "full"
+    try:
+        os.mknod(full, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except OSError as exc:
+        pytest.skip(f"cannot make a device node here ({exc})")
     marker = tmp_path / "ran"
     result = subprocess.run(
-        [PYTHON, "-m", "vramscope", "run", "--log", "/dev/full", "--", "touch", str(marker)],
+        [PYTHON, "-m", "vramscope", "run", "--log", str(full), "--", "touch", str(marker)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "vramscope: error: cannot write log /dev/full: No space left on device; free some space or choose another path"
+        f"vramscope: error: cannot write log {full}: No space left on device; free some space or choose another path"
     )
     assert not marker.exists()
-    assert os.path.exists("/dev/full")  # the device is not mistaken for a half-written log and removed
+    assert stat.S_ISCHR(full.stat().st_mode)
     record(
-        "log on a full disk from the start (/dev/full)",
+        "log on a full device from the start (a private /dev/full node)",
         "exit 2 before the command starts; one line",
         0,
         0,
@@ -856,7 +862,7 @@ def test_run_and_watch_rotate_with_max_log_mb(
             "--log",
             str(log),
             "--max-log-mb",
-            "0.002",
+            "0.001",
             "--interval",
             "0.05",
             "--",
@@ -872,6 +878,10 @@ def test_run_and_watch_rotate_with_max_log_mb(
     samples = int(done.stderr.rsplit("samples: ", 1)[1].split(",")[0])
     assert (tmp_path / "run.csv.1").exists()
     assert len(read_log(log)) == samples  # one row per sample (no GPU here), across every part
+    if importlib.util.find_spec("vramscope.cli.report"):  # `vramscope report` takes the set by its first file
+        capsys.readouterr()
+        assert main(["report", str(log), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["log"]["rows"] == samples
 
     monkeypatch.setattr(nvml_backend, "_load_pynvml", fake_nvml.two_healthy_gpus)
     watched = tmp_path / "watch.csv"
@@ -882,3 +892,87 @@ def test_run_and_watch_rotate_with_max_log_mb(
     capsys.readouterr()
     assert (tmp_path / "watch.csv.1").exists()
     assert read_log(watched).ints("gpu") == [0, 1] * 40
+
+
+# -- faults inside a real Hugging Face Trainer run -------------------------------------------------------
+
+
+def test_faults_inside_a_hugging_face_trainer_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Prometheus port taken, a sink that starts failing, the GPU lost and the log deleted, all in one real
+    Trainer run on a tiny CPU model: the run trains every step and the log keeps every row."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = pytest.importorskip("vramscope.integrations.hf")
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    log = tmp_path / "mem.csv"
+    fake = fake_nvml.two_healthy_gpus(pid=os.getpid())
+    bad = FailingSink(fail_from=4, log=log)
+    callback = hf.MemoryMonitorCallback(
+        log=str(log), prometheus_port=taken.getsockname()[1], warn=False, nvml=fake, sinks=[bad]
+    )
+
+    class Faults(transformers.TrainerCallback):  # type: ignore[misc]
+        """The GPU is lost at step 6; an operator deletes the log at step 8."""
+
+        log_at_fault = b""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 6:
+                fake.gpus[1].errors.update(dict.fromkeys(NVML_FUNCTIONS, fake_nvml.NVML_ERROR_GPU_IS_LOST))
+            if state.global_step == 8:
+                self.log_at_fault = log.read_bytes()
+                log.unlink()
+
+    faults = Faults()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
+    data = [{"input_ids": torch.randint(0, 64, (8,)), "labels": torch.randint(0, 64, (8,))} for _ in range(24)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=12,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_strategy="no",
+    )
+    trainer = transformers.Trainer(
+        model=transformers.LlamaForCausalLM(config),
+        args=args,
+        train_dataset=data,
+        callbacks=[callback, faults],
+    )
+    try:
+        with caplog.at_level(logging.WARNING):
+            trainer.train()
+            callback.close()
+    finally:
+        taken.close()
+    assert trainer.state.global_step == 12  # every step trained
+    assert log.read_bytes().startswith(faults.log_at_fault)
+    steps = read_log(log).ints("step")
+    assert sorted({s for s in steps if s is not None}) == list(range(1, 13))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    for cause in ("already in use", "Connection reset", "GPU is lost", "was deleted"):
+        assert len([w for w in warnings if cause in w]) == 1, (cause, warnings)
+    rows_before, rows_kept = kept_rows(faults.log_at_fault, log)
+    record(
+        "HF Trainer run: Prometheus port taken, a sink failing, GPU lost, log deleted",
+        "all 12 steps trained; one warning per fault; log re-created with every row",
+        rows_before,
+        rows_kept,
+        test="test_faults_inside_a_hugging_face_trainer_run",
+    )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,14 @@ class Workspace:
             )
         )
         self.inputs = {self.log.name}
+        # A private /dev/full (when this machine lets us make one): output flags are fuzzed with a device,
+        # and a command that goes wrong harms only this node, never the machine's /dev.
+        self.device: Path | None = self.root / "full"
+        try:
+            os.mknod(self.device, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+            self.inputs.add(self.device.name)
+        except OSError:
+            self.device = None
 
     def outputs(self) -> st.SearchStrategy[str]:
         return st.sampled_from(
@@ -134,7 +143,7 @@ class Workspace:
                 str(self.root / "missing" / "out.csv"),
                 str(self.root),  # a folder
                 str(self.log),  # the input itself
-                "/dev/full",
+                str(self.device or self.root / "no-device"),
                 "/proc/version",  # not writable
                 "",
             ]
@@ -209,6 +218,8 @@ def check(argv: list[str], ws: Workspace, capsys: pytest.CaptureFixture[str]) ->
     event(f"exit {code}")  # shown by --hypothesis-show-statistics: the fuzz reaches past argparse too
     assert code in DOCUMENTED_EXIT_CODES, (argv, code, err)
     assert "Traceback" not in err and CRASH_MARK not in err, (argv, err)
+    if ws.device is not None:
+        assert stat.S_ISCHR(ws.device.stat().st_mode), (argv, "the device was replaced by a file")
     left = ws.files() - ws.inputs
     assert not [f for f in left if ".tmp" in f or f.startswith(".")], (argv, left)  # no temporary file left
     if code != 0:
@@ -350,3 +361,30 @@ def test_report_with_an_empty_log_name_says_so(tmp_path: Path, capsys: pytest.Ca
     assert err.startswith("vramscope: error: ") and len(err.strip().splitlines()) == 1, err
     assert CRASH_MARK not in err
     assert existing.read_text() == "keep me"
+
+
+def device_node(path: Path) -> Path:
+    """A private copy of /dev/full (a character device) at ``path``, so that a test that goes wrong can only
+    harm its own node, never the machine's /dev."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except (PermissionError, OSError) as exc:
+        pytest.skip(f"cannot make a device node here ({exc})")
+    return path
+
+
+@pytest.mark.parametrize("flag", ["--html", "--png"])
+def test_report_never_replaces_a_device_with_its_output(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by test_fuzz_report with /dev/full as --html: the atomic write (temporary file, then rename)
+    replaced the device node itself with a regular file, as root for the whole machine."""
+    node = device_node(tmp_path / "full")
+    log = Workspace().log
+    try:
+        code = main(["report", str(log), flag, str(node)])
+    finally:
+        shutil.rmtree(log.parent, ignore_errors=True)
+    err = capsys.readouterr().err
+    assert stat.S_ISCHR(node.stat().st_mode)  # still the device
+    assert code == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1, err

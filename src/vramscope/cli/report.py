@@ -123,6 +123,10 @@ def _check_output(flag: str, path: str, logs: list[str]) -> None:
         raise UsageError(f"{flag} {path}: folder {target.parent} does not exist; create it first")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {path} is not writable; choose another path")
+    if target.exists() and not target.is_file():
+        # The write renames a temporary file over the target: over /dev/full or /dev/stdout that would
+        # replace the device itself (as root, for the whole machine), not write into it.
+        raise UsageError(f"{flag} {path} is not a regular file; give a file path")
     for log in logs:
         try:
             same = Path(log).exists() and target.exists() and os.path.samefile(log, target)

@@ -139,7 +139,8 @@ class MemoryMonitor:
         oom_snapshot: record an allocator snapshot and the training context when CUDA runs out of
             memory (``vramscope.oom.OomRecorder``), into ``<log stem>.oom/`` (or into this folder
             when a path is given). Without CUDA it is off, with a warning.
-        prometheus: ``"[HOST:]PORT"`` to serve the samples and the analysis to Prometheus.
+        prometheus: ``"[HOST:]PORT"`` to serve the samples and the analysis to Prometheus (a port in use
+            gives one warning and no exporter, not an error).
         sinks: more sinks that receive every sample.
         warn: print throttled one-line warnings while training (always saved beside the log).
         analyze_every: run the leak test and the forecast every this many logged rows.
@@ -259,10 +260,16 @@ class MemoryMonitor:
             self.log_path = rank_path(self.requested_log, self.rank)
             sinks.append(log_sink(self.log_path))  # a bad path fails here, before training starts
         if self.prometheus is not None:
-            from vramscope.sinks.prometheus import PrometheusSink  # only when asked: an optional extra
+            from vramscope.sinks.prometheus import PrometheusBindError, PrometheusSink  # only when asked
 
-            self._prometheus_sink = PrometheusSink(self.prometheus)
-            sinks.append(self._prometheus_sink)
+            try:
+                self._prometheus_sink = PrometheusSink(self.prometheus)
+            except PrometheusBindError as exc:
+                # A port in use is a fact of the machine, not a mistake in the code: inside a Trainer
+                # (on_train_begin) raising would stop the run, so train without the exporter.
+                log.warning("vramscope: not serving Prometheus metrics (%s); training goes on without them", exc)
+            else:
+                sinks.append(self._prometheus_sink)
         sinks.extend(self._extra_sinks)
         self.alerts = Alerts(
             path=warnings_path(self.log_path) if self.log_path else None,
