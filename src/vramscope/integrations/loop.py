@@ -24,8 +24,15 @@ one NVML query of this process's GPUs and one CSV row. The leak test and the OOM
 least 200 times their own cost apart (``analyze_max_share``: at most 0.5% of the wall time, however
 fast the steps).
 
-Several processes (``torchrun``): every rank logs to its own file, rank 0 to ``log`` and rank *k* to
-``<stem>.rank<k><suffix>`` (``memory_log.rank1.csv``), and every row carries its ``rank``.
+Several processes (``torchrun``, ``accelerate``): every rank logs to its own file, rank 0 to ``log`` and
+rank *k* to ``<stem>.rank<k><suffix>`` (``memory_log.rank1.csv``; ``rank_logs=False`` turns these off),
+and every row carries its ``rank``. When torch.distributed is initialised with more than one rank,
+rank 0's log also carries every other rank: at each logged step (``step % every_n_steps == 0``) the
+ranks exchange one row each, a fixed-size int64 tensor of ``len(GATHER_FIELDS)`` numbers, through one
+all-gather (``gather=False`` turns it off). It is a collective, so every rank must run a
+monitor with the same ``every_n_steps`` and ``gather`` and call ``step()`` with the same step numbers;
+phases, flushes and background samples never gather, so evaluation on some ranks only is safe.
+See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from vramscope.sampler import MIN_INTERVAL_S, Collector, Sampler
 from vramscope.schema import sample_rows
 from vramscope.sinks import log_sink
 from vramscope.sinks.base import Sink
-from vramscope.types import HostReading, Sample
+from vramscope.types import AllocatorReading, GpuReading, HostReading, ProcessGpuReading, Sample
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,16 @@ def current_rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
+
+
+# What one rank sends rank 0 at a logged step, in this order; -1 = unknown (every real value is >= 0).
+# Fixed, so the all-gather's size is known on every rank without a first exchange of sizes.
+GATHER_FIELDS: tuple[str, ...] = (
+    "rank", "step", "tokens", "gpu", "device", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes",
+    "active_bytes", "inactive_split_bytes", "num_alloc_retries", "num_ooms", "device_used_bytes",
+    "device_total_bytes", "device_free_bytes", "utilization_pct", "process_bytes", "host_rss_bytes",
+    "system_used_bytes",
+)
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -154,6 +171,10 @@ class MemoryMonitor:
             evenly thinned over the whole run (never all dropped).
         nvml: the NVML module (tests pass a fake one); default ``pynvml``.
         warn_stream: where warnings are printed.
+        gather: under torch.distributed with more than one rank, gather every rank's row to rank 0's
+            log at each logged step (a collective: all ranks or none must have it on).
+        rank_logs: ranks other than 0 write their own ``<stem>.rank<k>`` log (their phase rows,
+            warnings and analysis); False leaves rank 0's log (with ``gather``) as the only one.
     """
 
     def __init__(
@@ -177,6 +198,8 @@ class MemoryMonitor:
         history: int = 8192,
         nvml: Any | None = None,
         warn_stream: TextIO | None = sys.stderr,
+        gather: bool = True,
+        rank_logs: bool = True,
     ) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be a whole number of at least 1, got {every_n_steps!r}")
@@ -206,6 +229,10 @@ class MemoryMonitor:
         self._nvml_module = nvml
         self._warn_stream = warn_stream
         self._extra_sinks = list(sinks)
+        self.gather = gather
+        self.rank_logs = rank_logs
+        self._gatherer: _RankGather | None = None
+        self.rank_rows: dict[int, Sample] = {}  # rank 0: the latest gathered sample of each rank
 
         self.rank = 0
         self.log_path: str | None = None
@@ -256,7 +283,7 @@ class MemoryMonitor:
             return self
         self.rank = current_rank()
         sinks: list[Sink] = []
-        if self.requested_log is not None:
+        if self.requested_log is not None and (self.rank == 0 or self.rank_logs):
             self.log_path = rank_path(self.requested_log, self.rank)
             sinks.append(log_sink(self.log_path))  # a bad path fails here, before training starts
         if self.prometheus is not None:
@@ -392,7 +419,32 @@ class MemoryMonitor:
         self._pending = True
         if step % self.every_n_steps:
             return None
-        return self._log_row(step=step, phase=self.current_phase)
+        sample = self._log_row(step=step, phase=self.current_phase)
+        if sample is not None and self.gather:
+            self._gather_ranks(sample)
+        return sample
+
+    def _gather_ranks(self, sample: Sample) -> None:
+        """Send this rank's row to rank 0, which logs the others' rows after its own."""
+        if self._gatherer is None:
+            # Set up at the first logged step rather than in start(): a process group initialised
+            # after the monitor started is still found, and every rank decides at the same step.
+            self._gatherer = _RankGather.create()
+            if self._gatherer is None:
+                return
+        if self._gatherer.world == 1 or self._sampler is None:
+            return
+        try:
+            others = self._gatherer.exchange(sample, self.rank)
+        except Exception as exc:
+            # A failed collective means a broken process group: training fails on its own; the
+            # monitor only stops gathering instead of raising a second error from inside step().
+            log.warning("vramscope: gathering the ranks' memory failed, rank 0's log keeps its own rows: %s", exc)
+            self.gather = False
+            return
+        for other in others:
+            self.rank_rows[int(str(other.extra["rank"]))] = other
+            self._sampler.emit(other)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -678,6 +730,112 @@ class _BackgroundSampler:
                 log.warning("vramscope: background sampling failed: %s", exc)
 
 
+class _RankGather:
+    """One all-gather of :data:`GATHER_FIELDS` per logged step, on the process group's own device.
+
+    Both tensors are allocated once: a logged step adds no allocation (and no allocator block) of
+    its own on the GPU, so the gather does not show up in the peaks it carries.
+    """
+
+    def __init__(self, dist: Any, torch: Any, world: int, device: Any) -> None:
+        self._torch = torch
+        self.world = world
+        self._mine = torch.full((len(GATHER_FIELDS),), -1, dtype=torch.int64, device=device)
+        # Flat (the concatenation form): every backend takes it, gloo does not take the stacked one.
+        self._all = torch.full((world * len(GATHER_FIELDS),), -1, dtype=torch.int64, device=device)
+        # torch 2.13 renamed the call (the old name warns); older releases have only the old one.
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    @classmethod
+    def create(cls) -> _RankGather | None:
+        """The gatherer for the default process group, or None when torch.distributed is not initialised."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        world = int(dist.get_world_size())
+        # NCCL moves CUDA tensors only; anything else with a CPU backend (gloo, or accelerate's
+        # "cpu:gloo,cuda:nccl") takes the CPU tensor and so never waits on the GPU.
+        backend = str(dist.get_backend())
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        return cls(dist, torch, world, device)
+
+    def exchange(self, sample: Sample, rank: int) -> list[Sample]:
+        """All-gather this rank's row; rank 0 gets the other ranks' samples back (the others: [])."""
+        values = _row_numbers(sample, rank)
+        self._mine.copy_(self._torch.tensor(values, dtype=self._torch.int64))
+        self._all_gather(self._all, self._mine)
+        if rank != 0:
+            return []  # no read-back: with NCCL, other ranks never wait for the gather to finish
+        flat = self._all.tolist()
+        n = len(GATHER_FIELDS)
+        table = [flat[i : i + n] for i in range(0, len(flat), n)]
+        return [_row_sample(dict(zip(GATHER_FIELDS, row, strict=True)), sample)
+                for row in table if row[0] != rank]
+
+
+def _row_numbers(sample: Sample, rank: int) -> list[int]:
+    """This rank's numbers in :data:`GATHER_FIELDS` order: its own GPU (the one its allocator uses)."""
+    reading = sample.allocator[0] if sample.allocator else None
+    gpu: GpuReading | None = None
+    if reading is not None:
+        gpu = next((g for g in sample.gpus if reading.uuid and g.uuid == reading.uuid), None)
+        if gpu is None and (reading.uuid is None or all(g.uuid is None for g in sample.gpus)):
+            gpu = next((g for g in sample.gpus if g.index == reading.device), None)
+    elif len(sample.gpus) == 1:
+        gpu = sample.gpus[0]
+    values: dict[str, int | None] = {
+        "rank": rank,
+        "step": sample.step,
+        "tokens": sample.tokens,
+        "gpu": None if gpu is None else gpu.index,
+        "device": None if reading is None else reading.device,
+        "host_rss_bytes": sample.host.rss_bytes,
+        "system_used_bytes": sample.host.system_used_bytes,
+    }
+    if reading is not None:
+        values.update(allocated_bytes=reading.allocated_bytes, reserved_bytes=reading.reserved_bytes,
+                      peak_allocated_bytes=reading.peak_allocated_bytes, active_bytes=reading.active_bytes,
+                      inactive_split_bytes=reading.inactive_split_bytes,
+                      num_alloc_retries=reading.num_alloc_retries, num_ooms=reading.num_ooms)
+    if gpu is not None:
+        values.update(device_used_bytes=gpu.used_bytes, device_total_bytes=gpu.total_bytes,
+                      device_free_bytes=gpu.free_bytes, utilization_pct=gpu.utilization_pct,
+                      process_bytes=sample.process_bytes(gpu.index))
+    return [-1 if values.get(name) is None else int(values[name] or 0) for name in GATHER_FIELDS]
+
+
+def _row_sample(row: dict[str, int], own: Sample) -> Sample:
+    """Another rank's numbers as a Sample, stamped with rank 0's time and phase (taken at the same step)."""
+    v: dict[str, int | None] = {k: (None if n < 0 else n) for k, n in row.items()}
+    gpus: tuple[GpuReading, ...] = ()
+    watched: frozenset[int] | None = None
+    index = v["gpu"]
+    if index is not None:
+        # The process's own bytes travel as a one-process reading under a placeholder pid, so that
+        # the schema reads them back the way it reads NVML's.
+        procs = () if v["process_bytes"] is None else (ProcessGpuReading(pid=0, gpu_bytes=v["process_bytes"]),)
+        gpus = (GpuReading(index=index, used_bytes=v["device_used_bytes"], total_bytes=v["device_total_bytes"],
+                           free_bytes=v["device_free_bytes"], utilization_pct=v["utilization_pct"],
+                           processes=procs, processes_known=bool(procs)),)
+        watched = frozenset({0})
+    allocator: tuple[AllocatorReading, ...] = ()
+    if v["allocated_bytes"] is not None and v["reserved_bytes"] is not None:
+        # Matched to the GPU row by index (no UUIDs travel), so the NVML index stands in for torch's.
+        allocator = (AllocatorReading(
+            device=index if index is not None else (v["device"] or 0),
+            allocated_bytes=v["allocated_bytes"], reserved_bytes=v["reserved_bytes"],
+            active_bytes=v["active_bytes"], inactive_split_bytes=v["inactive_split_bytes"],
+            peak_allocated_bytes=v["peak_allocated_bytes"], num_alloc_retries=v["num_alloc_retries"],
+            num_ooms=v["num_ooms"]),)
+    return Sample(time=own.time, elapsed_s=own.elapsed_s, gpus=gpus, allocator=allocator,
+                  host=HostReading(rss_bytes=v["host_rss_bytes"], system_used_bytes=v["system_used_bytes"]),
+                  watched_pids=watched, step=v["step"], phase=own.phase, tokens=v["tokens"],
+                  extra={"rank": v["rank"]})
+
+
 def _allocator(reset_peak: bool) -> Any | None:
     """The torch allocator backend when this process can use CUDA, else None (host memory only)."""
     from vramscope.backends.torch_allocator import TorchAllocatorBackend, torch_cuda_available
@@ -687,4 +845,4 @@ def _allocator(reset_peak: bool) -> Any | None:
     return TorchAllocatorBackend(reset_peak=reset_peak)
 
 
-__all__ = ["MemoryMonitor", "batch_tokens", "current_rank", "rank_path"]
+__all__ = ["GATHER_FIELDS", "MemoryMonitor", "batch_tokens", "current_rank", "rank_path"]

@@ -160,6 +160,9 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
         "forecast": analysis["forecast"],
         "warnings": analysis.get("warnings", []),
     }
+    ranks = _rank_peaks(cols)
+    if ranks is not None:
+        summary["ranks"], summary["imbalance_metric"], summary["imbalance"] = ranks
     advice = advise(summary)
     if settings is not None:
         # What is urgent in the log (a leak, a batch that will not fit) stays first; then the planner's
@@ -213,6 +216,44 @@ class _Columns:
                 return b - a
         known = [e for e in (self.elapsed[0], self.elapsed[-1]) if e is not None]
         return known[-1] - known[0] if len(known) == 2 else None
+
+
+RANK_PEAKS = ("peak_allocated_bytes", "reserved_bytes", "device_used_bytes", "host_rss_bytes")
+# Which peak the imbalance compares: the allocator's (what the model itself needs) when known.
+IMBALANCE_ORDER = ("peak_allocated_bytes", "device_used_bytes", "host_rss_bytes")
+
+
+def _rank_peaks(cols: _Columns) -> tuple[list[dict[str, Any]], str, float | None] | None:
+    """Each rank's peaks and ``max/min - 1`` of one peak across ranks, for a log with several ranks
+    (rank 0's log of a distributed run gathers every rank); None otherwise."""
+    ranks = cols.ints("rank")
+    distinct = sorted({r for r in ranks if r is not None})
+    if len(distinct) < 2:
+        return None
+    rows: dict[int, list[int]] = {r: [] for r in distinct}
+    for i, r in enumerate(ranks):
+        if r is not None:
+            rows[r].append(i)
+    columns = {m: cols.ints(m) for m in RANK_PEAKS}
+    gpus, steps = cols.gpu, cols.step
+    entries: list[dict[str, Any]] = []
+    for r in distinct:
+        entry: dict[str, Any] = {"rank": r, "rows": len(rows[r]),
+                                 "gpus": sorted({g for g in (gpus[i] for i in rows[r]) if g is not None})}
+        for m in RANK_PEAKS:
+            best = _argmax([columns[m][i] for i in rows[r]])
+            name = m if m.startswith("peak_") else f"peak_{m}"
+            entry[name] = None if best is None else best[1]
+            if m == "peak_allocated_bytes":
+                entry["peak_step"] = None if best is None else steps[rows[r][best[0]]]
+        entries.append(entry)
+    for m in IMBALANCE_ORDER:
+        name = m if m.startswith("peak_") else f"peak_{m}"
+        values = [e[name] for e in entries]
+        if all(v is not None for v in values):
+            low = min(values)
+            return entries, name, (_round(max(values) / low - 1, 4) if low > 0 else None)
+    return entries, "", None
 
 
 def _parse_time(text: str) -> float | None:

@@ -49,6 +49,11 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
             text = ", ".join(f"step {b['step']} ({b['tokens']:,} tokens, {_gib(b['peak_allocated_bytes'])})"
                              for b in batches)
             console.print(Text.assemble(("longest batches: ", "bold"), text))
+    ranks = rank_table(report.summary)
+    if ranks is not None:
+        console.print()
+        console.print(rank_heading(report.summary))
+        console.print(ranks)
     _print_verdicts(report.summary, console)
     _print_advice(report.summary, console)
 
@@ -110,6 +115,34 @@ def phase_table(dev: dict[str, Any]) -> Table | None:
         cells = [_gib((entry.get(m) or {}).get("bytes")) if entry.get(m) else "-" for m in metrics]
         step = (entry.get(metrics[0]) or {}).get("step") if metrics else None
         table.add_row(escape(name), f"{entry.get('rows', 0):,}", *cells, "" if step is None else f"{step:,}")
+    return table
+
+
+def rank_heading(s: dict[str, Any]) -> Text:
+    """``ranks · imbalance 12.5% in peak allocated``: the largest rank's peak over the smallest's, minus 1."""
+    text = Text("ranks", style="bold")
+    imbalance = s.get("imbalance")
+    if imbalance is not None:
+        metric = str(s.get("imbalance_metric") or "")
+        label = "peak " + METRICS.get(metric.removeprefix("peak_"), metric)
+        text.append(f" · imbalance {imbalance:.1%} in {label}", style="bold yellow" if imbalance >= 0.1 else "")
+    return text
+
+
+def rank_table(s: dict[str, Any]) -> Table | None:
+    """Peaks of each rank of a distributed run (rank 0's log gathers them all); None for one rank."""
+    ranks = s.get("ranks") or []
+    if len(ranks) < 2:
+        return None
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold dim")
+    columns = [c for c in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_used_bytes",
+                           "peak_host_rss_bytes") if any(r.get(c) is not None for r in ranks)]
+    for name in ("rank", "gpu", "rows", *(c.removeprefix("peak_") for c in columns)):
+        table.add_column(name if name in ("rank", "gpu", "rows") else f"peak {METRICS.get(name, name)}",
+                         justify="left" if name == "rank" else "right")
+    for r in ranks:
+        table.add_row(str(r["rank"]), ",".join(str(g) for g in r.get("gpus") or []) or "-", f"{r['rows']:,}",
+                      *(_gib(r.get(c)) for c in columns))
     return table
 
 
