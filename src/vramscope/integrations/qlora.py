@@ -9,6 +9,7 @@ the same code runs on a CPU. Imports transformers, peft and bitsandbytes lazily.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -74,7 +75,8 @@ def write_random_checkpoint(
     else:
         cfg = config
     torch.manual_seed(0)
-    with torch.device(device or "cpu"):
+    # No device given: keep the caller's default device (a caller may already have set CUDA).
+    with torch.device(device) if device else contextlib.nullcontext():
         model: Any = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype(dtype))
     model.save_pretrained(out, safe_serialization=True)
     del model
