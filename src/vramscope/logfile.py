@@ -19,7 +19,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -62,7 +62,10 @@ class LogTable:
         key = (column, "str")
         if key not in self._cache:
             raw = self.raw.get(column)
-            self._cache[key] = [None] * len(self) if raw is None else [v or None for v in raw]
+            if raw is None:
+                self._cache[key] = [None] * len(self)
+            else:
+                self._cache[key] = _by_distinct(raw, _text_or_none) or [v or None for v in raw]
         return self._cache[key]  # type: ignore[return-value]
 
     def ints(self, column: str) -> list[int | None]:
@@ -109,11 +112,54 @@ def _take(values: list[str], index: list[int]) -> list[str]:
     return list(itemgetter(*index)(values))
 
 
+# Cells of one column are spread over the whole heap (the file is split row by row), so each pass over
+# a column of a day of rows is a million cache misses. A column with few distinct cells (the GPU
+# index, its total, the phase, batch lengths) is converted one distinct cell at a time, and its
+# converted cells then share a handful of objects that every later pass finds in the cache.
+FEW_DISTINCT = 64
+
+
+class _TooManyDistinct(Exception):
+    pass
+
+
+class _Distinct(dict[str, object]):
+    """Cell -> its value, converted the first time the cell is met; refuses more than FEW_DISTINCT cells."""
+
+    def __init__(self, convert: Callable[[str], object]) -> None:
+        super().__init__()
+        self.convert = convert
+
+    def __missing__(self, cell: str) -> object:
+        if len(self) >= FEW_DISTINCT:
+            raise _TooManyDistinct
+        value = self[cell] = self.convert(cell)
+        return value
+
+
+def _by_distinct(raw: list[str], convert: Callable[[str], object]) -> list[object] | None:
+    """``[convert(cell) for cell in raw]`` in one C pass when the column has few distinct cells, else None.
+
+    The first rows are probed before the whole column is: a column of measurements is told apart at
+    once, without a pass over all of it.
+    """
+    if len(set(raw[:FEW_DISTINCT])) > FEW_DISTINCT // 8:
+        return None
+    try:
+        return list(map(_Distinct(convert).__getitem__, raw))
+    except _TooManyDistinct:
+        return None
+
+
 def _convert(
-    raw: list[str] | None, n: int, fast: type[int] | type[float], slow: object
+    raw: list[str] | None, n: int, fast: type[int] | type[float], slow: Callable[[str], object]
 ) -> list[object]:
     if raw is None or not any(raw):
         return [None] * n
+    # ``slow`` gives, cell by cell, what the passes below give (they only skip its checks).
+    converted = _by_distinct(raw, slow)
+    if converted is not None:
+        return converted
     try:
         return list(map(fast, raw))  # every cell known and clean: one C loop
     except ValueError:
@@ -122,6 +168,10 @@ def _convert(
         return [fast(v) if v else None for v in raw]  # gaps ('' = unknown)
     except ValueError:
         return [slow(v) for v in raw]  # type: ignore[operator]
+
+
+def _text_or_none(text: str) -> str | None:
+    return text or None
 
 
 def _to_int(text: str) -> int | None:
@@ -192,7 +242,7 @@ def _read_one(name: str) -> LogTable:
     except OSError as exc:
         raise LogFormatError(f"cannot read log {name}: {exc.strerror or exc}") from None
     first = text.lstrip()[:1]
-    if not text.strip():
+    if not text or text.isspace():  # as ``not text.strip()``, without copying the file's text
         raise LogFormatError(f"log {name} is empty; was the run started with --log?")
     if first == "{":
         return _read_jsonl(name, text)
@@ -235,17 +285,25 @@ def _split_plain(text: str) -> dict[str, list[str]] | None:
     if first < 0 or '"' in text:
         return None
     newline = "\r\n" if text[first - 1 : first] == "\r" else "\n"
-    # One copy of the text: up to the last line end (a torn last line is dropped), without that end.
-    body = text[: text.rfind(newline)]
+    # The text up to the last line end (a torn last line is dropped), without that end. When the file
+    # ends with a line end (as a rule), the text is read in place rather than copied without it: the
+    # counts below each find one more, and the split two more cells at the end ("\n", ""), cut off.
+    end = text.rfind(newline)
+    whole = end == len(text) - len(newline)
+    body = text if whole else text[:end]
     if newline == "\r\n":
         if not body.count("\r") == body.count("\n") == body.count("\r\n"):
             return None
     elif "\r" in body:
         return None
-    lines = body.count(newline) + 1  # the header is line 0
+    lines = body.count(newline) + (0 if whole else 1)  # the header is line 0
+    if whole and lines == 1:  # the header alone: split it without its line end
+        whole, body = False, text[:end]
     # "\n" is a cached one-character string, so the line marks cost no allocation. When every line has
     # `width` cells, the marks sit exactly every width + 1 cells; any ragged line moves one of them.
     cells = body.replace(newline, ",\n,").split(",") if lines > 1 else body.split(",")
+    if whole:
+        del cells[-2:]
     width = cells.index("\n") if lines > 1 else len(cells)
     if width < 2:
         return None  # one column: an empty line would pass for an empty cell; the csv module skips it

@@ -44,12 +44,19 @@ def allocator_capacity(
 
 def seconds_per_step(steps: Sequence[float], elapsed_s: Sequence[float], recent: int = 200) -> float | None:
     """The recent step time: Theil-Sen slope of elapsed seconds over steps (robust to eval pauses)."""
-    pairs = [(s, e) for s, e in zip(steps, elapsed_s, strict=True)][-recent:]
+    pairs = _recent_pairs(steps, elapsed_s, recent)
     if len(pairs) < 3 or pairs[-1][0] == pairs[0][0]:
         return None
     xs, ys = thin([p[0] for p in pairs], [p[1] for p in pairs], 80)
     slope = trend(xs, ys).slope
     return slope if slope > 0 else None
+
+
+def _recent_pairs(a: Sequence[Any], b: Sequence[Any], recent: int) -> list[tuple[Any, Any]]:
+    """``list(zip(a, b))[-recent:]``, pairing only the newest: a day of rows needs none of the rest."""
+    if len(a) != len(b):
+        raise ValueError(f"the two series differ in length ({len(a)} and {len(b)})")
+    return list(zip(a[-recent:], b[-recent:], strict=True))
 
 
 @dataclass
@@ -134,7 +141,7 @@ def longest_batch(
             length); None uses the longest seen so far.
         recent: only the newest rows count, so that a leak's drift weighs less on the fit.
     """
-    pairs = [(t, p) for t, p in zip(tokens, peaks, strict=True)][-recent:]
+    pairs = _recent_pairs(tokens, peaks, recent)
     if not pairs:
         return LongestBatch(False, "no step has both a token count and a peak reading")
     seen_max = max(t for t, _ in pairs)

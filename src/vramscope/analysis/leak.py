@@ -23,8 +23,10 @@ run is caught about as fast as one that begins at once. Pure Python (no numpy), 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -141,9 +143,20 @@ def thin(xs: Sequence[float], ys: Sequence[float], limit: int) -> tuple[list[flo
     n = len(xs)
     if n <= limit:
         return list(xs), list(ys)
-    stride = n / limit
-    picks = sorted({n - 1 - int(k * stride) for k in range(limit)})
+    picks = thin_positions(n, limit)
     return [xs[i] for i in picks], [ys[i] for i in picks]
+
+
+def thin_positions(n: int, limit: int) -> Sequence[int]:
+    """The positions :func:`thin` keeps of ``n`` points: all of them up to ``limit``, else ``limit`` of them.
+
+    Picking positions first lets a caller take only those cells of a long series (a day of rows) instead
+    of copying the whole series to thin it.
+    """
+    if n <= limit:
+        return range(n)
+    stride = n / limit
+    return sorted({n - 1 - int(k * stride) for k in range(limit)})
 
 
 def _chunk_medians(ys: Sequence[float], chunks: int) -> list[float]:
@@ -226,43 +239,81 @@ def find_start(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
     return best_x
 
 
-def _level(pairs: Sequence[tuple[float, float]], end: int, width: int = 5) -> float:
-    """Memory around row ``end`` (exclusive): the median of the few rows before it."""
-    window = [y for _, y in pairs[max(0, end - width) : end]]
-    return median(window) if window else 0.0
+class _Ordered:
+    """A series in (x, y) order, read in place.
+
+    The test only ever looks at a bounded number of points (``max_points`` per window, a few rows
+    around a confirmation horizon), so nothing here copies or converts the whole series: a day of
+    rows costs the same few hundred cell reads as a short run. Cells are converted with ``float``
+    when read, as the test's arithmetic expects.
+    """
+
+    def __init__(self, xs: Sequence[float], ys: Sequence[float], increasing: bool) -> None:
+        self.xs = xs
+        self.ys = ys
+        self.increasing = increasing  # x strictly rises from point to point (no tie, no NaN)
+
+    def x(self, i: int) -> float:
+        return float(self.xs[i])
+
+    def thinned(self, lo: int, hi: int, limit: int) -> tuple[list[float], list[float]]:
+        """:func:`thin` of the points from ``lo`` up to ``hi`` (exclusive), as floats."""
+        xs, ys = self.xs, self.ys
+        picks = thin_positions(hi - lo, limit)
+        return [float(xs[lo + i]) for i in picks], [float(ys[lo + i]) for i in picks]
+
+    def level(self, end: int, width: int = 5) -> float:
+        """Memory around row ``end`` (exclusive): the median of the few rows before it."""
+        window = [float(self.ys[i]) for i in range(max(0, end - width), end)]
+        return median(window) if window else 0.0
 
 
-def _confirmed(pairs: Sequence[tuple[float, float]], slope: float, config: LeakConfig) -> bool:
+def _order(xs: Sequence[float], ys: Sequence[float]) -> list[int] | None:
+    """The positions of the points in (x, y) order, ties kept in input order; None when already in order.
+
+    A log's rows come in step (or time) order, which one C-level pass confirms. Otherwise a sort of
+    (x, y, position) tuples gives the same order as a stable sort on (x, y), without calling a Python
+    key function per point.
+    """
+    if all(map(operator.lt, xs, itertools.islice(xs, 1, None))):
+        return None
+    return [i for _, _, i in sorted(zip(xs, ys, range(len(xs)), strict=True))]
+
+
+def _confirmed(series: _Ordered, n: int, slope: float, config: LeakConfig) -> bool:
     """Did the test also fire some rows ago, with memory still growing since at a fair share of the trend?
 
     A warm-up that climbs for a while (the first eval, the first long batches, the allocator filling
     its caches) fires once and stops; a leak keeps going. Looking back ``confirm_points`` rows catches
     a steady leak soon; looking back an eighth and a quarter of the run keeps a leak in steps (an eval
-    every 50 steps that keeps its logits) confirmed between its steps.
+    every 50 steps that keeps its logits) confirmed between its steps. ``n`` is how many of the
+    series' points the test sees (the rest is later).
     """
-    skip = max(config.min_warmup_points, int(len(pairs) * config.warmup_fraction))
-    body = len(pairs) - skip
+    skip = max(config.min_warmup_points, int(n * config.warmup_fraction))
+    body = n - skip
     for back in sorted({config.confirm_points, body // 8, body // 4}):
-        if back < config.confirm_points or back >= len(pairs):
+        if back < config.confirm_points or back >= n:
             continue
-        earlier = pairs[: len(pairs) - back]
-        since = _level(pairs, len(pairs)) - _level(pairs, len(earlier))
-        if since < config.min_chunk_rise * slope * (pairs[-1][0] - earlier[-1][0]):
+        end = n - back  # the test as it stood ``back`` rows ago
+        since = series.level(n) - series.level(end)
+        if since < config.min_chunk_rise * slope * (series.x(n - 1) - series.x(end - 1)):
             continue
-        if _scan(earlier, config)[0] is not None:
+        if _scan(series, end, config)[0] is not None:
             return True
     return False
 
 
 def _scan(
-    pairs: Sequence[tuple[float, float]], config: LeakConfig
+    series: _Ordered, n: int, config: LeakConfig
 ) -> tuple[tuple[int, Trend] | None, list[dict[str, Any]], str]:
-    """Try the trailing windows, shortest first; returns (window that shows a leak, checks, why not)."""
-    skip = max(config.min_warmup_points, int(len(pairs) * config.warmup_fraction))
-    body = pairs[skip:]
-    if len(body) < config.min_points:
+    """Try the trailing windows of the first ``n`` points, shortest first.
+
+    Returns (window that shows a leak, checks, why not).
+    """
+    skip = max(config.min_warmup_points, int(n * config.warmup_fraction))
+    if n - skip < config.min_points:
         return None, [], "insufficient"
-    bx, by = thin([p[0] for p in body], [p[1] for p in body], config.max_points)
+    bx, by = series.thinned(skip, n, config.max_points)
     n = len(bx)
     sizes = []
     size = config.min_points
@@ -316,42 +367,45 @@ def detect_leak(
         A :class:`LeakResult`; ``detected`` is True only for a significant, continuing growth of at
         least ``config.min_growth_bytes``.
     """
-    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
-    pairs = [(float(xs[i]), float(ys[i])) for i in order]
-    toks = [tokens[i] for i in order] if tokens is not None and len(tokens) == len(xs) else None
-    found, checked, plateau = _scan(pairs, config)
+    n = len(xs)
+    order = _order(xs, ys)
+    toks: Sequence[int | None] | None = tokens if tokens is not None and len(tokens) == n else None
+    if order is None:
+        series = _Ordered(xs, ys, increasing=True)
+    else:
+        series = _Ordered([xs[i] for i in order], [ys[i] for i in order], increasing=False)
+        toks = [toks[i] for i in order] if toks is not None else None
+    found, checked, plateau = _scan(series, n, config)
     if found is None:
         if plateau == "insufficient":
             need = config.min_points + config.min_warmup_points
             return LeakResult(
                 detected=False,
                 kind="insufficient",
-                verdict=f"not enough steps to test for a leak: {len(pairs)} logged, need at least {need}",
-                points=len(pairs),
+                verdict=f"not enough steps to test for a leak: {n} logged, need at least {need}",
+                points=n,
             )
         if plateau == "plateau":
             kind, verdict = "plateau", "no leak: memory rose, then stayed flat (a warm-up or a one-off allocation)"
         else:
             kind, verdict = "none", "no leak: no significant, continuing growth"
-        return LeakResult(detected=False, kind=kind, verdict=verdict, points=len(pairs), checked=checked)
+        return LeakResult(detected=False, kind=kind, verdict=verdict, points=n, checked=checked)
 
     # Confirmation: the test must also have fired ``confirm_points`` rows ago, and memory must have
     # gone on growing since at a fair share of the trend. A warm-up that climbs in a few steps (the
     # first eval, the first long batch) fires once and stops; a leak keeps going.
     _, t = found
-    if not _confirmed(pairs, t.slope, config):
+    if not _confirmed(series, n, t.slope, config):
         return LeakResult(
             detected=False,
             kind="unconfirmed",
             verdict="no leak yet: memory grew, and the next steps will tell whether it goes on",
-            points=len(pairs),
+            points=n,
             checked=checked,
         )
 
     # The growth began somewhere in or before the window: look for it over the whole series.
-    allx = [p[0] for p in pairs]
-    ally = [p[1] for p in pairs]
-    tx, ty = thin(allx, ally, config.max_points)
+    tx, ty = series.thinned(0, n, config.max_points)
     start = find_start(tx, ty, t.slope)
     # Re-fit the slope on the growing part only (the window may also hold some flat steps).
     gx = [x for x in tx if x >= start]
@@ -359,9 +413,10 @@ def detect_leak(
     slope = trend(gx, gy).slope if len(gx) >= 4 else t.slope
     if slope <= 0:
         slope = t.slope
-    growth_total = slope * (allx[-1] - start)
+    last_x = series.x(n - 1)
+    growth_total = slope * (last_x - start)
     if toks is not None:
-        records = _follows_longest_batch(pairs, toks, start)
+        records = _follows_longest_batch(series, toks, start)
         if records is not None:
             return LeakResult(
                 detected=False,
@@ -370,7 +425,7 @@ def detect_leak(
                     f"no leak: memory grows with the longest batch seen so far ({records[0]} -> {records[1]} tokens), "
                     "as caches sized for longer batches do; it stops when the batches stop growing"
                 ),
-                points=len(pairs),
+                points=n,
                 checked=checked,
             )
     if unit == "s":
@@ -388,8 +443,8 @@ def detect_leak(
         start_x=start,
         growth_bytes=growth_total,
         z=t.z,
-        window=(checked[-1]["from"], pairs[-1][0]),
-        points=len(pairs),
+        window=(checked[-1]["from"], last_x),
+        points=n,
         checked=checked,
     )
 
@@ -406,32 +461,65 @@ def _size(n: float) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
-def _follows_longest_batch(
-    pairs: Sequence[tuple[float, float]], tokens: Sequence[int | None], start: float
-) -> tuple[int, int] | None:
+def _max_known(values: Sequence[int | None]) -> int | None:
+    try:
+        top = max(values, default=None)  # type: ignore[type-var]  # one C pass when no count is missing
+    except TypeError:  # a None among numbers
+        top = None
+    return top if top is not None else max((v for v in values if v is not None), default=None)
+
+
+def _longest_at(tokens: Sequence[int | None], positions: Sequence[int]) -> dict[int, int | None]:
+    """The longest batch seen up to each of ``positions`` (ascending), None before any count is known.
+
+    Built from the maximum of each stretch between two positions: C passes over the counts instead
+    of a Python step per row.
+    """
+    out: dict[int, int | None] = {}
+    longest: int | None = None
+    done = 0
+    for p in positions:
+        if p >= done:
+            top = _max_known(tokens[done : p + 1])
+            if top is not None and (longest is None or top > longest):
+                longest = top
+            done = p + 1
+        out[p] = longest
+    return out
+
+
+def _follows_longest_batch(series: _Ordered, tokens: Sequence[int | None], start: float) -> tuple[int, int] | None:
     """(tokens at the start, tokens now) of the longest batch so far, when it explains the growth.
 
     Since ``start``, memory is fitted once against the step and once against the longest batch seen
     so far; when the batch fits about as well (the two are confounded in a length curriculum), the
     growth is given to the batches, because memory that follows them stops when they stop.
     """
-    running: list[int | None] = []
-    longest: int | None = None
-    for tok in tokens:
-        if tok is not None and (longest is None or tok > longest):
-            longest = tok
-        running.append(longest)
-    since = [i for i, (x, _) in enumerate(pairs) if x >= start and running[i] is not None]
+    n = len(tokens)
+    known_from = next((i for i, t in enumerate(tokens) if t is not None), None)
+    if known_from is None or start != start:  # no count at all, or no start (NaN): nothing to compare
+        return None
+    since: Sequence[int]
+    if series.increasing:
+        # x rises from row to row (so does float(x), never falling): the rows from the start on are
+        # a tail, found by bisection.
+        since = range(max(known_from, bisect.bisect_left(series.xs, start, key=float)), n)
+    else:
+        after = list(itertools.compress(range(n), map(operator.ge, map(float, series.xs), itertools.repeat(start))))
+        since = after[bisect.bisect_left(after, known_from) :]
     if len(since) < 8:
         return None
+    picks = [since[p] for p in thin_positions(len(since), 120)]
+    running = _longest_at(tokens, sorted({since[0], since[-1], *picks}))
     first, last = running[since[0]], running[since[-1]]
     assert first is not None and last is not None
     if last < 1.1 * first:
         return None  # the batches stopped growing before the memory did
-    xs, ys = thin([pairs[i][0] for i in since], [pairs[i][1] for i in since], 120)
-    ms, ms_ys = thin([float(running[i] or 0) for i in since], [pairs[i][1] for i in since], 120)
+    xs = [float(series.xs[i]) for i in picks]
+    ys = [float(series.ys[i]) for i in picks]
+    ms = [float(running[i] or 0) for i in picks]
     by_step = _segment_cost(xs, ys)[0]
-    by_batch, fit = _segment_cost(ms, ms_ys)
+    by_batch, fit = _segment_cost(ms, ys)
     if fit.slope > 0 and by_batch <= 1.1 * by_step:
         return first, last
     return None
@@ -450,24 +538,24 @@ def first_detection(
     Returns the first x at which the test fires, with its result, or ``(None, None)``. ``after``
     skips the prefixes ending before it (to ask "when was this leak, which began at x, caught").
     """
-    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
-    pairs = [(xs[i], ys[i]) for i in order]
-    toks = [tokens[i] for i in order] if tokens is not None else None
-    if not pairs:
+    order = _order(xs, ys)
+    if order is not None:
+        xs, ys = [xs[i] for i in order], [ys[i] for i in order]
+        tokens = [tokens[i] for i in order] if tokens is not None else None
+    n = len(xs)
+    if not n:
         return None, None
-    end = pairs[-1][0]
-    t = pairs[0][0] + every
+    end = xs[-1]
+    t = xs[0] + every
     count = 0
     while t <= end + every:
-        while count < len(pairs) and pairs[count][0] <= t:
+        while count < n and xs[count] <= t:
             count += 1
         if after is None or t >= after:
-            prefix = pairs[:count]
-            result = detect_leak([p[0] for p in prefix], [p[1] for p in prefix], config,
-                                 tokens=toks[:count] if toks is not None else None)
+            result = detect_leak(xs[:count], ys[:count], config, tokens=tokens[:count] if tokens is not None else None)
             if result.detected:
                 return min(t, end), result
-        if count >= len(pairs):
+        if count >= n:
             break
         t += every
     return None, None

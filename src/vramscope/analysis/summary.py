@@ -13,9 +13,13 @@ process's or the device's memory from NVML; else the host RSS.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import partial
+from operator import itemgetter
+from typing import Any, overload
 
 from vramscope.analysis.forecast import allocator_capacity, forecast_oom, longest_batch, seconds_per_step
 from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig, LeakResult, detect_leak
@@ -84,7 +88,9 @@ def analyze(
     for name in FLOAT_COLUMNS:
         columns[name] = table.floats(name)
     for name in TEXT_COLUMNS:
-        columns[name] = table.strings(name)
+        # The analysis reads the time of a few rows (the peaks'): those cells are read as they are asked for.
+        raw = table.raw.get(name)
+        columns[name] = _TextCells(raw) if name == "time" and raw is not None else table.strings(name)
     return analyze_columns(columns, capacity_bytes=capacity_bytes, max_batch_tokens=max_batch_tokens, config=config)
 
 
@@ -96,16 +102,10 @@ def analyze_columns(
 ) -> dict[str, Any]:
     """The analysis over typed columns (ints/floats/str, None = unknown), one entry per log row."""
     n = max((len(v) for v in columns.values()), default=0)
-    groups: dict[str, list[int]] = {}
-    gpu_col = _col(columns, "gpu", n)
-    for i in range(n):
-        gpu = gpu_col[i]
-        groups.setdefault("host" if gpu is None else str(gpu), []).append(i)
-
-    devices = [_analyze_device(key, rows, columns, n, capacity_bytes, max_batch_tokens, config)
-               for key, rows in groups.items()]
-    steps = [s for s in _col(columns, "step", n) if s is not None]
-    elapsed = [e for e in _col(columns, "elapsed_s", n) if e is not None]
+    devices = [_analyze_device(key, _Rows(columns, rows, n), capacity_bytes, max_batch_tokens, config)
+               for key, rows in _device_groups(_col(columns, "gpu", n)).items()]
+    steps = _known_values(_col(columns, "step", n))
+    elapsed = _known_values(_col(columns, "elapsed_s", n))
     result: dict[str, Any] = {
         "rows": n,
         "steps": {"count": len(set(steps)), "first": min(steps) if steps else None,
@@ -123,82 +123,225 @@ def analyze_columns(
     return result
 
 
+# A day of rows is a million cells per column: the helpers below work on whole columns with builtins
+# that loop in C (``count``, ``max``, ``compress``, ``map`` over ``operator`` functions) rather than
+# with a Python loop per row.
+
+_is_known = partial(operator.is_not, None)  # a C-level "is not None" for filter() and map()
+
+
 def _col(columns: Columns, name: str, n: int) -> Sequence[Any]:
     values = columns.get(name)
     return values if values is not None and len(values) == n else [None] * n
 
 
-def _signal(columns: Columns, rows: list[int], candidates: Sequence[str], n: int) -> str | None:
-    for name in candidates:
-        values = _col(columns, name, n)
-        if any(values[i] is not None for i in rows):
-            return name
-    return None
+def _has_known(values: Sequence[Any]) -> bool:
+    return values.count(None) != len(values)
 
 
-def _phase_of(phase: str | None, step: int | None) -> str:
-    if phase:
-        return phase
-    return "train" if step is not None else "untagged"
+def _known_values(values: Sequence[Any]) -> Sequence[Any]:
+    """The known values, in order (the column itself when it has no gap)."""
+    return values if None not in values else list(filter(_is_known, values))
+
+
+def _max_known(values: Sequence[Any]) -> Any:
+    """The largest known value; None when none is known."""
+    try:
+        top = max(values)  # one C pass when the column has no gap (the usual case)
+    except ValueError:  # empty
+        return None
+    except TypeError:  # a None among numbers
+        top = None
+    return top if top is not None else max(filter(_is_known, values), default=None)
+
+
+def _last_known(values: Sequence[Any]) -> int | None:
+    """The position of the last known value (the last row, as a rule), or None."""
+    return next((i for i in range(len(values) - 1, -1, -1) if values[i] is not None), None)
+
+
+def _device_groups(gpus: Sequence[Any]) -> dict[str, list[int] | None]:
+    """Each device's rows, in order of first appearance; None stands for all the rows (one device)."""
+    distinct = list(dict.fromkeys(gpus))
+    keys = ["host" if g is None else str(g) for g in distinct]
+    if len(distinct) <= 1:
+        return {keys[0]: None} if keys else {}
+    # Grouping by equality in C is only the same as grouping by the key's text for ints and None
+    # (0 and 0.0, or 1 and True, are equal but not spelled alike): anything else takes the row loop.
+    if len(set(keys)) == len(keys) and set(map(type, gpus)) <= {int, type(None)}:
+        return {key: list(itertools.compress(range(len(gpus)), map(operator.eq, gpus, itertools.repeat(g))))
+                for key, g in zip(keys, distinct, strict=True)}
+    groups: dict[str, list[int] | None] = {}
+    for i, gpu in enumerate(gpus):
+        groups.setdefault("host" if gpu is None else str(gpu), []).append(i)  # type: ignore[union-attr]
+    return groups
+
+
+class _TextCells(Sequence[str | None]):
+    """A text column whose cells are read when asked for, an empty cell as None (as ``LogTable.strings``)."""
+
+    def __init__(self, raw: Sequence[str]) -> None:
+        self.raw = raw
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    @overload
+    def __getitem__(self, i: int) -> str | None: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str | None]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str | None] | None:
+        if isinstance(i, slice):
+            return [v or None for v in self.raw[i]]
+        return self.raw[i] or None
+
+
+class _Rows:
+    """One device's cells of the columns, picked once per column (all of them: the column itself)."""
+
+    def __init__(self, columns: Columns, rows: list[int] | None, n: int) -> None:
+        self.columns = columns
+        self.rows = rows
+        self.n = n
+        self.m = n if rows is None else len(rows)
+        self._picked: dict[str, Sequence[Any]] = {}
+
+    def __getitem__(self, name: str) -> Sequence[Any]:
+        if name not in self._picked:
+            values = self.columns.get(name)
+            if values is None or len(values) != self.n:
+                self._picked[name] = [None] * self.m
+            elif self.rows is None:
+                self._picked[name] = values
+            elif isinstance(values, _TextCells):
+                self._picked[name] = _TextCells(_take(values.raw, self.rows))
+            else:
+                self._picked[name] = _take(values, self.rows)
+        return self._picked[name]
+
+
+def _take(values: Sequence[Any], rows: list[int]) -> list[Any]:
+    # itemgetter picks many positions in C; it returns a bare item (not a tuple) for one position.
+    if len(rows) == 1:
+        return [values[rows[0]]]
+    return list(itemgetter(*rows)(values)) if rows else []
+
+
+def _select(values: Sequence[Any], mask: Sequence[bool] | None) -> Sequence[Any]:
+    """The cells where ``mask`` is true (all cells, uncopied, without a mask)."""
+    return values if mask is None else list(itertools.compress(values, mask))
+
+
+def _both(mask: list[bool] | None, values: Sequence[Any]) -> list[bool] | None:
+    """``mask`` narrowed to the cells where ``values`` is known; None (all) when that is every cell."""
+    if None not in values:
+        return mask
+    if mask is None:
+        return list(map(_is_known, values))
+    return list(map(operator.and_, mask, map(_is_known, values)))
+
+
+def _signal(dev: _Rows, candidates: Sequence[str]) -> str | None:
+    return next((name for name in candidates if _has_known(dev[name])), None)
+
+
+def _phase_labels(phase: Sequence[Any], step: Sequence[Any]) -> Sequence[str]:
+    """Each row's phase for the peaks: the logged one, else "train" on a step row, else "untagged"."""
+    if all(phase):
+        return phase  # every row has its phase (a step-aligned log): no copy
+    if not any(phase):
+        if None not in step:
+            return ["train"] * len(step)
+        if not _has_known(step):
+            return ["untagged"] * len(step)
+    return [p if p else ("train" if s is not None else "untagged") for p, s in zip(phase, step, strict=True)]
+
+
+# Per-phase peaks take one C pass over the rows per phase; past this many phases, one Python pass.
+MAX_PHASES_BY_COLUMN = 32
+
+
+def _peaks(dev: _Rows, peak_name: str | None) -> dict[str, Any]:
+    """The highest reading, overall and per phase, with its step, time and phase (first one of equals)."""
+    peak: dict[str, Any] = {"metric": peak_name, "bytes": None, "step": None, "time": None, "elapsed_s": None,
+                            "phase": None, "phases": {}}
+    if peak_name is None:
+        return peak
+    step, elapsed, times = dev["step"], dev["elapsed_s"], dev["time"]
+    values = dev[peak_name]
+    labels = _phase_labels(dev["phase"], step)
+    known = _both(None, values)
+    vals, labs = _select(values, known), _select(labels, known)
+    rows: Sequence[int] = range(len(values)) if known is None else list(itertools.compress(range(len(values)), known))
+
+    def where(i: int) -> dict[str, Any]:
+        return {"bytes": values[i], "step": step[i], "time": times[i], "elapsed_s": elapsed[i]}
+
+    if not vals:
+        return peak
+    phases = list(dict.fromkeys(labs))  # in order of each phase's first reading
+    if len(phases) > MAX_PHASES_BY_COLUMN:
+        for j, v in enumerate(vals):
+            current = peak["phases"].get(labs[j])
+            if current is None or v > current["bytes"]:
+                peak["phases"][labs[j]] = where(rows[j])
+        top = max(vals)
+    else:
+        top = max(vals)
+        for label in phases:
+            if len(phases) == 1:
+                peak["phases"][label] = where(rows[vals.index(top)])
+                continue
+            mask = list(map(operator.eq, labs, itertools.repeat(label)))
+            mine = list(itertools.compress(vals, mask))
+            j = mine.index(max(mine))
+            peak["phases"][label] = where(list(itertools.compress(rows, mask))[j])
+    j = vals.index(top)  # max() keeps the first of equals, as does index(): the earliest peak
+    peak.update(where(rows[j]), phase=labs[j])
+    return peak
 
 
 def _analyze_device(
     key: str,
-    rows: list[int],
-    columns: Columns,
-    n: int,
+    dev: _Rows,
     capacity_bytes: int | None,
     max_batch_tokens: int | None,
     config: LeakConfig,
 ) -> dict[str, Any]:
-    step = _col(columns, "step", n)
-    phase = _col(columns, "phase", n)
-    elapsed = _col(columns, "elapsed_s", n)
-    times = _col(columns, "time", n)
-    level_name = _signal(columns, rows, LEVEL_SIGNALS, n)
-    peak_name = _signal(columns, rows, PEAK_SIGNALS, n)
+    step = dev["step"]
+    elapsed = dev["elapsed_s"]
+    level_name = _signal(dev, LEVEL_SIGNALS)
+    peak_name = _signal(dev, PEAK_SIGNALS)
 
     # Peaks, overall and per phase, with where they happened.
-    peak: dict[str, Any] = {"metric": peak_name, "bytes": None, "step": None, "time": None, "elapsed_s": None,
-                            "phase": None, "phases": {}}
-    if peak_name is not None:
-        values = _col(columns, peak_name, n)
-        for i in rows:
-            v = values[i]
-            if v is None:
-                continue
-            ph = _phase_of(phase[i], step[i])
-            where = {"bytes": v, "step": step[i], "time": times[i], "elapsed_s": elapsed[i]}
-            current = peak["phases"].get(ph)
-            if current is None or v > current["bytes"]:
-                peak["phases"][ph] = where
-            if peak["bytes"] is None or v > peak["bytes"]:
-                peak.update(where, phase=ph)
+    peak = _peaks(dev, peak_name)
     for extra in ("reserved_bytes", "device_used_bytes", "host_rss_bytes"):
-        values = _col(columns, extra, n)
-        known = [values[i] for i in rows if values[i] is not None]
-        peak[f"max_{extra}"] = max(known) if known else None
-    totals = _col(columns, "device_total_bytes", n)
-    peak["total_bytes"] = next((totals[i] for i in reversed(rows) if totals[i] is not None), None)
+        peak[f"max_{extra}"] = _max_known(dev[extra])
+    totals = dev["device_total_bytes"]
+    last_total = _last_known(totals)
+    peak["total_bytes"] = None if last_total is None else totals[last_total]
     peak["gpu"] = None if key == "host" else int(key)
     peak["key"] = key
 
     # The leak test on the training steps' rows (eval rows hold eval's own memory).
-    train_rows, unit = _train_rows(rows, step, phase, elapsed)
-    x_of = (lambda i: step[i]) if unit == "step" else (lambda i: elapsed[i])
-    leak = _leak_on(level_name, train_rows, columns, x_of, n, config, unit)
+    train, unit = _train_rows(dev)
+    xcol = step if unit == "step" else elapsed
+    leak = _leak_on(level_name, train, dev, xcol, config, unit)
     leak_dict = _leak_dict(leak, level_name, key, unit)
     if level_name == "allocated_bytes" and not leak.detected:
-        cached = _leak_on("reserved_bytes", train_rows, columns, x_of, n, config, unit)
+        cached = _leak_on("reserved_bytes", train, dev, xcol, config, unit)
         if cached.detected:
-            leak_dict.update(_caching(cached, train_rows, columns, n, x_of, unit))
+            leak_dict.update(_caching(cached, train, dev, unit))
 
     # The forecast: room between the recent peak and the capacity, at the leak's slope.
-    capacity = _capacity(rows, columns, n, level_name, capacity_bytes)
-    recent_peak = _recent_max(rows, _col(columns, peak_name, n) if peak_name else [None] * n)
-    train_steps = [step[i] for i in train_rows if unit == "step" and elapsed[i] is not None]
-    train_elapsed = [elapsed[i] for i in train_rows if unit == "step" and elapsed[i] is not None]
-    step_s = seconds_per_step(train_steps, train_elapsed) if unit == "step" else None
+    capacity = _capacity(dev, level_name, capacity_bytes)
+    recent_peak = _recent_max(dev[peak_name] if peak_name else [])
+    step_s = None
+    if unit == "step":
+        timed = _both(train, elapsed)
+        step_s = seconds_per_step(_select(step, timed), _select(elapsed, timed))
     slope_per_step = leak.slope_per_x if leak.detected and unit == "step" else None
     fc = forecast_oom(slope_per_step, recent_peak, capacity, step_s)
     if leak.detected and unit == "s" and leak.slope_per_x and capacity is not None and recent_peak is not None:
@@ -209,26 +352,30 @@ def _analyze_device(
     forecast = fc.to_dict()
     forecast["key"] = key
 
-    tokens = _col(columns, "tokens", n)
-    peaks = _col(columns, "peak_allocated_bytes", n)
-    tok_rows = [i for i in train_rows if tokens[i] is not None and peaks[i] is not None]
-    if tok_rows:
-        lb = longest_batch([tokens[i] for i in tok_rows], [peaks[i] for i in tok_rows], capacity, max_batch_tokens)
+    tokens = dev["tokens"]
+    peaks = dev["peak_allocated_bytes"]
+    tok_rows = _both(_both(train, tokens), peaks)
+    if tok_rows is None or any(tok_rows):  # None: every row has both
+        lb = longest_batch(_select(tokens, tok_rows), _select(peaks, tok_rows), capacity, max_batch_tokens)
         forecast["longest_batch"] = lb.to_dict()
     else:
-        why = "no token counts in the log" if not any(tokens[i] is not None for i in rows) else "no per-step peaks"
+        why = "no token counts in the log" if not _has_known(tokens) else "no per-step peaks"
         forecast["longest_batch"] = {"available": False, "reason": why, "at_risk": False, "warning": None}
     return {"key": key, "peak": peak, "leak": leak_dict, "forecast": forecast}
 
 
-def _train_rows(
-    rows: list[int], step: Sequence[Any], phase: Sequence[Any], elapsed: Sequence[Any]
-) -> tuple[list[int], str]:
-    """The rows the leak test runs on, and what x counts: training steps, or seconds in a time-based log."""
-    train_rows = [i for i in rows if step[i] is not None and phase[i] in TRAIN_PHASES]
-    if train_rows or any(step[i] is not None for i in rows):
-        return train_rows, "step"
-    return [i for i in rows if elapsed[i] is not None], "s"
+def _train_rows(dev: _Rows) -> tuple[list[bool] | None, str]:
+    """The rows the leak test runs on (a mask; None for all), and what x counts: training steps, or
+    seconds in a time-based log (no step column: a `vramscope run` log)."""
+    step, phase = dev["step"], dev["phase"]
+    if not _has_known(step):
+        return _both(None, dev["elapsed_s"]), "s"
+    # A log has a few phases: each is looked up once, then every row's through a dict (a C call).
+    training = {p: p in TRAIN_PHASES for p in set(phase)}
+    if all(training.values()):
+        return _both(None, step), "step"
+    mask = list(map(training.__getitem__, phase))
+    return (mask if None not in step else list(map(operator.and_, mask, map(_is_known, step)))), "step"
 
 
 @dataclass
@@ -250,33 +397,29 @@ def leak_series(table: LogTable) -> dict[str, LeakSeries]:
     columns["phase"] = table.strings("phase")
     n = len(table)
     out: dict[str, LeakSeries] = {}
-    groups: dict[str, list[int]] = {}
-    for i, gpu in enumerate(_col(columns, "gpu", n)):
-        groups.setdefault("host" if gpu is None else str(gpu), []).append(i)
-    step, phase, elapsed = _col(columns, "step", n), _col(columns, "phase", n), _col(columns, "elapsed_s", n)
-    for key, rows in groups.items():
-        signal = _signal(columns, rows, LEVEL_SIGNALS, n)
-        train_rows, unit = _train_rows(rows, step, phase, elapsed)
-        values: Sequence[Any] = _col(columns, signal, n) if signal else [None] * n
-        xcol = step if unit == "step" else elapsed
-        picked = [i for i in train_rows if values[i] is not None]
-        tokens = [columns["tokens"][i] for i in picked]
-        out[key] = LeakSeries(key, signal, unit, [float(xcol[i]) for i in picked], [float(values[i]) for i in picked],
-                              tokens if any(t is not None for t in tokens) else None)
+    for key, rows in _device_groups(_col(columns, "gpu", n)).items():
+        dev = _Rows(columns, rows, n)
+        signal = _signal(dev, LEVEL_SIGNALS)
+        train, unit = _train_rows(dev)
+        values = dev[signal] if signal else [None] * dev.m
+        picked = _both(train, values)
+        xs = _select(dev["step"] if unit == "step" else dev["elapsed_s"], picked)
+        tokens = list(_select(dev["tokens"], picked))
+        out[key] = LeakSeries(key, signal, unit, [float(x) for x in xs], [float(v) for v in _select(values, picked)],
+                              tokens if _has_known(tokens) else None)
     return out
 
 
 def _leak_on(
-    name: str | None, rows: list[int], columns: Columns, x_of: Any, n: int, config: LeakConfig, unit: str
+    name: str | None, train: list[bool] | None, dev: _Rows, xcol: Sequence[Any], config: LeakConfig, unit: str
 ) -> LeakResult:
     if name is None:
         return LeakResult(detected=False, kind="insufficient", verdict="no memory readings to test for a leak")
-    values = _col(columns, name, n)
-    tokens = _col(columns, "tokens", n)
-    picked = [i for i in rows if values[i] is not None]
-    known = [tokens[i] for i in picked]
-    return detect_leak([x_of(i) for i in picked], [values[i] for i in picked], config_for(name, config), unit=unit,
-                       tokens=known if any(t is not None for t in known) else None)
+    values = dev[name]
+    picked = _both(train, values)
+    known = _select(dev["tokens"], picked)
+    return detect_leak(_select(xcol, picked), _select(values, picked), config_for(name, config), unit=unit,
+                       tokens=known if _has_known(known) else None)
 
 
 def _leak_dict(leak: LeakResult, signal: str | None, key: str, unit: str) -> dict[str, Any]:
@@ -298,11 +441,10 @@ def _leak_dict(leak: LeakResult, signal: str | None, key: str, unit: str) -> dic
     }
 
 
-def _caching(cached: LeakResult, rows: list[int], columns: Columns, n: int, x_of: Any, unit: str) -> dict[str, Any]:
+def _caching(cached: LeakResult, train: list[bool] | None, dev: _Rows, unit: str) -> dict[str, Any]:
     # Reserved grows while allocated does not: the allocator keeps more blocks. When the cached but
     # unusable part (inactive split blocks) grows along, the cause is fragmentation.
-    split = _col(columns, "inactive_split_bytes", n)
-    known = [split[i] for i in rows if split[i] is not None]
+    known = _known_values(_select(dev["inactive_split_bytes"], train))
     fragmented = (
         len(known) >= 2 and cached.growth_bytes is not None and (known[-1] - min(known)) >= 0.5 * cached.growth_bytes
     )
@@ -319,22 +461,20 @@ def _caching(cached: LeakResult, rows: list[int], columns: Columns, n: int, x_of
     }
 
 
-def _capacity(rows: list[int], columns: Columns, n: int, level: str | None, given: int | None) -> int | None:
+def _capacity(dev: _Rows, level: str | None, given: int | None) -> int | None:
     if given is not None:
         return given
-    total = _col(columns, "device_total_bytes", n)
-    used = _col(columns, "device_used_bytes", n)
-    reserved = _col(columns, "reserved_bytes", n)
-    for i in reversed(rows):
-        if total[i] is not None:
-            if level == "allocated_bytes":
-                return allocator_capacity(total[i], used[i], reserved[i])
-            return int(total[i])
-    return None
+    total = dev["device_total_bytes"]
+    i = _last_known(total)
+    if i is None:
+        return None
+    if level == "allocated_bytes":
+        return allocator_capacity(total[i], dev["device_used_bytes"][i], dev["reserved_bytes"][i])
+    return int(total[i])
 
 
-def _recent_max(rows: list[int], values: Sequence[Any]) -> int | None:
-    known = [values[i] for i in rows if values[i] is not None]
+def _recent_max(values: Sequence[Any]) -> int | None:
+    known = _known_values(values)
     if not known:
         return None
     tail = known[-max(20, len(known) // 10) :]

@@ -349,6 +349,8 @@ class _Device:
         self.step_range: tuple[int, int] | None = None if top is None else (_min_known(self.step), top[1])
         self._runs: list[tuple[str, int, int]] | None = None
         self._labels: list[str] | None = None
+        self._argmaxes: dict[str, tuple[int, int] | None] = {}
+        self._thinned: dict[tuple[str, int], list[int]] = {}
 
     # ---- summary ----
     def _where(self, j: int, value: int) -> dict[str, Any]:
@@ -377,8 +379,8 @@ class _Device:
 
     def peaks(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for metric, values in self.values.items():
-            found = _argmax(values) if values else None
+        for metric in self.values:
+            found = self._argmax(metric)
             if found is not None:
                 out[metric] = self._where(*found)
         return out
@@ -395,11 +397,34 @@ class _Device:
             for metric, values in self.values.items():
                 if not values:
                     continue
+                # The phase of the run's peak has that peak as its own (an equal one earlier in the
+                # phase would be earlier in the run): no pass over its rows (training: most of them).
+                top = self._argmax(metric)
+                if top is not None and labels[top[0]] == label:
+                    entry[metric] = self._where(*top)
+                    continue
                 found = _argmax(values if len(positions) == self.n else list(itertools.compress(values, mask)))
                 if found is not None:
                     entry[metric] = self._where(positions[found[0]], found[1])
             out[label] = entry
         return out
+
+    def _argmax(self, metric: str) -> tuple[int, int] | None:
+        """:func:`_argmax` of one metric's column, computed once (the peaks and the phases' peaks share it)."""
+        if metric not in self._argmaxes:
+            values = self.values[metric]
+            self._argmaxes[metric] = _argmax(values) if values else None
+        return self._argmaxes[metric]
+
+    def _minmax(self, metric: str, values: list[int | None], buckets: int) -> list[int]:
+        """:func:`minmax_indices` of a metric's column, computed once: on a log with a step on every row,
+        the timeline and the step chart thin the same column."""
+        if values is not self.values.get(metric):
+            return minmax_indices(values, buckets)
+        key = (metric, buckets)
+        if key not in self._thinned:
+            self._thinned[key] = minmax_indices(values, buckets)
+        return self._thinned[key]
 
     def headroom(self, peaks: dict[str, Any]) -> dict[str, Any]:
         used = peaks.get("device_used_bytes", {}).get("bytes")
@@ -544,7 +569,7 @@ class _Device:
             values = self.values.get(metric) or []
             if not values:
                 continue
-            keep = minmax_indices(values, buckets)
+            keep = self._minmax(metric, values, buckets)
             xs, ys = self._at(keep, values, self._x_time)
             chart.lines.append(Line(metric, METRICS[metric], xs, ys))
         # Host-only logs: the host RSS is the memory there is.
@@ -555,7 +580,7 @@ class _Device:
         chart.spans = self._spans(self._x_time)
         peak_line = next((line for line in chart.lines if line.ys), None)
         if peak_line is not None:
-            found = _argmax(self.values[peak_line.metric])
+            found = self._argmax(peak_line.metric)
             if found is not None:
                 x = self._x_time(found[0])
                 if x is not None:
@@ -572,7 +597,7 @@ class _Device:
             if not values:
                 continue
             mine = [values[j] for j in rows] if len(rows) != self.n else values
-            keep = minmax_indices(mine, buckets)
+            keep = self._minmax(metric, mine, buckets)
             chart.lines.append(Line(metric, METRICS[metric], [float(self.step[rows[k]]) for k in keep],  # type: ignore[arg-type]
                                     [float(mine[k]) for k in keep]))  # type: ignore[arg-type]
         if not chart.lines:
