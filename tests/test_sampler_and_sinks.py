@@ -147,3 +147,16 @@ def test_unwritable_log_paths_say_what_to_do(tmp_path: Path) -> None:
         CsvSink(tmp_path / "missing" / "m.csv")
     with pytest.raises(LogPathError, match="is a directory"):
         CsvSink(tmp_path)
+
+
+def test_a_training_process_logs_only_the_gpus_its_allocator_uses() -> None:
+    from vramscope.schema import sample_rows
+
+    nvml = fake_nvml.two_healthy_gpus(pid=os.getpid())
+    gpus = NvmlBackend(nvml=nvml).read()
+    mine = AllocatorReading(device=0, allocated_bytes=5, reserved_bytes=8, uuid=gpus[1].uuid)
+    rows = sample_rows(Sample(time=0.0, elapsed_s=0.0, gpus=gpus, allocator=(mine,)))
+    assert [r["gpu"] for r in rows] == [1]  # torch's device 0 is NVML's GPU 1 here (joined by UUID)
+    assert rows[0]["allocated_bytes"] == 5
+    # Without allocator readings (a `vramscope run` log) every GPU is logged.
+    assert [r["gpu"] for r in sample_rows(Sample(time=0.0, elapsed_s=0.0, gpus=gpus))] == [0, 1]

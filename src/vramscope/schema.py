@@ -75,8 +75,14 @@ def sample_rows(sample: Sample) -> list[Row]:
         base.setdefault(key, value)
 
     rows: list[Row] = []
-    if sample.gpus:
-        for gpu in sample.gpus:
+    gpus = sample.gpus
+    if sample.allocator:
+        # A training process logs the GPUs it uses (those its allocator has touched), not every GPU NVML
+        # lists: under DDP each rank's rows are its own GPU's, not a second copy of its neighbours'.
+        own = tuple(g for g in gpus if _match_allocator(g, sample.allocator) is not None)
+        gpus = own or gpus
+    if gpus:
+        for gpu in gpus:
             row = dict(base)
             row.update(
                 gpu=gpu.index,
