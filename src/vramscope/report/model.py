@@ -462,6 +462,10 @@ class _Device:
         top_demand = max(used)
         xs, x_unit = self._trend_axis(idx)
         slope = _gap_slope(xs, res, used) if xs is not None else None
+        # A trend is only worth stating over a span long enough to hold one: a 26-second run says
+        # nothing about the next hour. At least 200 steps, or 10 minutes of samples.
+        if xs is not None and slope is not None and (max(xs) - min(xs)) < (200 if x_unit == "step" else 600):
+            slope = None
         total_res = sum(res)
         out: dict[str, Any] = {
             "measured_against": demand_metric,
