@@ -43,7 +43,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], code: in
         (["--seq-len", "512", "--memory-limit", "24 bananas"], "cannot read '24 bananas' as a memory size"),
         (["--seq-len", "512", "--start", "8", "--max-batch", "4"], "--max-batch (4) must be at least --start (8)"),
         (["--seq-len", "512", "--bits", "3"], "invalid choice"),
-        (["--seq-len", "512", "--lora-targets", ","], "--lora-targets takes module names"),
+        (["--seq-len", "512", "--lora-targets", ","], "--lora-targets takes all-linear or a list"),
         (["--seq-len", "512", "--lora-dropout", "2"], "--lora-dropout must be in [0, 1)"),
         (["--max-seq-len", "--target-batch", "8"], "--target-batch goes with the batch search"),
         (["--max-seq-len", "--seq-len", "32"], "must be at least --multiple-of (64)"),

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from vramscope.cli.common import CommandError, UsageError, positive_int
-from vramscope.integrations.qlora import QLoraSpec
+from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.memory import OPTIMIZERS
@@ -35,23 +35,6 @@ _LABELS = {
 }
 
 
-def _targets(text: str) -> tuple[str, ...] | None:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names:
-        raise argparse.ArgumentTypeError("--lora-targets takes all-linear or a list such as q_proj,v_proj")
-    return None if names == ("all-linear",) else names
-
-
-def _dropout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
-
-
 def register(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", metavar="NAME", help="a registry name, e.g. Llama-2-7B (see --list-models)")
@@ -59,26 +42,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--list-models", action="store_true", help="print the registry's model names and exit")
     parser.add_argument("--batch-size", type=positive_int, metavar="B", help="micro-batch size (required)")
     parser.add_argument("--seq-len", type=positive_int, metavar="S", help="tokens per sequence (required)")
-    defaults = QLoraSpec()
-    parser.add_argument("--lora-r", type=positive_int, default=defaults.lora_r, metavar="R",
-                        help=f"LoRA rank (default {defaults.lora_r})")
-    parser.add_argument("--lora-alpha", type=positive_int, default=defaults.lora_alpha, metavar="A",
-                        help=f"LoRA alpha (default {defaults.lora_alpha}; does not change memory)")
-    parser.add_argument("--lora-dropout", type=_dropout, default=defaults.lora_dropout, metavar="P",
-                        help=f"LoRA dropout (default {defaults.lora_dropout})")
-    parser.add_argument("--lora-targets", type=_targets, default=None, metavar="all-linear|q_proj,v_proj,...",
-                        help="modules LoRA wraps (default all-linear: every linear layer but lm_head)")
-    parser.add_argument("--optim", choices=OPTIMIZERS, default=defaults.optim, help=f"default {defaults.optim}")
-    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
-                        default=defaults.gradient_checkpointing, help="recompute layers in backward (default on)")
-    parser.add_argument("--bits", type=int, choices=(4, 8, 16), default=defaults.bits,
-                        help="base weights: 4 (NF4), 8 (LLM.int8) or 16 (plain LoRA); default 4")
-    parser.add_argument("--no-double-quant", dest="double_quant", action="store_false",
-                        help="NF4 without double quantization of its constants")
-    parser.add_argument("--compute-dtype", choices=("bf16", "fp16"), default=defaults.compute_dtype,
-                        help="default bf16")
-    parser.add_argument("--attn", choices=("sdpa", "eager", "flash_attention_2"), default=defaults.attn,
-                        help="attention implementation (default sdpa)")
+    add_recipe_arguments(parser, optimizers=OPTIMIZERS)
     gpu = parser.add_mutually_exclusive_group()
     gpu.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory to fit in, e.g. 24GiB or 80GB")
     gpu.add_argument("--gpu", metavar="NAME", help="a GPU by name, e.g. RTX-4090, A100-80GB, H200")
@@ -87,14 +51,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibrate", action="store_true",
                         help="run a few tiny real steps on this machine's GPU to fit the per-token terms")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _spec(args: argparse.Namespace) -> QLoraSpec:
-    return QLoraSpec(
-        bits=args.bits, double_quant=args.double_quant, compute_dtype=args.compute_dtype, lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
-        gradient_checkpointing=args.gradient_checkpointing, attn=args.attn, optim=args.optim,
-    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{' and '.join(missing)} required, e.g. --batch-size 4 --seq-len 2048")
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
-        spec = _spec(args)
+        spec = spec_from_args(args)
         hardware = None
         if args.calibrate:
             from vramscope.planner.calibrate import CalibrationError, calibrate

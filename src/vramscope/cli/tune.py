@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.cli.common import CommandError, UsageError, positive_int
+from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.units import gib, parse_bytes
 
 
@@ -84,60 +85,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", type=int, default=0, metavar="I", help="CUDA device index (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_qlora_arguments(parser)
-
-
-def add_qlora_arguments(parser: argparse.ArgumentParser) -> None:
-    """The recipe flags, one per :class:`~vramscope.integrations.qlora.QLoraSpec` field (defaults: QLoRA's)."""
-    from vramscope.integrations.qlora import OPTIMIZERS, QLoraSpec
-
-    d = QLoraSpec()
-    g = parser.add_argument_group("recipe (defaults: the QLoRA reference recipe)")
-    g.add_argument(
-        "--bits",
-        type=int,
-        choices=(4, 8, 16),
-        default=d.bits,
-        help=f"4 (NF4), 8 (LLM.int8) or 16 (plain LoRA) (default {d.bits})",
-    )
-    g.add_argument("--quant-type", choices=("nf4", "fp4"), default=d.quant_type, help="4-bit data type")
-    g.add_argument(
-        "--no-double-quant",
-        dest="double_quant",
-        action="store_false",
-        help="do not quantize the quantization constants",
-    )
-    g.add_argument("--compute-dtype", choices=("bf16", "fp16"), default=d.compute_dtype)
-    g.add_argument("--lora-r", type=positive_int, default=d.lora_r, metavar="R")
-    g.add_argument("--lora-alpha", type=positive_int, default=d.lora_alpha, metavar="A")
-    g.add_argument("--lora-dropout", type=_dropout, default=d.lora_dropout, metavar="P")
-    g.add_argument(
-        "--lora-targets",
-        type=_names,
-        metavar="q_proj,v_proj",
-        help="LoRA on these modules (default: every linear layer but lm_head)",
-    )
-    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
-    g.add_argument("--attn", choices=("sdpa", "eager", "flash_attention_2"), default=d.attn)
-    g.add_argument("--optim", choices=OPTIMIZERS, default=d.optim)
-
-
-def spec_from_args(args: argparse.Namespace) -> Any:
-    from vramscope.integrations.qlora import QLoraSpec
-
-    return QLoraSpec(
-        bits=args.bits,
-        double_quant=args.double_quant,
-        quant_type=args.quant_type,
-        compute_dtype=args.compute_dtype,
-        lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        lora_targets=args.lora_targets,
-        gradient_checkpointing=args.gradient_checkpointing,
-        attn=args.attn,
-        optim=args.optim,
-    )
+    add_recipe_arguments(parser)
 
 
 def _fraction(text: str) -> float:
@@ -150,28 +98,11 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _dropout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--lora-dropout is a probability like 0.05, got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"--lora-dropout must be in [0, 1), got {text!r}")
-    return value
-
-
 def _size(text: str) -> int:
     try:
         return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _names(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    if not names:
-        raise argparse.ArgumentTypeError(f"--lora-targets takes module names like q_proj,v_proj; got {text!r}")
-    return names
 
 
 def _check(args: argparse.Namespace) -> dict[str, Any]:
