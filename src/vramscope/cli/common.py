@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from vramscope.sampler import MAX_INTERVAL_S, MIN_INTERVAL_S
+from vramscope.sinks.base import Sink
 
 
 class UsageError(Exception):
@@ -63,3 +65,23 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def open_exporters_from_args(args: argparse.Namespace, announce: bool = True) -> list[Sink]:
+    """The Prometheus endpoint and Pushgateway pusher that ``--prometheus`` and ``--push`` ask for.
+
+    Opened before any work starts, so that a port already in use is a usage error (exit 2), not a lost run.
+    """
+    if args.prometheus is None and args.push is None and args.push_interval is None:
+        return []
+    from vramscope.sinks.prometheus import PrometheusSinkError, open_exporters
+
+    try:
+        sinks = open_exporters(args.prometheus, args.push, args.push_interval)
+    except PrometheusSinkError as exc:
+        raise UsageError(str(exc)) from None
+    if announce:
+        for sink in sinks:
+            print(f"vramscope: {sink.where}", file=sys.stderr)
+    return [*sinks]
+

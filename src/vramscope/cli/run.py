@@ -8,10 +8,17 @@ import os
 import shlex
 import sys
 
-from vramscope.cli.common import CommandError, UsageError, gpu_list, interval, log_megabytes
+from vramscope.cli.common import (
+    CommandError,
+    UsageError,
+    gpu_list,
+    interval,
+    log_megabytes,
+    open_exporters_from_args,
+)
 from vramscope.runner import ProgramNotFoundError, RunResult, run_monitored
 from vramscope.sampler import DEFAULT_INTERVAL_S
-from vramscope.sinks.base import LogPathError, Sink
+from vramscope.sinks.base import LogPathError
 from vramscope.units import gib
 
 
@@ -54,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
             env.update(snapshot_env(args.oom_snapshot, args.log))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    exporters = _exporters(args)  # before the command starts: a port in use must not cost a run
+    # Before the command starts: a port in use must not cost a run.
+    exporters = open_exporters_from_args(args, announce=not args.quiet)
     try:
         result = run_monitored(command, log_path=args.log, interval=args.interval, gpus=args.gpus, env=env,
                                fsync=args.fsync, extra_sinks=exporters, max_log_bytes=args.max_log_bytes)
@@ -68,22 +76,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(format_summary(result), file=sys.stderr)
     return result.exit_code
-
-
-def _exporters(args: argparse.Namespace) -> list[Sink]:
-    """The Prometheus endpoint and Pushgateway pusher that --prometheus and --push ask for."""
-    if args.prometheus is None and args.push is None and args.push_interval is None:
-        return []
-    from vramscope.sinks.prometheus import PrometheusSinkError, open_exporters
-
-    try:
-        sinks = open_exporters(args.prometheus, args.push, args.push_interval)
-    except PrometheusSinkError as exc:
-        raise UsageError(str(exc)) from None
-    if not args.quiet:
-        for sink in sinks:
-            print(f"vramscope: {sink.where}", file=sys.stderr)
-    return [*sinks]
 
 
 def _injection_env(args: argparse.Namespace) -> dict[str, str]:

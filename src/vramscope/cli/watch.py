@@ -8,7 +8,14 @@ import time
 
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.cli.common import UsageError, gpu_list, interval, log_megabytes, positive_int
+from vramscope.cli.common import (
+    UsageError,
+    gpu_list,
+    interval,
+    log_megabytes,
+    open_exporters_from_args,
+    positive_int,
+)
 from vramscope.sampler import Collector, Sampler
 from vramscope.sinks import CsvSink
 from vramscope.sinks.base import LogPathError, Sink
@@ -43,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-log-mb and --fsync apply to the --csv log; add --csv FILE")
     # Sinks of the sampler: every reading the loop takes reaches the exporter, whose HTTP server answers
     # scrapes on its own threads while the dashboard or plain loop runs.
-    sinks: list[Sink] = _exporters(args)
+    sinks: list[Sink] = open_exporters_from_args(args)
     if args.csv:
         try:
             sinks.append(CsvSink(args.csv, fsync=args.fsync, max_bytes=args.max_log_bytes))
@@ -74,21 +81,6 @@ def run(args: argparse.Namespace) -> int:
         sampler.close()
         nvml.close()
     return 0
-
-
-def _exporters(args: argparse.Namespace) -> list[Sink]:
-    """The Prometheus endpoint and Pushgateway pusher that --prometheus and --push ask for."""
-    if args.prometheus is None and args.push is None and args.push_interval is None:
-        return []
-    from vramscope.sinks.prometheus import PrometheusSinkError, open_exporters
-
-    try:
-        sinks = open_exporters(args.prometheus, args.push, args.push_interval)
-    except PrometheusSinkError as exc:
-        raise UsageError(str(exc)) from None
-    for sink in sinks:
-        print(f"vramscope: {sink.where}", file=sys.stderr)
-    return [*sinks]
 
 
 def _ticks(args: argparse.Namespace) -> int | None:
