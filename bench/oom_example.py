@@ -29,39 +29,14 @@ import argparse
 import gc
 import json
 import pickle
-import platform
 import statistics
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from common import environment, model_config
 from vramscope.units import parse_bytes
-
-TINY_CONFIG_OVERRIDES = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
-}
-
-
-def environment() -> dict[str, Any]:
-    import torch
-
-    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
-    for dist in ("torch", "transformers", "peft", "bitsandbytes"):
-        try:
-            env[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            env[dist] = None
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_properties(0).name
-    return env
 
 
 def timed_steps(trainer: Any, batch: int, seq: int, n: int, cuda: bool) -> list[float]:
@@ -238,7 +213,6 @@ def main() -> int:
     import torch
 
     from vramscope.integrations.qlora import QLoraSpec, build_trainer
-    from vramscope.planner import get_config
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from tune_compare import default_checkpoint_dir, write_checkpoint
@@ -249,9 +223,7 @@ def main() -> int:
         return 2
     args.seq_len = args.seq_len or (64 if args.tiny else 1024)
     args.out.mkdir(parents=True, exist_ok=True)
-    config = dict(get_config(args.model))
-    if args.tiny:
-        config.update(TINY_CONFIG_OVERRIDES)
+    config = model_config(args.model, args.tiny)
     limit = parse_bytes(args.memory_limit)
     if cuda:
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / torch.cuda.get_device_properties(0).total_memory))

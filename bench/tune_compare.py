@@ -37,7 +37,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -45,45 +44,14 @@ import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from common import environment, model_config
 from vramscope.oom import oom_kind
 from vramscope.units import gib, parse_bytes
 
 MIB = 1024**2
-TINY_CONFIG_OVERRIDES = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
-}
-
-
-def environment() -> dict[str, Any]:
-    import torch
-
-    env: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-    for dist in ("torch", "transformers", "peft", "accelerate", "lightning", "bitsandbytes"):
-        try:
-            env[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            env[dist] = None
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        env["gpu"] = props.name
-        env["gpu_total_bytes"] = int(props.total_memory)
-        env["cuda"] = torch.version.cuda
-    return env
 
 
 # -- the device: real CUDA, or a byte budget on the CPU (tiny mode) --------------------------------
@@ -439,13 +407,18 @@ def _trials(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return trials
 
 
+def _device_name(env: dict[str, Any]) -> str:
+    device = env.get("device", {})
+    return str(device.get("name")) if device.get("kind") == "cuda" else "CPU (tiny mode: simulated memory)"
+
+
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     lines = [
         f"# Largest batch: {s['model']} QLoRA, seq {s['seq_len']}, memory {gib(s['memory_limit_bytes'])}",
         "",
         f"True maximum (exhaustive, one step per batch from 1): **{result['true_max']}**. "
-        f"Device: {result['env'].get('gpu', 'CPU (tiny mode: simulated memory)')}.",
+        f"Device: {_device_name(result['env'])}.",
         "",
         "| Method | Batch found | Off by | Trials | Steps run | OOM steps | Wall time | Left allocated |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -485,18 +458,15 @@ def main() -> int:
     import torch
 
     from vramscope.integrations.qlora import QLoraSpec, build_trainer
-    from vramscope.planner import get_config
 
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda and not args.tiny:
         print("no CUDA GPU: run with --tiny for the CPU smoke run", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    config = dict(get_config(args.model))
+    config = model_config(args.model, args.tiny)
     seq_len = args.seq_len or (64 if args.tiny else 1024)
     limit = parse_bytes(args.memory_limit)
-    if args.tiny:
-        config.update(TINY_CONFIG_OVERRIDES)
     ckpt = args.checkpoint_dir or default_checkpoint_dir(args.model, args.tiny)
     t0 = time.perf_counter()
     if cuda:
