@@ -5,10 +5,13 @@ converted to numbers only when someone asks for it (``table.ints("reserved_bytes
 over a day of samples costs little more than reading the file once. A last line cut by a crash is
 dropped silently; the rows before it are all kept.
 
-Speed: a vramscope CSV has no quoted cells, so the common case is split with ``str.split`` over the
-whole file (C speed, no per-row Python objects) and the columns are taken out as strided slices; a
-file with quotes or ragged rows goes through ``csv.reader``. Numbers are converted with ``map(int, ...)``
-first and fall back to a per-cell path only when a column has gaps or odd cells.
+Speed: a large vramscope CSV (a megabyte and up) is located in its bytes by :mod:`vramscope.fastcsv`
+(numpy): no cell becomes a Python string until someone asks for its column, and numbers are parsed
+straight from the bytes. Smaller files, and any file fastcsv cannot vouch for, are split with
+``str.split`` over the whole file (C speed, no per-row Python objects) and the columns taken out as
+strided slices; a file with quotes or ragged rows goes through ``csv.reader``. Strings are converted
+with ``map(int, ...)`` first and fall back to a per-cell path only when a column has gaps or odd cells.
+Both ways give the same values cell for cell (tests/test_fastcsv.py).
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import io
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from operator import itemgetter
 from pathlib import Path
+from typing import Protocol
 
 from vramscope.schema import COLUMNS
 from vramscope.sinks.base import log_parts
@@ -41,11 +45,14 @@ class LogTable:
     """A log's columns. Raw cells are strings ('' = unknown); typed views are cached."""
 
     path: str
-    raw: dict[str, list[str]]
+    raw: Mapping[str, list[str]]  # a dict, or a large file's columns made on first use (LazyText)
     kind: str = "vramscope"  # or "nvidia-smi", "jsonl"
     _cache: dict[tuple[str, str], list[object]] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
+        lazy = self._lazy()
+        if lazy is not None:
+            return lazy.columns.rows
         return len(next(iter(self.raw.values()), []))
 
     @property
@@ -54,8 +61,23 @@ class LogTable:
 
     def has(self, column: str) -> bool:
         """True when the column exists and holds at least one known value."""
+        lazy = self._lazy()
+        if lazy is not None:
+            j = lazy.index(column)
+            return j is not None and lazy.columns.filled(j)
         values = self.raw.get(column)
         return bool(values) and any(values)  # type: ignore[arg-type]
+
+    def _lazy(self) -> LazyText | None:
+        return self.raw if isinstance(self.raw, LazyText) else None
+
+    def _parsed(self, column: str, kind: str) -> list[object] | None:
+        """The column parsed from the file's bytes without strings, or None (not lazy, or not plain numbers)."""
+        lazy = self._lazy()
+        j = lazy.index(column) if lazy is not None else None
+        if lazy is None or j is None:
+            return None
+        return lazy.columns.ints(j) if kind == "int" else lazy.columns.floats(j)  # type: ignore[return-value]
 
     def strings(self, column: str) -> list[str | None]:
         """The column as text, None for empty cells (cached)."""
@@ -72,14 +94,20 @@ class LogTable:
         """The column as ints, None for empty or unreadable cells (cached)."""
         key = (column, "int")
         if key not in self._cache:
-            self._cache[key] = _convert(self.raw.get(column), len(self), int, _to_int)
+            parsed = self._parsed(column, "int")
+            if parsed is None:
+                parsed = _convert(self.raw.get(column), len(self), int, _to_int)
+            self._cache[key] = parsed
         return self._cache[key]  # type: ignore[return-value]
 
     def floats(self, column: str) -> list[float | None]:
         """The column as floats, None for empty or unreadable cells (cached)."""
         key = (column, "float")
         if key not in self._cache:
-            self._cache[key] = _convert(self.raw.get(column), len(self), float, _to_float)
+            parsed = self._parsed(column, "float")
+            if parsed is None:
+                parsed = _convert(self.raw.get(column), len(self), float, _to_float)
+            self._cache[key] = parsed
         return self._cache[key]  # type: ignore[return-value]
 
     def gpus(self) -> list[int | None]:
@@ -101,6 +129,41 @@ class LogTable:
         if keep is None:
             return LogTable(self.path, {c: list(v) for c, v in self.raw.items()}, self.kind)
         return LogTable(self.path, {c: _take(v, keep) for c, v in self.raw.items()}, self.kind)
+
+
+class CellSource(Protocol):
+    """A file's cells located but not yet made into strings (fastcsv.ByteColumns)."""
+
+    header: list[str]
+    rows: int
+
+    def text(self, j: int) -> list[str]: ...
+    def filled(self, j: int) -> bool: ...
+    def ints(self, j: int) -> list[int | None] | None: ...
+    def floats(self, j: int) -> list[float | None] | None: ...
+
+
+class LazyText(Mapping[str, list[str]]):
+    """Header -> column text, made from the source on first use (a report never needs most columns as text)."""
+
+    def __init__(self, columns: CellSource) -> None:
+        self.columns = columns
+        self._index = {name: j for j, name in enumerate(columns.header)}  # a repeated name: the last wins
+        self._made: dict[str, list[str]] = {}
+
+    def __getitem__(self, name: str) -> list[str]:
+        if name not in self._made:
+            self._made[name] = self.columns.text(self._index[name])
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def index(self, name: str) -> int | None:
+        return self._index.get(name)
 
 
 def _take(values: list[str], index: list[int]) -> list[str]:
@@ -234,13 +297,18 @@ def _concat(tables: list[LogTable]) -> LogTable:
 def _read_one(name: str) -> LogTable:
     try:
         # Bytes, decoded in one go: text mode's newline translation would cost as much as the split.
-        text = Path(name).read_bytes().decode("utf-8", errors="replace")
+        data = Path(name).read_bytes()
     except FileNotFoundError:
         raise LogFormatError(f"log {name} does not exist; check the path") from None
     except IsADirectoryError:
         raise LogFormatError(f"{name} is a folder; give a log file written by vramscope or nvidia-smi") from None
     except OSError as exc:
         raise LogFormatError(f"cannot read log {name}: {exc.strerror or exc}") from None
+    fast = _located(data)
+    if fast is not None:
+        return LogTable(name, LazyText(fast))
+    text = data.decode("utf-8", errors="replace")
+    del data
     first = text.lstrip()[:1]
     if not text or text.isspace():  # as ``not text.strip()``, without copying the file's text
         raise LogFormatError(f"log {name} is empty; was the run started with --log?")
@@ -256,6 +324,19 @@ def _read_one(name: str) -> LogTable:
         "use a file from 'vramscope run --log' or "
         "'nvidia-smi --query-gpu=timestamp,name,memory.used,memory.total --format=csv'"
     )
+
+
+def _located(data: bytes) -> CellSource | None:
+    """A large plain vramscope CSV's cells, found without making strings (numpy), or None."""
+    line = data[:4096].split(b"\n", 1)[0].rstrip(b"\r")
+    head = line.split(b",")
+    if b"time" not in head or b"gpu" not in head or b"memory.used" in line or b"memory.total" in line:
+        return None  # not a vramscope CSV (or its header is odd): the readers below decide
+    try:
+        from vramscope import fastcsv
+    except ImportError:  # numpy is missing: the string path reads the same
+        return None
+    return fastcsv.locate(data)
 
 
 def _complete_lines(text: str) -> str:
@@ -314,7 +395,7 @@ def _split_plain(text: str) -> dict[str, list[str]] | None:
 
 
 def _split_quoted(body: str) -> dict[str, list[str]]:
-    with _gc_paused():
+    with gc_paused():
         # newline="": the csv module finds line ends itself (a stray "\r" is then a line end, not an error).
         reader = csv.reader(io.StringIO(body, newline=""))
         header = next(reader, [])
@@ -329,8 +410,13 @@ def _split_quoted(body: str) -> dict[str, list[str]]:
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
-    # Millions of new lists trigger the cyclic collector over and over, for nothing: none can form a cycle.
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (memory is still freed by reference counting).
+
+    Why: a day of rows is a few dozen lists of a million cells each. Reading makes millions of new
+    containers and the analysis many small ones; each triggers collections, and every full collection
+    walks all the million-cell lists, for nothing: none of these objects forms a cycle.
+    """
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -17,12 +17,13 @@ from typing import Any
 
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.integrations.qlora import QLoraSpec
-from vramscope.logfile import LogFormatError, read_log
+from vramscope.logfile import LogFormatError
 from vramscope.planner import PlanInputError, load_config_file
 from vramscope.report.advice import RunSettings
 from vramscope.report.compare import compare
 from vramscope.report.html import render_html
-from vramscope.report.model import EmptyLogError, LogReport, build_report
+from vramscope.report.load import report_file
+from vramscope.report.model import EmptyLogError, LogReport
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     reports: list[LogReport] = []
     for path in args.logs:
         try:
-            reports.append(build_report(read_log(path), settings=settings))
+            reports.append(report_file(path, settings=settings))
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
 

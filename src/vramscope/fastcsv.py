@@ -1,0 +1,238 @@
+"""A large plain CSV's columns read straight from the file's bytes with numpy (the only numpy import).
+
+Why: a day of samples at 10 Hz is a million rows of about twenty cells. Splitting it into Python
+strings makes twenty million objects (1.5 GB) before a single number is known, and converting a
+column with ``int()`` then touches a million scattered strings again. Here the file stays one bytes
+object: the cell delimiters are found in one vectorized pass, and a column becomes Python values only
+when the report asks for it, parsed from the bytes in whole-column numpy operations.
+
+Only what can be vouched for is taken this way; anything else answers None and the caller uses the
+string path, so both give the same values cell for cell:
+
+* the file is ASCII, without quotes, its lines end all in "\n" or all in "\r\n" (the csv module's
+  default, which our sink writes), and every line has the header's width;
+* an integer column holds only empty cells and runs of at most 16 digits (no sign, no exponent);
+* a float column holds only empty cells and at most 15 digits with at most one ``.``. Such a cell is
+  ``m / 10**k`` with both exact in a double, and one IEEE division of exact operands is correctly
+  rounded: the same float that ``float(cell)`` gives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Below this size the string path is as fast and needs no numpy import.
+MIN_BYTES = 1 << 20
+
+_COMMA, _NEWLINE, _CARRIAGE, _ZERO = 44, 10, 13, 48
+_DOT_LESS_ZERO = (46 - _ZERO) % 256  # '.' as a digit window holds it (uint8 bytes less '0')
+_INT_DIGITS = 16  # two 8-byte words; 10**16 bytes is 10 PB
+_FLOAT_DIGITS = 15  # 10**15 < 2**53: the mantissa is exact in a double
+_POW10 = 10 ** np.arange(_FLOAT_DIGITS + 2, dtype=np.int64)
+# _KEEP_HIGH_BYTES[k]: a mask of the k highest bytes of a uint64 (the last k bytes of 8 read little-endian).
+_KEEP_HIGH_BYTES = np.array([~((1 << (8 * (8 - k))) - 1) & (2**64 - 1) for k in range(9)], dtype=np.uint64)
+_ASCII_ZEROS = np.uint64(0x3030303030303030)
+_BELOW_0X80_IF_AT_MOST_9 = np.uint64(0x4646464646464646)
+_BIT7 = np.uint64(0x8080808080808080)
+# Digit bytes d0 d1 ... d7 (d0 lowest) into one number: adjacent bytes into 2-digit lanes (d0 * 10 + d1),
+# those into 4-digit lanes, then 8: each step masks the lanes, multiplies by 1 + 10^k << lane, and shifts.
+_COMBINE = [
+    (np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(10 * 2**8 + 1), np.uint64(8)),
+    (np.uint64(0x00FF00FF00FF00FF), np.uint64(100 * 2**16 + 1), np.uint64(16)),
+    (np.uint64(0x0000FFFF0000FFFF), np.uint64(10000 * 2**32 + 1), np.uint64(32)),
+]
+_POW10_FLOAT = 10.0 ** np.arange(_FLOAT_DIGITS + 1)
+# A column is copied out through a window as wide as its longest cell; past this the window would
+# cost more memory than the cells (one pathological row), and Python slicing is used.
+_TEXT_WINDOW = 256
+
+
+class ByteColumns:
+    """A plain CSV's cells located in its bytes: ``ends[j][r]`` is where cell j of line r ends (line 0: header)."""
+
+    def __init__(self, data: bytes, ends: Any, header: list[str], crlf: bool) -> None:
+        self._bytes = np.frombuffer(data, dtype=np.uint8)
+        self._data = data
+        self._ends = ends  # column-major: each column's ends are contiguous, read once per conversion
+        self._carriage = 1 if crlf else 0  # a "\r" before each line's "\n" ends the last cell early
+        self.header = header
+        self.rows = ends.shape[1] - 1
+
+    def _bounds(self, j: int) -> tuple[Any, Any]:
+        """Start and end (exclusive) offsets of column j's cells, one per data row (int64)."""
+        last = len(self.header) - 1
+        ends = self._ends[j, 1:].astype(np.int64) - (self._carriage if j == last else 0)
+        # Cell j starts after the line's previous comma; the first cell after the line above's newline.
+        before = self._ends[j - 1, 1:] if j > 0 else self._ends[last, :-1]
+        return before.astype(np.int64) + 1, ends
+
+    def filled(self, j: int) -> bool:
+        """True when at least one cell of column j is not empty."""
+        starts, ends = self._bounds(j)
+        return bool((ends > starts).any())
+
+    def text(self, j: int) -> list[str]:
+        """Column j as strings, '' for empty cells."""
+        starts, ends = self._bounds(j)
+        lengths = ends - starts
+        if self.rows == 0 or not lengths.any():
+            return [""] * self.rows
+        width = int(lengths.max()) + 1  # the cell and the byte after it
+        chars = self._rows_of_bytes(starts, width)
+        if chars is None:
+            data = self._data
+            return [data[s:e].decode("ascii") for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+        # Every cell with the byte after it made a comma, packed in order: "c0,c1,...,cn," splits in C.
+        chars[np.arange(self.rows), lengths] = _COMMA
+        packed: bytes = chars[np.arange(width)[None, :] <= lengths[:, None]].tobytes()
+        return packed.decode("ascii").split(",")[:-1]
+
+    def _rows_of_bytes(self, firsts: Any, width: int) -> Any | None:
+        """A (rows, width) copy of the bytes from each of ``firsts``; None if that is too big or runs off the file."""
+        if width > _TEXT_WINDOW or int(firsts.min()) < 0 or int(firsts.max()) + width > len(self._bytes):
+            return None
+        # Row i of the sliding view is bytes[i : i + width]: picking rows copies each cell in one go,
+        # with no (rows x width) index array.
+        return np.lib.stride_tricks.sliding_window_view(self._bytes, width)[firsts]
+
+    def ints(self, j: int) -> list[int | None] | None:
+        """Column j as ints (None for empty cells), or None if a cell is not a plain run of digits."""
+        if self.rows == 0:
+            return None  # nothing to parse: the string path gives the empty column
+        starts, ends = self._bounds(j)
+        lengths = ends - starts
+        if int(lengths.max()) > _INT_DIGITS or int(ends.min()) < _INT_DIGITS:
+            return None  # too long for int64 arithmetic, or a cell so near the file's start that no word fits
+        # A cell is at most two 8-byte words read back from its end: the 8 digits before the end and the 8 before those.
+        values, digits_only = self._eight_digits(ends - 8, np.minimum(lengths, 8))
+        if int(lengths.max()) > 8:
+            high, high_ok = self._eight_digits(ends - 16, np.clip(lengths - 8, 0, 8))
+            digits_only &= high_ok
+            high *= np.uint64(10**8)
+            values += high
+        if not digits_only.all():
+            return None
+        return _with_gaps(values.view(np.int64), lengths > 0)
+
+    def _eight_digits(self, at: Any, keep: Any) -> tuple[Any, Any]:
+        """The number in the last ``keep`` of the 8 bytes at each ``at`` (the rest read as '0'); whether all are digits.
+
+        SWAR: the 8 bytes are loaded as one little-endian uint64 (first byte lowest) and combined in
+        three multiply-shift steps, pairs, then fours, then eights, for the whole column at once. The
+        steps work in place: a fresh 8 MB array per step would cost more than its arithmetic.
+        """
+        word = np.ndarray(shape=(len(self._bytes) - 7,), dtype="<u8", buffer=self._data, strides=(1,))[at]
+        other = _KEEP_HIGH_BYTES[keep]
+        word &= other
+        np.invert(other, out=other)
+        other &= _ASCII_ZEROS
+        word |= other  # bytes outside the cell read as '0'
+        # Every byte 0x30-0x39: adding 0x46 leaves bit 7 clear (no byte carries: ASCII), and so does
+        # subtracting 0x30 (a byte below 0x30 borrows, and sets it).
+        np.add(word, _BELOW_0X80_IF_AT_MOST_9, out=other)
+        word -= _ASCII_ZEROS
+        other |= word
+        other &= _BIT7
+        digits_only = other == 0
+        for mask, factor, shift in _COMBINE:
+            word &= mask
+            word *= factor
+            word >>= shift
+        return word, digits_only
+
+    def floats(self, j: int) -> list[float | None] | None:
+        """Column j as floats (None for empty cells), or None if a cell is not digits with at most one '.'."""
+        window = self._digit_window(j, _FLOAT_DIGITS + 1)
+        if window is None:
+            return None
+        chars, inside, filled = window
+        dot = inside & (chars == _DOT_LESS_ZERO)
+        digit = inside & ~dot
+        if ((chars > 9) & digit).any():
+            return None
+        dots = dot.sum(axis=1)
+        digits = digit.sum(axis=1)
+        if (dots > 1).any() or (digits > _FLOAT_DIGITS).any() or (filled & (digits == 0)).any():
+            return None  # "1.2.3", too many digits for an exact mantissa, or a lone "."
+        # Read with the dot as a 0, "12.34" is 12034: the 2 decimals stay, the part above them drops one 0.
+        width = chars.shape[1]
+        with_zero = _number(chars, digit)
+        decimals = np.where(dots == 1, width - 1 - dot.argmax(axis=1), 0)
+        scale = _POW10[decimals]
+        mantissa = np.where(dots == 1, with_zero // (scale * 10) * scale + with_zero % scale, with_zero)
+        return _with_gaps(mantissa / _POW10_FLOAT[decimals], filled)
+
+    def _digit_window(self, j: int, most: int) -> tuple[Any, Any, Any] | None:
+        """The last ``width`` bytes before each cell's end, less '0' (uint8, so other bytes land above 9).
+
+        Returns (chars, inside, filled): ``inside`` marks the bytes that belong to the cell (a cell is
+        right-aligned in the window, after bytes of the cells before it); ``filled`` the non-empty cells.
+        None when a cell is longer than ``most``.
+        """
+        if self.rows == 0:
+            return None  # nothing to parse: the string path gives the empty column
+        starts, ends = self._bounds(j)
+        lengths = ends - starts
+        width = max(int(lengths.max()), 1)
+        if width > most:
+            return None
+        window = self._rows_of_bytes(ends - width, width)
+        if window is None:
+            return None
+        window -= np.uint8(_ZERO)
+        inside = np.arange(width)[None, :] >= (width - lengths)[:, None]
+        return window, inside, lengths > 0
+
+
+def _number(digits: Any, keep: Any) -> Any:
+    """Each row's kept digits read as one base-10 number (int64): a matrix-vector product with the powers of ten."""
+    width = digits.shape[1]
+    return np.where(keep, digits, 0).astype(np.int64) @ _POW10[width - 1 :: -1]
+
+
+def _with_gaps(values: Any, filled: Any) -> list[Any]:
+    if filled.all():
+        return values.tolist()  # type: ignore[no-any-return]
+    out = np.full(len(values), None, dtype=object)
+    out[filled] = values[filled].tolist()
+    return out.tolist()  # type: ignore[no-any-return]
+
+
+def locate(data: bytes) -> ByteColumns | None:
+    """Find every cell of a plain, even CSV (header first); None when the file needs the general reader."""
+    if len(data) < MIN_BYTES or not data.isascii() or b'"' in data:
+        return None
+    end = data.rfind(b"\n")  # a torn last line (a crash mid-write) is left out
+    first = data.find(b"\n")
+    if first < 0:
+        return None
+    crlf = data[first - 1 : first] == b"\r"
+    header = data[: first - 1 if crlf else first].decode("ascii").split(",")
+    width = len(header)
+    if width < 2:
+        return None  # one column: the general reader's handling of blank lines applies
+    body = np.frombuffer(data, dtype=np.uint8, count=end + 1)
+    # Two reused masks: a fresh 200 MB array per comparison would cost as much as the comparison.
+    is_delim = np.equal(body, _NEWLINE)
+    lines = int(np.count_nonzero(is_delim))
+    other = np.equal(body, _CARRIAGE)
+    carriages = int(np.count_nonzero(other))
+    np.equal(body, _COMMA, out=other)
+    is_delim |= other
+    del other
+    delims = np.flatnonzero(is_delim)
+    del is_delim
+    if len(delims) != lines * width:
+        return None
+    # int32 offsets where they fit: half the memory, and each column's ends are read in one sweep.
+    offsets = delims.astype(np.int32) if end < 2**31 else delims
+    ends = np.ascontiguousarray(offsets.reshape(lines, width).T)
+    # Each line's last delimiter is its newline, and there are no others: every line is `width` cells.
+    if not (body[ends[-1]] == _NEWLINE).all():
+        return None
+    # Line ends all "\n" or all "\r\n": a carriage return anywhere else is in a cell (the csv module's business).
+    if carriages != (lines if crlf else 0) or (crlf and not (body[ends[-1] - 1] == _CARRIAGE).all()):
+        return None
+    return ByteColumns(data, ends, header, crlf)
