@@ -181,3 +181,80 @@ def test_read_log_of_a_large_file_without_numpy_is_the_same(tmp_path: Path) -> N
     assert isinstance(table.raw, LazyText)
     expected = f"dict {sum(table.ints('reserved_bytes'))} {sum(table.floats('elapsed_s'))!r}"  # type: ignore[arg-type]
     assert done.stdout.strip() == expected
+
+
+# -- nvidia-smi's CSV: the whole-column path against the per-line one ---------------------------------------
+
+SMI_HEADERS = [
+    ["timestamp", "name", "memory.used [MiB]", "memory.total [MiB]"],
+    ["timestamp", "index", "name", "memory.used [MiB]", "memory.total [MiB]", "utilization.gpu [%]"],
+    ["index", "timestamp", "memory.used [MiB]"],
+]
+
+
+def smi_text(header: list[str], rows: int, gpus: int, units: bool, odd: str | None, rng: random.Random) -> str:
+    lines = [", ".join(header)]
+    for t in range(rows):
+        stamp = f"2026/11/29 {10 + t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}.{rng.randrange(1000):03d}"
+        for g in range(gpus):
+            cells = {"timestamp": stamp, "index": str(g), "name": "NVIDIA H200",
+                     "memory.used [MiB]": f"{rng.randrange(150_000) if t else 0}" + (" MiB" if units else ""),
+                     "memory.total [MiB]": "143771" + (" MiB" if units else ""),
+                     "utilization.gpu [%]": f"{rng.randrange(101)}" + (" %" if units else "")}
+            lines.append(", ".join(cells[h] for h in header))
+    if odd is not None:
+        lines.insert(len(lines) // 2, odd)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("header", SMI_HEADERS, ids=["default", "index-util", "minimal"])
+@pytest.mark.parametrize("odd", [None, "odd", "torn", "gap"])
+@pytest.mark.parametrize("units", [True, False])
+def test_nvidia_smi_fast_path_gives_the_per_line_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       header: list[str], odd: str | None, units: bool) -> None:
+    rng = random.Random(len(header) * 7 + units)
+    bad = None
+    if odd == "odd":  # one line the fast path cannot vouch for: [N/A], a negative, a second-only timestamp
+        cells = {"timestamp": "2026/11/29 10:00:00", "index": "0", "name": "X", "memory.used [MiB]": "[N/A]",
+                 "memory.total [MiB]": "-5 MiB", "utilization.gpu [%]": "[Not Supported]"}
+        bad = ", ".join(cells[h] for h in header)
+    text = smi_text(header, rows=300, gpus=2, units=units, odd=bad, rng=rng)
+    if odd == "torn":
+        text = text[:-7]
+    if odd == "gap":  # one GPU missing from one tick: positions counted line by line
+        lines = text.split("\n")
+        del lines[101]
+        text = "\n".join(lines)
+    path = tmp_path / "smi.csv"
+    path.write_text(text)
+    fast = read_log(path)
+    calls: list[str] = []
+    monkeypatch.setattr(logfile, "_smi_plain", lambda *args: calls.append("fast") or None)
+    slow = read_log(path)
+    assert calls == ["fast"]  # the second read went cell by cell
+    assert fast.kind == slow.kind == "nvidia-smi"
+    assert dict(fast.raw) == dict(slow.raw)
+    for column in slow.columns:
+        assert fast.has(column) == slow.has(column), column
+        assert fast.ints(column) == slow.ints(column), column
+        assert [_key(v) for v in fast.floats(column)] == [_key(v) for v in slow.floats(column)], column
+    assert fast.raw["time"][0].startswith("2026-11-29T10:00:00.") and fast.raw["time"][0].endswith("+00:00")
+    assert len(fast) == 600 - (1 if odd in ("torn", "gap") else 0) + (1 if odd == "odd" else 0)
+
+
+def test_nvidia_smi_fast_path_is_taken_for_the_usual_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "smi.csv"
+    path.write_text(smi_text(SMI_HEADERS[0], rows=50, gpus=2, units=True, odd=None, rng=random.Random(1)))
+    taken: list[bool] = []
+    plain = logfile._smi_plain
+
+    def spy(*args: object) -> object:
+        result = plain(*args)  # type: ignore[arg-type]
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(logfile, "_smi_plain", spy)
+    table = read_log(path)
+    assert taken == [True]
+    assert table.ints("gpu")[:4] == [0, 1, 0, 1]
+    assert table.ints("device_total_bytes")[0] == 143771 * 1024 * 1024

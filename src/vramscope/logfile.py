@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from operator import itemgetter
+from itertools import repeat
+from operator import add, eq, itemgetter, sub, truediv
 from pathlib import Path
 from typing import Protocol
 
@@ -457,7 +458,11 @@ def _read_nvidia_smi(name: str, text: str) -> LogTable:
     """nvidia-smi --query-gpu=...,memory.used,memory.total --format=csv[,nounits] -> our columns."""
     # A header without its line end (nvidia-smi killed at once) still names the columns; rows need an end.
     body = _complete_lines(text) or text + "\n"
-    reader = _csv_rows(name, csv.reader(io.StringIO(body, newline=""), skipinitialspace=True))
+    first = body[: body.find("\n")]
+    plain_header = '"' not in first
+    # The header alone when it is plain: a reader over the whole body would copy a day of text first.
+    reader = _csv_rows(name, csv.reader(io.StringIO(first if plain_header else body, newline=""),
+                                        skipinitialspace=True))
     header = [h.strip() for h in next(reader, [])]
     keys = [h.split(" [")[0] for h in header]
 
@@ -470,9 +475,14 @@ def _read_nvidia_smi(name: str, text: str) -> LogTable:
         raise LogFormatError(
             f"{name}: nvidia-smi CSV without memory.used; log it with --query-gpu=timestamp,memory.used,..."
         )
-    out: dict[str, list[str]] = {
-        c: [] for c in ("time", "elapsed_s", "gpu", "device_used_bytes", "device_total_bytes", "utilization_pct")
-    }
+    if i_time is not None and plain_header:
+        fast = _smi_plain(body, len(header), i_time, i_used, i_total, i_index, i_util)
+        if fast is not None:
+            return LogTable(name, LazyText(fast), kind="nvidia-smi")
+    if plain_header:
+        reader = _csv_rows(name, csv.reader(io.StringIO(body, newline=""), skipinitialspace=True))
+        next(reader, None)
+    out: dict[str, list[str]] = {c: [] for c in _SMI_COLUMNS}
     start: float | None = None
     last_time = None
     position = 0
@@ -485,13 +495,160 @@ def _read_nvidia_smi(name: str, text: str) -> LogTable:
             start = unix
         position = position + 1 if stamp == last_time else 0  # GPUs of one timestamp come in order
         last_time = stamp
-        out["time"].append(datetime.fromtimestamp(unix, tz=timezone.utc).isoformat() if unix is not None else "")
+        out["time"].append(_iso(unix) if unix is not None else "")
         out["elapsed_s"].append(f"{unix - start:.3f}" if unix is not None and start is not None else "")
         out["gpu"].append(row[i_index].strip() if i_index is not None else str(position))
         out["device_used_bytes"].append(_smi_mib(row[i_used]))
         out["device_total_bytes"].append(_smi_mib(row[i_total]) if i_total is not None else "")
         out["utilization_pct"].append(_smi_number(row[i_util]) if i_util is not None else "")
     return LogTable(name, out, kind="nvidia-smi")
+
+
+_SMI_COLUMNS = ("time", "elapsed_s", "gpu", "device_used_bytes", "device_total_bytes", "utilization_pct")
+# nvidia-smi's own timestamp, "2026/11/29 10:00:00.123": separators at fixed places, digits elsewhere.
+_STAMP_WIDTH = 23
+_STAMP_SEPARATORS = ((4, "/"), (7, "/"), (10, " "), (13, ":"), (16, ":"), (19, "."))
+_STAMP_DIGITS = tuple(i for i in range(_STAMP_WIDTH) if i not in dict(_STAMP_SEPARATORS))
+
+
+def _iso(unix: float) -> str:
+    # The form of vramscope's own logs (schema.py), so both kinds of log read alike.
+    return datetime.fromtimestamp(unix, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _smi_plain(
+    body: str, width: int, i_time: int, i_used: int, i_total: int | None, i_index: int | None, i_util: int | None
+) -> _SmiColumns | None:
+    """nvidia-smi's usual output read by whole-column operations (C loops), or None.
+
+    A day at 10 Hz is a million lines: the per-line path parses each timestamp with datetime and takes
+    ~17 s here. This one takes only what it can vouch for (no quotes, even rows, millisecond
+    timestamps, whole MiB, plain percentages) and gives the per-line path's cells exactly
+    (tests/test_fastcsv.py); anything else returns None and that path decides cell by cell.
+    """
+    if '"' in body or "\r" in body:
+        return None
+    # Units go in one pass over the text ("[MiB]" in the header keeps its brackets); int() skips the
+    # space that follows each comma.
+    columns = _split_plain(body.replace(" MiB", "").replace(" %", ""))
+    if columns is None or len(columns) != width:
+        return None
+    cells = list(columns.values())
+    stamps = list(map(str.strip, cells[i_time]))
+    if not stamps or not _plain_stamps(stamps):
+        return None
+    for column in [cells[i_used]] + ([cells[i_total]] if i_total is not None else []):
+        joined = "".join(column).replace(" ", "")
+        # Whole MiB below 2**33 (8 PiB): times 2**20 it stays exact in the float the per-line path uses.
+        if not (joined.isascii() and joined.isdigit()) or max(map(len, column)) > 10:
+            return None  # [N/A], fractions, signs: the per-line path
+    util = _digit_cells(cells[i_util]) if i_util is not None else None
+    index = _digit_cells(cells[i_index]) if i_index is not None else None
+    if (i_util is not None and util is None) or (i_index is not None and (index is None or "" in index)):
+        return None
+    try:
+        used = list(map(int, cells[i_used]))
+        total = list(map(int, cells[i_total])) if i_total is not None else None
+        # "2026/11/29 10:00:00.123" -> in whole milliseconds: the minute's start (once per minute) + "00" "123".
+        minutes = _MinuteStarts()
+        millis = list(map(add, map(minutes.__getitem__, map(itemgetter(slice(0, 16)), stamps)),
+                          map(int, map(add, map(itemgetter(slice(17, 19)), stamps),
+                                       map(itemgetter(slice(20, 23)), stamps)))))
+    except ValueError:  # digits split by a space, a month 13: the per-line path leaves that cell unknown
+        return None
+    # Exact integers divided once: the float that float(f"{unix - start:.3f}") gives, in C loops.
+    elapsed = list(map(truediv, map(sub, millis, repeat(millis[0])), repeat(1000)))
+    gpu = index if index is not None else _tick_positions(stamps)
+    return _SmiColumns(stamps, elapsed, gpu, used, total, util)
+
+
+def _digit_cells(cells: list[str]) -> list[str] | None:
+    """The cells stripped, if each is empty or ASCII digits; else None."""
+    stripped = list(map(str.strip, cells))
+    joined = "".join(stripped)
+    return stripped if joined.isascii() and (joined.isdigit() or not joined) else None
+
+
+def _plain_stamps(stamps: list[str]) -> bool:
+    """Every stamp is "YYYY/MM/DD HH:MM:SS.mmm": checked by strided slices of their concatenation (C loops)."""
+    n = len(stamps)
+    joined = "".join(stamps)
+    if len(joined) != _STAMP_WIDTH * n or not joined.isascii():
+        return False
+    if any(joined[at::_STAMP_WIDTH] != mark * n for at, mark in _STAMP_SEPARATORS):
+        return False
+    return "".join(joined[at::_STAMP_WIDTH] for at in _STAMP_DIGITS).isdigit()
+
+
+def _tick_positions(stamps: list[str]) -> list[str]:
+    """Each row's GPU when nvidia-smi logged no index: its place among the rows of its timestamp.
+
+    The usual log has the same GPUs at every tick; then the positions repeat 0..G-1 and are made in C.
+    """
+    per_tick = stamps.count(stamps[0]) if stamps else 0
+    ticks = stamps[::per_tick] if per_tick else []
+    regular = (per_tick and len(stamps) % per_tick == 0 and not any(map(eq, ticks[1:], ticks[:-1]))
+               and all(stamps[j::per_tick] == ticks for j in range(1, per_tick)))
+    if regular:
+        return list(map(str, range(per_tick))) * len(ticks)
+    positions, position, last = [], 0, None
+    for stamp in stamps:
+        position = position + 1 if stamp == last else 0
+        last = stamp
+        positions.append(str(position))
+    return positions
+
+
+class _SmiColumns:
+    """nvidia-smi's log as our columns (a CellSource): numbers kept as numbers, text made on first use."""
+
+    header = list(_SMI_COLUMNS)
+
+    def __init__(self, stamps: list[str], elapsed: list[float], gpu: list[str], used: list[int],
+                 total: list[int] | None, util: list[str] | None) -> None:
+        self.rows = len(stamps)
+        self._stamps = stamps
+        self._elapsed = elapsed
+        self._text: dict[str, list[str] | None] = {"gpu": gpu, "utilization_pct": util}
+        self._ints: dict[str, list[int | None] | None] = {
+            "device_used_bytes": list(map(MIB.__mul__, used)),
+            "device_total_bytes": list(map(MIB.__mul__, total)) if total is not None else None,
+        }
+
+    def text(self, j: int) -> list[str]:
+        name = self.header[j]
+        if name == "time":  # the text itself, in vramscope's form: "2026-11-29T10:00:00.123+00:00"
+            return ("+00:00\n".join(self._stamps) + "+00:00").replace("/", "-").replace(" ", "T").split("\n")
+        if name == "elapsed_s":
+            return list(map(format, self._elapsed, repeat(".3f")))
+        if name in self._text:
+            return self._text[name] or [""] * self.rows
+        values = self._ints[name]
+        return list(map(str, values)) if values is not None else [""] * self.rows
+
+    def filled(self, j: int) -> bool:
+        name = self.header[j]
+        if name in ("time", "elapsed_s"):
+            return self.rows > 0
+        if name in self._text:
+            return any(self._text[name] or ())  # '' is unknown
+        return bool(self._ints[name])  # every cell known: 0 bytes is a value
+
+    def ints(self, j: int) -> list[int | None] | None:
+        # Only the byte columns: the rest are converted from their text, as the string path does.
+        return self._ints.get(self.header[j])
+
+    def floats(self, j: int) -> list[float | None] | None:
+        return list(self._elapsed) if self.header[j] == "elapsed_s" else None
+
+
+class _MinuteStarts(dict[str, int]):
+    """'2026/11/29 10:00' -> its Unix time in ms (UTC, as nvidia-smi's local clock is taken), once per minute."""
+
+    def __missing__(self, minute: str) -> int:
+        start = datetime.strptime(minute, "%Y/%m/%d %H:%M").replace(tzinfo=timezone.utc)
+        value = self[minute] = int(start.timestamp()) * 1000
+        return value
 
 
 def _csv_rows(name: str, reader: Iterator[list[str]]) -> Iterator[list[str]]:
