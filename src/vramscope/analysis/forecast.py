@@ -24,6 +24,10 @@ from vramscope.analysis.leak import median, thin, trend
 # Under this share of the capacity left free, a predicted peak counts as an OOM risk: the allocator
 # needs some slack (rounding to blocks, fragmentation) beyond the bytes it hands out.
 SAFETY_FRACTION = 0.03
+# How many of the newest rows each estimate reads: the step time, and the fit of peak against tokens
+# (so that a leak's drift weighs less on it). A caller with a day of rows passes only these.
+RECENT_STEP_TIMES = 200
+RECENT_BATCHES = 400
 
 
 def allocator_capacity(
@@ -42,7 +46,9 @@ def allocator_capacity(
     return total_bytes - others
 
 
-def seconds_per_step(steps: Sequence[float], elapsed_s: Sequence[float], recent: int = 200) -> float | None:
+def seconds_per_step(
+    steps: Sequence[float], elapsed_s: Sequence[float], recent: int = RECENT_STEP_TIMES
+) -> float | None:
     """The recent step time: Theil-Sen slope of elapsed seconds over steps (robust to eval pauses)."""
     pairs = _recent_pairs(steps, elapsed_s, recent)
     if len(pairs) < 3 or pairs[-1][0] == pairs[0][0]:
@@ -129,7 +135,7 @@ def longest_batch(
     peaks: Sequence[int],
     capacity_bytes: int | None,
     max_tokens: int | None = None,
-    recent: int = 400,
+    recent: int = RECENT_BATCHES,
 ) -> LongestBatch:
     """Fit peak = base + bytes_per_token * tokens and predict the peak of the longest batch.
 

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from operator import itemgetter
 from typing import Any, overload
 
-from vramscope.analysis.forecast import allocator_capacity, forecast_oom, longest_batch, seconds_per_step
+from vramscope.analysis.forecast import (
+    RECENT_BATCHES,
+    RECENT_STEP_TIMES,
+    allocator_capacity,
+    forecast_oom,
+    longest_batch,
+    seconds_per_step,
+)
 from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig, LeakResult, detect_leak
+from vramscope.analysis.peaks import ColumnFacts, has_known, stretch_maxima
 from vramscope.logfile import LogTable
 
 MIB = 1024 * 1024
@@ -67,6 +75,7 @@ def analyze(
     capacity_bytes: int | None = None,
     max_batch_tokens: int | None = None,
     config: LeakConfig = DEFAULT_CONFIG,
+    facts: ColumnFacts | None = None,
 ) -> dict[str, Any]:
     """Analyse a log read by :func:`vramscope.logfile.read_log`.
 
@@ -77,21 +86,14 @@ def analyze(
         max_batch_tokens: the longest batch the run can see (batch size x maximum sequence length),
             for the longest-batch forecast; None uses the longest batch seen.
         config: leak-test thresholds.
+        facts: what the caller has already worked out about the table's columns (a report reads them for
+            its charts first), shared so that no column is read twice for the same answer.
 
     Returns:
         ``{"leak": {...}, "peak": {...}, "forecast": {...}, "warnings": [...], "devices": [...], ...}``;
         see docs/leak-detection.md for every key.
     """
-    columns: dict[str, Sequence[Any]] = {}
-    for name in INT_COLUMNS:
-        columns[name] = table.ints(name)
-    for name in FLOAT_COLUMNS:
-        columns[name] = table.floats(name)
-    for name in TEXT_COLUMNS:
-        # The analysis reads the time of a few rows (the peaks'): those cells are read as they are asked for.
-        raw = table.raw.get(name)
-        columns[name] = _TextCells(raw) if name == "time" and raw is not None else table.strings(name)
-    return analyze_columns(columns, capacity_bytes=capacity_bytes, max_batch_tokens=max_batch_tokens, config=config)
+    return _analyze(_TableColumns(table), len(table), capacity_bytes, max_batch_tokens, config, facts or ColumnFacts())
 
 
 def analyze_columns(
@@ -102,15 +104,33 @@ def analyze_columns(
 ) -> dict[str, Any]:
     """The analysis over typed columns (ints/floats/str, None = unknown), one entry per log row."""
     n = max((len(v) for v in columns.values()), default=0)
-    devices = [_analyze_device(key, _Rows(columns, rows, n), capacity_bytes, max_batch_tokens, config)
-               for key, rows in _device_groups(_col(columns, "gpu", n)).items()]
-    steps = _known_values(_col(columns, "step", n))
-    elapsed = _known_values(_col(columns, "elapsed_s", n))
+    return _analyze(columns, n, capacity_bytes, max_batch_tokens, config, ColumnFacts())
+
+
+def _analyze(
+    columns: Columns,
+    n: int,
+    capacity_bytes: int | None,
+    max_batch_tokens: int | None,
+    config: LeakConfig,
+    facts: ColumnFacts,
+) -> dict[str, Any]:
+    # A log of one device (as a rule) has the whole columns as its rows: the device's analysis and the
+    # totals below read them through one memo, so no column is scanned twice for the same answer.
+    whole = _Rows(columns, None, n, facts)
+    # Steps and seconds rise from row to row as a rule: one pass that finds it out gives their range, and
+    # spares the leak test the same pass.
+    whole.rising("step")
+    whole.rising("elapsed_s")
+    devices = [_analyze_device(key, whole if rows is None else _Rows(columns, rows, n, facts), capacity_bytes,
+                               max_batch_tokens, config)
+               for key, rows in _device_groups(whole["gpu"]).items()]
+    first_step, last_step = whole.low("step"), whole.top("step")
+    first_s, last_s = whole.low("elapsed_s"), whole.top("elapsed_s")
     result: dict[str, Any] = {
         "rows": n,
-        "steps": {"count": len(set(steps)), "first": min(steps) if steps else None,
-                  "last": max(steps) if steps else None},
-        "duration_s": (max(elapsed) - min(elapsed)) if elapsed else None,
+        "steps": {"count": _distinct_known(whole, "step"), "first": first_step, "last": last_step},
+        "duration_s": (last_s - first_s) if last_s is not None else None,
         "leak": _overall_leak(devices),
         "peak": {"devices": {d["key"]: d["peak"] for d in devices}},
         "forecast": _overall_forecast(devices),
@@ -135,24 +155,23 @@ def _col(columns: Columns, name: str, n: int) -> Sequence[Any]:
     return values if values is not None and len(values) == n else [None] * n
 
 
-def _has_known(values: Sequence[Any]) -> bool:
-    return values.count(None) != len(values)
-
-
 def _known_values(values: Sequence[Any]) -> Sequence[Any]:
     """The known values, in order (the column itself when it has no gap)."""
     return values if None not in values else list(filter(_is_known, values))
 
 
-def _max_known(values: Sequence[Any]) -> Any:
-    """The largest known value; None when none is known."""
-    try:
-        top = max(values)  # one C pass when the column has no gap (the usual case)
-    except ValueError:  # empty
-        return None
-    except TypeError:  # a None among numbers
-        top = None
-    return top if top is not None else max(filter(_is_known, values), default=None)
+def _tail(values: Sequence[Any], mask: Sequence[bool] | None, count: int) -> list[Any]:
+    """The last ``count`` cells where ``mask`` is true (of all cells without a mask): ``_select(...)[-count:]``,
+    reading only rows near the end (a stretch twice as long each time until it holds enough)."""
+    if mask is None:
+        return list(values[-count:])
+    picked: list[Any] = []
+    end, size = len(values), count
+    while end > 0 and len(picked) < count:
+        start = max(0, end - size)
+        picked[:0] = itertools.compress(values[start:end], mask[start:end])
+        end, size = start, size * 2
+    return picked[-count:]
 
 
 def _last_known(values: Sequence[Any]) -> int | None:
@@ -162,6 +181,8 @@ def _last_known(values: Sequence[Any]) -> int | None:
 
 def _device_groups(gpus: Sequence[Any]) -> dict[str, list[int] | None]:
     """Each device's rows, in order of first appearance; None stands for all the rows (one device)."""
+    if gpus and gpus.count(gpus[0]) == len(gpus):  # one device, as a rule: no dict built over a million rows
+        return {"host" if gpus[0] is None else str(gpus[0]): None}
     distinct = list(dict.fromkeys(gpus))
     keys = ["host" if g is None else str(g) for g in distinct]
     if len(distinct) <= 1:
@@ -175,6 +196,32 @@ def _device_groups(gpus: Sequence[Any]) -> dict[str, list[int] | None]:
     for i, gpu in enumerate(gpus):
         groups.setdefault("host" if gpu is None else str(gpu), []).append(i)  # type: ignore[union-attr]
     return groups
+
+
+class _TableColumns(Mapping[str, Sequence[Any]]):
+    """A table's columns as the analysis reads them, each converted when first read: a log's reader
+    converts a column of a day of rows at some cost, and the analysis never reads some (the rank)."""
+
+    def __init__(self, table: LogTable) -> None:
+        self.table = table
+
+    def __getitem__(self, name: str) -> Sequence[Any]:
+        if name in INT_COLUMNS:
+            return self.table.ints(name)
+        if name in FLOAT_COLUMNS:
+            return self.table.floats(name)
+        if name == "time" and "time" in self.table.raw:
+            # The analysis reads the time of a few rows (the peaks'): those cells are read as they are asked for.
+            return _TextCells(self.table.raw["time"])
+        if name in TEXT_COLUMNS:
+            return self.table.strings(name)
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((*INT_COLUMNS, *FLOAT_COLUMNS, *TEXT_COLUMNS))
+
+    def __len__(self) -> int:
+        return len(INT_COLUMNS) + len(FLOAT_COLUMNS) + len(TEXT_COLUMNS)
 
 
 class _TextCells(Sequence[str | None]):
@@ -199,14 +246,21 @@ class _TextCells(Sequence[str | None]):
 
 
 class _Rows:
-    """One device's cells of the columns, picked once per column (all of them: the column itself)."""
+    """One device's cells of the columns, picked once per column (all of them: the column itself).
 
-    def __init__(self, columns: Columns, rows: list[int] | None, n: int) -> None:
+    What several parts of the analysis ask of a column (its largest value, whether a cell is unknown, its
+    cells on the training rows) is worked out once (``facts``): each answer is a pass over a million cells.
+    """
+
+    def __init__(self, columns: Columns, rows: list[int] | None, n: int, facts: ColumnFacts | None = None) -> None:
         self.columns = columns
         self.rows = rows
         self.n = n
         self.m = n if rows is None else len(rows)
+        self.facts = facts or ColumnFacts()
         self._picked: dict[str, Sequence[Any]] = {}
+        self._known: dict[str, list[bool]] = {}
+        self._selected: dict[tuple[str, int], tuple[Sequence[bool], Sequence[Any]]] = {}
 
     def __getitem__(self, name: str) -> Sequence[Any]:
         if name not in self._picked:
@@ -220,6 +274,58 @@ class _Rows:
             else:
                 self._picked[name] = _take(values, self.rows)
         return self._picked[name]
+
+    def top(self, name: str) -> Any:
+        """The column's largest known value; None when none is known."""
+        return self.facts.top(self[name])
+
+    def low(self, name: str) -> Any:
+        """The column's smallest known value; None when none is known."""
+        return self.facts.low(self[name])
+
+    def has_gap(self, name: str) -> bool:
+        """True when some cell of the column is unknown (None)."""
+        return self.facts.gap(self[name])
+
+    def rising(self, name: str) -> bool:
+        """True when every cell of the column is known and larger than the one before."""
+        return self.facts.rising(self[name])
+
+    def known(self, name: str) -> list[bool] | None:
+        """The cells of the column that are known, as a mask; None (all of them) when it has no gap."""
+        if not self.has_gap(name):
+            return None
+        if name not in self._known:
+            self._known[name] = list(map(_is_known, self[name]))
+        return self._known[name]
+
+    def both(self, mask: list[bool] | None, name: str) -> list[bool] | None:
+        """``mask`` narrowed to the cells where the column is known; None (all) when that is every cell."""
+        known = self.known(name)
+        if known is None:
+            return mask
+        return known if mask is None else list(map(operator.and_, mask, known))
+
+    def select(self, name: str, mask: list[bool] | None) -> Sequence[Any]:
+        """The column's cells where ``mask`` is true, picked once per mask (two leak tests share the steps)."""
+        if mask is None:
+            return self[name]
+        key = (name, id(mask))
+        hit = self._selected.get(key)
+        if hit is None or hit[0] is not mask:  # the mask is kept with the cells, so its id stays its own
+            hit = self._selected[key] = (mask, _select(self[name], mask))
+        return hit[1]
+
+    def stretches(self, labels: Sequence[Any]) -> list[tuple[Any, int, int]] | None:
+        """:func:`~vramscope.analysis.peaks.runs` of a label column (None: it changes too often to read so)."""
+        return self.facts.runs(labels, limit=len(labels) // MIN_RUN_ROWS + 1)
+
+
+def _distinct_known(dev: _Rows, name: str) -> int:
+    """How many distinct known values the column holds."""
+    if dev.rising(name):
+        return dev.m
+    return len(set(dev[name])) - dev.has_gap(name)  # set() keeps one None for all the unknown cells
 
 
 def _take(values: Sequence[Any], rows: list[int]) -> list[Any]:
@@ -244,7 +350,7 @@ def _both(mask: list[bool] | None, values: Sequence[Any]) -> list[bool] | None:
 
 
 def _signal(dev: _Rows, candidates: Sequence[str]) -> str | None:
-    return next((name for name in candidates if _has_known(dev[name])), None)
+    return next((name for name in candidates if has_known(dev[name])), None)
 
 
 def _phase_labels(phase: Sequence[Any], step: Sequence[Any]) -> Sequence[str]:
@@ -254,12 +360,15 @@ def _phase_labels(phase: Sequence[Any], step: Sequence[Any]) -> Sequence[str]:
     if not any(phase):
         if None not in step:
             return ["train"] * len(step)
-        if not _has_known(step):
+        if not has_known(step):
             return ["untagged"] * len(step)
     return [p if p else ("train" if s is not None else "untagged") for p, s in zip(phase, step, strict=True)]
 
 
-# Per-phase peaks take one C pass over the rows per phase; past this many phases, one Python pass.
+# Per-phase peaks read the column one stretch of a phase at a time. A log whose phase changes every
+# few rows (on average, more often than every MIN_RUN_ROWS rows) takes one C pass over the rows per
+# phase instead; past MAX_PHASES_BY_COLUMN phases, one Python pass.
+MIN_RUN_ROWS = 16
 MAX_PHASES_BY_COLUMN = 32
 
 
@@ -272,35 +381,69 @@ def _peaks(dev: _Rows, peak_name: str | None) -> dict[str, Any]:
     step, elapsed, times = dev["step"], dev["elapsed_s"], dev["time"]
     values = dev[peak_name]
     labels = _phase_labels(dev["phase"], step)
-    known = _both(None, values)
-    vals, labs = _select(values, known), _select(labels, known)
-    rows: Sequence[int] = range(len(values)) if known is None else list(itertools.compress(range(len(values)), known))
+    found = _phase_maxima(dev, peak_name, labels)
 
     def where(i: int) -> dict[str, Any]:
         return {"bytes": values[i], "step": step[i], "time": times[i], "elapsed_s": elapsed[i]}
 
-    if not vals:
+    if not found:
         return peak
+    for label, (_, i) in found.items():
+        peak["phases"][label] = where(i)
+    # The run's peak is the highest phase peak; among equal ones, the earliest row (the first of equals).
+    top = max(v for v, _ in found.values())
+    i = min(i for v, i in found.values() if v == top)
+    peak.update(where(i), phase=labels[i])
+    return peak
+
+
+def _phase_maxima(dev: _Rows, name: str, labels: Sequence[Any]) -> dict[Any, tuple[Any, int]]:
+    """Each phase's largest known value of a column and its first row, in order of the phase's first reading."""
+    values = dev[name]
+    stretches = dev.stretches(labels)
+    if stretches is None:
+        return _phase_maxima_by_mask(values, labels)
+    starts = [start for _, start, _ in stretches]
+    read = dev.facts.stretches(values)
+    if read is not None and set(starts) <= set(read[0]):
+        # The column was read already, cut at least wherever the phase changes (a report's charts cut it
+        # so): each phase's peak comes from those stretches.
+        starts = read[0][:-1]
+        maxima = [None if s is None else (s[2], s[3]) for s in read[1]]
+    else:
+        maxima, gap = stretch_maxima(values, [*starts, len(values)])
+        dev.facts.learn_gap(values, gap)
+    found: dict[Any, tuple[Any, int]] = {}
+    for start, m in zip(starts, maxima, strict=True):
+        label = labels[start]  # a stretch lies within one phase
+        if m is not None and (label not in found or m[0] > found[label][0]):  # strict: the first of equals
+            found[label] = m
+    return found
+
+
+def _phase_maxima_by_mask(values: Sequence[Any], labels: Sequence[Any]) -> dict[Any, tuple[Any, int]]:
+    """:func:`_phase_maxima` for a phase that changes every few rows: each phase's rows picked in C."""
+    known = _both(None, values)
+    vals, labs = _select(values, known), _select(labels, known)
+    rows: Sequence[int] = range(len(values)) if known is None else list(itertools.compress(range(len(values)), known))
     phases = list(dict.fromkeys(labs))  # in order of each phase's first reading
+    found: dict[Any, tuple[Any, int]] = {}
     if len(phases) > MAX_PHASES_BY_COLUMN:
         for j, v in enumerate(vals):
-            current = peak["phases"].get(labs[j])
-            if current is None or v > current["bytes"]:
-                peak["phases"][labs[j]] = where(rows[j])
-        top = max(vals)
-    else:
-        top = max(vals)
-        for label in phases:
-            if len(phases) == 1:
-                peak["phases"][label] = where(rows[vals.index(top)])
-                continue
-            mask = list(map(operator.eq, labs, itertools.repeat(label)))
-            mine = list(itertools.compress(vals, mask))
-            j = mine.index(max(mine))
-            peak["phases"][label] = where(list(itertools.compress(rows, mask))[j])
-    j = vals.index(top)  # max() keeps the first of equals, as does index(): the earliest peak
-    peak.update(where(rows[j]), phase=labs[j])
-    return peak
+            current = found.get(labs[j])
+            if current is None or v > current[0]:
+                found[labs[j]] = (v, rows[j])
+        return found
+    for label in phases:
+        if len(phases) == 1:
+            top = max(vals)
+            found[label] = (top, rows[vals.index(top)])  # max() keeps the first of equals, as index() finds
+            continue
+        mask = list(map(operator.eq, labs, itertools.repeat(label)))
+        mine = list(itertools.compress(vals, mask))
+        top = max(mine)
+        found[label] = (top, list(itertools.compress(rows, mask))[mine.index(top)])
+    return found
 
 
 def _analyze_device(
@@ -318,7 +461,7 @@ def _analyze_device(
     # Peaks, overall and per phase, with where they happened.
     peak = _peaks(dev, peak_name)
     for extra in ("reserved_bytes", "device_used_bytes", "host_rss_bytes"):
-        peak[f"max_{extra}"] = _max_known(dev[extra])
+        peak[f"max_{extra}"] = dev.top(extra)
     totals = dev["device_total_bytes"]
     last_total = _last_known(totals)
     peak["total_bytes"] = None if last_total is None else totals[last_total]
@@ -327,21 +470,22 @@ def _analyze_device(
 
     # The leak test on the training steps' rows (eval rows hold eval's own memory).
     train, unit = _train_rows(dev)
-    xcol = step if unit == "step" else elapsed
-    leak = _leak_on(level_name, train, dev, xcol, config, unit)
+    leak = _leak_on(level_name, train, dev, config, unit)
     leak_dict = _leak_dict(leak, level_name, key, unit)
     if level_name == "allocated_bytes" and not leak.detected:
-        cached = _leak_on("reserved_bytes", train, dev, xcol, config, unit)
+        cached = _leak_on("reserved_bytes", train, dev, config, unit)
         if cached.detected:
             leak_dict.update(_caching(cached, train, dev, unit))
 
     # The forecast: room between the recent peak and the capacity, at the leak's slope.
     capacity = _capacity(dev, level_name, capacity_bytes)
-    recent_peak = _recent_max(dev[peak_name] if peak_name else [])
+    recent_peak = _recent_max(dev, peak_name)
     step_s = None
     if unit == "step":
-        timed = _both(train, elapsed)
-        step_s = seconds_per_step(_select(step, timed), _select(elapsed, timed))
+        # Only the newest rows count: picked from the end, not from a copy of a day of rows.
+        timed = dev.both(train, "elapsed_s")
+        step_s = seconds_per_step(_tail(step, timed, RECENT_STEP_TIMES), _tail(elapsed, timed, RECENT_STEP_TIMES),
+                                  recent=RECENT_STEP_TIMES)
     slope_per_step = leak.slope_per_x if leak.detected and unit == "step" else None
     fc = forecast_oom(slope_per_step, recent_peak, capacity, step_s)
     if leak.detected and unit == "s" and leak.slope_per_x and capacity is not None and recent_peak is not None:
@@ -354,12 +498,16 @@ def _analyze_device(
 
     tokens = dev["tokens"]
     peaks = dev["peak_allocated_bytes"]
-    tok_rows = _both(_both(train, tokens), peaks)
+    tok_rows: list[bool] | None = []  # no row has both, as a rule because one of them is never logged
+    if has_known(tokens) and has_known(peaks):
+        tok_rows = dev.both(dev.both(train, "tokens"), "peak_allocated_bytes")
     if tok_rows is None or any(tok_rows):  # None: every row has both
-        lb = longest_batch(_select(tokens, tok_rows), _select(peaks, tok_rows), capacity, max_batch_tokens)
+        # The fit reads the newest rows only: they are picked from the end.
+        lb = longest_batch(_tail(tokens, tok_rows, RECENT_BATCHES), _tail(peaks, tok_rows, RECENT_BATCHES), capacity,
+                           max_batch_tokens, recent=RECENT_BATCHES)
         forecast["longest_batch"] = lb.to_dict()
     else:
-        why = "no token counts in the log" if not _has_known(tokens) else "no per-step peaks"
+        why = "no token counts in the log" if not has_known(tokens) else "no per-step peaks"
         forecast["longest_batch"] = {"available": False, "reason": why, "at_risk": False, "warning": None}
     return {"key": key, "peak": peak, "leak": leak_dict, "forecast": forecast}
 
@@ -368,14 +516,21 @@ def _train_rows(dev: _Rows) -> tuple[list[bool] | None, str]:
     """The rows the leak test runs on (a mask; None for all), and what x counts: training steps, or
     seconds in a time-based log (no step column: a `vramscope run` log)."""
     step, phase = dev["step"], dev["phase"]
-    if not _has_known(step):
-        return _both(None, dev["elapsed_s"]), "s"
-    # A log has a few phases: each is looked up once, then every row's through a dict (a C call).
-    training = {p: p in TRAIN_PHASES for p in set(phase)}
+    if not has_known(step):
+        return dev.known("elapsed_s"), "s"
+    # A log has a few phases, in long stretches as a rule: each phase is looked up once, and the mask is
+    # built a stretch at a time (else every row's phase through a dict, a C call).
+    stretches = dev.stretches(phase)
+    training = {p: p in TRAIN_PHASES for p in (set(phase) if stretches is None else {p for p, _, _ in stretches})}
     if all(training.values()):
-        return _both(None, step), "step"
-    mask = list(map(training.__getitem__, phase))
-    return (mask if None not in step else list(map(operator.and_, mask, map(_is_known, step)))), "step"
+        return dev.known("step"), "step"
+    if stretches is None:
+        mask = list(map(training.__getitem__, phase))
+    else:
+        mask = []
+        for p, start, end in stretches:
+            mask += [training[p]] * (end - start)
+    return dev.both(mask, "step"), "step"
 
 
 @dataclass
@@ -406,20 +561,19 @@ def leak_series(table: LogTable) -> dict[str, LeakSeries]:
         xs = _select(dev["step"] if unit == "step" else dev["elapsed_s"], picked)
         tokens = list(_select(dev["tokens"], picked))
         out[key] = LeakSeries(key, signal, unit, [float(x) for x in xs], [float(v) for v in _select(values, picked)],
-                              tokens if _has_known(tokens) else None)
+                              tokens if has_known(tokens) else None)
     return out
 
 
-def _leak_on(
-    name: str | None, train: list[bool] | None, dev: _Rows, xcol: Sequence[Any], config: LeakConfig, unit: str
-) -> LeakResult:
+def _leak_on(name: str | None, train: list[bool] | None, dev: _Rows, config: LeakConfig, unit: str) -> LeakResult:
     if name is None:
         return LeakResult(detected=False, kind="insufficient", verdict="no memory readings to test for a leak")
-    values = dev[name]
-    picked = _both(train, values)
-    known = _select(dev["tokens"], picked)
-    return detect_leak(_select(xcol, picked), _select(values, picked), config_for(name, config), unit=unit,
-                       tokens=known if _has_known(known) else None)
+    picked = dev.both(train, name)
+    known = dev.select("tokens", picked)
+    x = "step" if unit == "step" else "elapsed_s"
+    # The rows picked from a column that rises from row to row rise too: the test need not check it.
+    return detect_leak(dev.select(x, picked), dev.select(name, picked), config_for(name, config), unit=unit,
+                       tokens=known if has_known(known) else None, rising=dev.rising(x))
 
 
 def _leak_dict(leak: LeakResult, signal: str | None, key: str, unit: str) -> dict[str, Any]:
@@ -473,12 +627,15 @@ def _capacity(dev: _Rows, level: str | None, given: int | None) -> int | None:
     return int(total[i])
 
 
-def _recent_max(values: Sequence[Any]) -> int | None:
-    known = _known_values(values)
-    if not known:
+def _recent_max(dev: _Rows, name: str | None) -> int | None:
+    """The largest of the newest tenth of a column's known values (at least 20 of them)."""
+    if name is None:
         return None
-    tail = known[-max(20, len(known) // 10) :]
-    return int(max(tail))
+    values = dev[name]
+    count = len(values) - values.count(None) if dev.has_gap(name) else len(values)
+    if not count:
+        return None
+    return int(max(_tail(values, dev.known(name), max(20, count // 10))))
 
 
 def _overall_leak(devices: list[dict[str, Any]]) -> dict[str, Any]:

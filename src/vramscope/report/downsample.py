@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vramscope.analysis.peaks import Stretch, combine, regroup, stretch_extremes
+
 # Two points per bucket: 1500 buckets keep a 3000-point line, finer than any chart is drawn.
 DEFAULT_BUCKETS = 1500
 
@@ -33,22 +35,34 @@ def minmax_indices(values: Sequence[float | None], buckets: int = DEFAULT_BUCKET
     n = len(values)
     if n <= 2 * buckets:
         return [i for i, v in enumerate(values) if v is not None]
+    cuts = bucket_cuts(n, buckets)
+    return minmax_from_stretches(values, buckets, cuts, stretch_extremes(values, cuts)[0])
+
+
+def bucket_cuts(n: int, buckets: int) -> list[int]:
+    """Where each of ``buckets`` equal buckets of ``n`` points begins, and ``n``: ascending, no repeats
+    when ``n >= buckets``."""
+    return [b * n // buckets for b in range(buckets + 1)]
+
+
+def minmax_from_stretches(
+    values: Sequence[float | None], buckets: int, cuts: Sequence[int], stretches: Sequence[Stretch | None]
+) -> list[int]:
+    """:func:`minmax_indices` from the extremes of stretches of the series (see
+    :func:`~vramscope.analysis.peaks.stretch_extremes`), cut at ``cuts``: at least at every bucket's start.
+
+    A caller that cuts the series finer for its own reasons (a chart's phases) reads it once for both.
+    Of int series only, when a bucket is cut in several stretches: a NaN has no place in their order.
+    """
+    n = len(values)
+    if n <= 2 * buckets:
+        return [i for i, v in enumerate(values) if v is not None]
     keep: list[int] = []
-    for b in range(buckets):
-        lo = b * n // buckets
-        hi = (b + 1) * n // buckets
-        part = values[lo:hi]
-        try:  # no gap in the bucket (the usual case): two C passes, no copy
-            low, high = min(part), max(part)  # type: ignore[type-var]
-        except TypeError:  # a None among numbers
-            low = high = None
-        if low is None or high is None:
-            known = [v for v in part if v is not None]
-            if not known:
-                continue
-            low, high = min(known), max(known)  # type: ignore[type-var]
-        i_low = lo + part.index(low)
-        i_high = lo + part.index(high)
+    for part in regroup(stretches, cuts, bucket_cuts(n, buckets)):
+        found = combine(part)
+        if found is None:
+            continue
+        _, i_low, _, i_high = found
         if i_low == i_high:
             keep.append(i_low)
         else:

@@ -7,7 +7,9 @@ GPU's capacity, allocated against reserved memory and its trend, the longest bat
 series to draw with min/max buckets. The terminal, HTML and PNG renderers only format this.
 
 Cost matters: a day at 10 Hz is a million rows, so per-row work is done with builtins over whole
-columns (``max``, slicing, ``list.index``, ``itertools.groupby``) rather than Python loops.
+columns (``max``, slicing, ``list.index``, ``itertools.groupby``) rather than Python loops, and each
+memory column is read once, a cache-sized stretch at a time (:mod:`vramscope.analysis.peaks`): the
+chart's buckets, the phases' peaks and the run's peak all come out of that one read.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from operator import eq, is_not, itemgetter
+from operator import eq, ge, is_not, itemgetter
 from typing import Any
 
+from vramscope.analysis.peaks import ColumnFacts, Stretch, combine, has_known, regroup, top_and_gap
 from vramscope.analysis.summary import analyze
 from vramscope.logfile import LogTable
 from vramscope.report.advice import RunSettings, advise, planner_advice
-from vramscope.report.downsample import DEFAULT_BUCKETS, minmax_indices
+from vramscope.report.downsample import DEFAULT_BUCKETS, bucket_cuts, minmax_from_stretches, minmax_indices
 
 # Memory columns a report looks at, with the names people read.
 METRICS: dict[str, str] = {
@@ -42,6 +45,15 @@ STEP_METRICS = ("device_used_bytes", "reserved_bytes", "allocated_bytes", "peak_
 TRAIN = "train"
 LONGEST_BATCHES = 5
 TREND_POINTS = 4000  # points used to place the leak trend line (an intercept is a median: cheap and robust)
+GAP_BUCKETS = 64  # buckets of the trend of reserved memory beyond demand
+# A column is read a stretch of one phase at a time; a phase that changes more often than every
+# MIN_RUN_ROWS rows (on average) makes that many stretches that one C pass per phase costs less.
+MIN_RUN_ROWS = 16
+# The longest batches are ranked on a bounded heap in Python; past this many rows of one length, the
+# rows that cannot rank are dropped first with C passes, below a floor set by the maxima of chunks of
+# RANK_CHUNK rows (see _largest).
+RANK_CUT_ROWS = 4096
+RANK_CHUNK = 64
 
 Selector = slice | list[int]
 
@@ -133,13 +145,16 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
         raise EmptyLogError(f"log {table.path} has no rows yet; was the run still starting?")
     if not any(table.has(m) for m in METRICS):
         raise EmptyLogError(f"log {table.path} has no memory readings in any row; is it a memory log?")
-    analysis = analyze(table)
     cols = _Columns(table)
+    facts = ColumnFacts()
+    per_device = [_Device(key, sel, cols, buckets, facts) for key, sel in _device_rows(cols.gpu).items()]
+    for dev in per_device:
+        dev.read()  # before the analysis, which then finds what it asks of these columns known
+    analysis = analyze(table, facts=facts)
     devices: list[DeviceView] = []
     device_summaries: dict[str, dict[str, Any]] = {}
-    for key, sel in _device_rows(cols.gpu).items():
-        dev = _Device(key, sel, cols)
-        device_summaries[key] = dev.summary(analysis)
+    for dev in per_device:
+        device_summaries[dev.key] = dev.summary(analysis)
         devices.append(dev.view(analysis, buckets))
 
     steps = [s for s in (analysis.get("steps") or {}).values()]
@@ -194,6 +209,11 @@ class _Columns:
     def ints(self, name: str) -> list[int | None]:
         return self.table.ints(name)
 
+    def filled(self, name: str) -> bool:
+        """``table.has(name)``: some cell of the column is not empty. A known value proves it, found at once
+        as a rule (the first or the last row), without a look through the table's cells."""
+        return has_known(self.ints(name)) or self.table.has(name)
+
     def phase_set(self) -> set[str | None]:
         return set(self.phase)
 
@@ -226,8 +246,10 @@ IMBALANCE_ORDER = ("peak_allocated_bytes", "device_used_bytes", "host_rss_bytes"
 def _rank_peaks(cols: _Columns) -> tuple[list[dict[str, Any]], str, float | None] | None:
     """Each rank's peaks and ``max/min - 1`` of one peak across ranks, for a log with several ranks
     (rank 0's log of a distributed run gathers every rank); None otherwise."""
+    if not cols.table.has("rank"):  # a log of one process: no rank column to convert
+        return None
     ranks = cols.ints("rank")
-    distinct = sorted({r for r in ranks if r is not None})
+    distinct = sorted({r for r in set(ranks) if r is not None})  # set() first: a few ranks, not a million rows
     if len(distinct) < 2:
         return None
     rows: dict[int, list[int]] = {r: [] for r in distinct}
@@ -267,10 +289,10 @@ def _parse_time(text: str) -> float | None:
 
 def _device_rows(gpus: list[int | None]) -> dict[str, Selector]:
     """Rows of each device: a slice when the rows interleave regularly (the usual case), else positions."""
+    if gpus.count(gpus[0]) == len(gpus):  # one device, as a rule: no dict built over a million rows
+        return {"host" if gpus[0] is None else str(gpus[0]): slice(None)}
     distinct = list(dict.fromkeys(gpus))
     keys = ["host" if g is None else str(g) for g in distinct]
-    if len(distinct) == 1:
-        return {keys[0]: slice(None)}
     k = len(distinct)
     if all(gpus[j::k].count(g) == len(gpus[j::k]) for j, g in enumerate(distinct)):
         return {key: slice(j, None, k) for j, key in enumerate(keys)}
@@ -302,15 +324,6 @@ def _row_of(sel: Selector, j: int) -> int:
 _known = partial(is_not, None)  # a C-level "is not None" for filter()
 
 
-def _min_known(values: Sequence[int | None]) -> int:
-    """The smallest known value of a list that has one."""
-    try:
-        low = min(values)  # type: ignore[type-var]
-    except TypeError:
-        low = None
-    return low if low is not None else min(filter(_known, values))  # type: ignore[type-var,return-value]
-
-
 def _argmax(values: Sequence[int | None]) -> tuple[int, int] | None:
     """(position, value) of the largest known value, first occurrence; None when nothing is known."""
     if not values:
@@ -330,27 +343,32 @@ def _argmax(values: Sequence[int | None]) -> tuple[int, int] | None:
 
 
 class _Device:
-    def __init__(self, key: str, sel: Selector, cols: _Columns) -> None:
+    def __init__(self, key: str, sel: Selector, cols: _Columns, buckets: int, facts: ColumnFacts) -> None:
         self.key = key
         self.sel = sel
         self.cols = cols
+        self.buckets = buckets
+        self.facts = facts
         self.values: dict[str, list[int | None]] = {}
         for metric in METRICS:
             # An absent column stays an empty list: nothing to draw, nothing to pick through.
-            self.values[metric] = _pick(cols.ints(metric), sel) if cols.table.has(metric) else []
+            self.values[metric] = _pick(cols.ints(metric), sel) if cols.filled(metric) else []
         self.total = _pick(cols.ints("device_total_bytes"), sel)
         self.step = _pick(cols.step, sel)
         self.phase = _pick(cols.phase, sel)
-        self.tokens = _pick(cols.ints("tokens"), sel) if cols.table.has("tokens") else []
+        self.tokens = _pick(cols.ints("tokens"), sel) if cols.filled("tokens") else []
         self.n = len(self.step)
         self.title = "host (no GPU in the log)" if key == "host" else f"GPU {key}"
         self.capacity = next((t for t in reversed(self.total) if t is not None), None)
-        top = _argmax(self.step)
-        self.step_range: tuple[int, int] | None = None if top is None else (_min_known(self.step), top[1])
+        facts.rising(self.step)  # as a rule: then the first and the last step are the range, with no pass
+        top = facts.top(self.step)
+        self.step_gap = facts.gap(self.step)  # known from that same pass
+        self.step_range: tuple[int, int] | None = None if top is None else (facts.low(self.step), top)
         self._runs: list[tuple[str, int, int]] | None = None
         self._labels: list[str] | None = None
         self._argmaxes: dict[str, tuple[int, int] | None] = {}
         self._thinned: dict[tuple[str, int], list[int]] = {}
+        self._cuts: list[int] | None = None
 
     # ---- summary ----
     def _where(self, j: int, value: int) -> dict[str, Any]:
@@ -369,7 +387,7 @@ class _Device:
             if not any(self.phase):
                 default = TRAIN if self.step_range is not None else "run"
                 self._labels = [default] * self.n
-            elif None not in self.phase:
+            elif all(self.phase) or None not in self.phase:  # all(): a cheaper C pass that settles it as a rule
                 self._labels = self.phase  # type: ignore[assignment]  # every row has its phase: no copy
             else:
                 self._labels = [
@@ -386,8 +404,30 @@ class _Device:
         return out
 
     def phase_peaks(self) -> dict[str, dict[str, Any]]:
-        """Peaks within each phase. A phase's rows are picked with C-level ``compress`` (eval runs can be
-        hundreds of short stretches; slicing each would cost a copy per stretch per measure)."""
+        """Peaks within each phase, each with its first row (the first of equals), from the columns' scans."""
+        cuts = self._scan_cuts()
+        if cuts is None:
+            return self._phase_peaks_by_mask()
+        labels = self.labels()
+        rows: dict[str, int] = {}  # each phase's row count, in order of its first row
+        for label, start, end in self.runs():
+            rows[label] = rows.get(label, 0) + end - start
+        by_phase: dict[str, dict[str, Any]] = {label: {"rows": count} for label, count in rows.items()}
+        for metric in self.values:
+            best: dict[str, Stretch] = {}
+            for lo, found in zip(cuts, self._scan(metric) or [], strict=False):  # a stretch starts at each cut
+                if found is not None:
+                    label = labels[lo]  # a stretch never crosses a phase's edge
+                    mine = best.get(label)
+                    if mine is None or found[2] > mine[2]:  # strict: the first of equals
+                        best[label] = found
+            for label, found in best.items():
+                by_phase[label][metric] = self._where(found[3], found[2])
+        return by_phase
+
+    def _phase_peaks_by_mask(self) -> dict[str, dict[str, Any]]:
+        """:meth:`phase_peaks` of a phase that changes every few rows: a phase's rows are picked with C-level
+        ``compress`` (slicing each of its many short stretches would cost a copy per stretch per measure)."""
         labels = self.labels()
         out: dict[str, dict[str, Any]] = {}
         for label in dict.fromkeys(labels):
@@ -413,7 +453,12 @@ class _Device:
         """:func:`_argmax` of one metric's column, computed once (the peaks and the phases' peaks share it)."""
         if metric not in self._argmaxes:
             values = self.values[metric]
-            self._argmaxes[metric] = _argmax(values) if values else None
+            scan = self._scan(metric)
+            if scan is not None:
+                found = combine(scan)
+                self._argmaxes[metric] = None if found is None else (found[3], found[2])
+            else:
+                self._argmaxes[metric] = _argmax(values) if values else None
         return self._argmaxes[metric]
 
     def _minmax(self, metric: str, values: list[int | None], buckets: int) -> list[int]:
@@ -423,8 +468,47 @@ class _Device:
             return minmax_indices(values, buckets)
         key = (metric, buckets)
         if key not in self._thinned:
-            self._thinned[key] = minmax_indices(values, buckets)
+            # A bucket count other than the scan's (or none at all: minmax_indices says why) is thinned apart.
+            scan = self._scan(metric) if buckets == self.buckets and buckets >= 1 else None
+            cuts = self._scan_cuts()
+            if scan is None or cuts is None:
+                self._thinned[key] = minmax_indices(values, buckets)
+            else:
+                self._thinned[key] = minmax_from_stretches(values, buckets, cuts, scan)
         return self._thinned[key]
+
+    def _scan_cuts(self) -> list[int] | None:
+        """Where a column is cut to be read (:meth:`_scan`): at every chart bucket, every bucket of the
+        fragmentation trend and every stretch of a phase, so that a stretch lies within one of each.
+        None when the phase changes so often that one pass per phase costs less."""
+        if self._cuts is None:
+            phase_runs = self.runs()
+            if len(phase_runs) > self.n // MIN_RUN_ROWS + 1:
+                return None
+            cuts = {start for _, start, _ in phase_runs}
+            if 1 <= self.buckets < self.n / 2:  # fewer rows: every known one is drawn
+                cuts.update(bucket_cuts(self.n, self.buckets))
+            cuts.update(bucket_cuts(self.n, min(GAP_BUCKETS, self.n)))
+            self._cuts = sorted(cuts)
+        return self._cuts
+
+    def read(self) -> None:
+        """Read each memory column once (:meth:`_scan`)."""
+        for metric in self.values:
+            self._scan(metric)
+
+    def _scan(self, metric: str) -> list[Stretch | None] | None:
+        """Each stretch's smallest and largest value of a metric's column (:meth:`_scan_cuts`), read once;
+        None for a column the device lacks, or when the phase changes too often to read so."""
+        values = self.values.get(metric)
+        cuts = self._scan_cuts()
+        if not values or cuts is None:
+            return None
+        return self.facts.read(values, cuts)
+
+    def _has_gap(self, metric: str) -> bool:
+        """True when some row of a metric's column is unknown (None); from its scan, when it was read."""
+        return self.facts.gap(self.values[metric])
 
     def headroom(self, peaks: dict[str, Any]) -> dict[str, Any]:
         used = peaks.get("device_used_bytes", {}).get("bytes")
@@ -447,24 +531,33 @@ class _Device:
         demand = self.values[demand_metric]
         if not reserved or not demand:
             return None
-        if None in reserved or None in demand:
+        idx: Sequence[int]
+        if self._has_gap("reserved_bytes") or self._has_gap(demand_metric):
             both = [r is not None and a is not None for r, a in zip(reserved, demand, strict=True)]
             idx = list(itertools.compress(range(self.n), both))
             if not idx:
                 return None
             res: list[int] = list(itertools.compress(reserved, both))  # type: ignore[arg-type]
             used: list[int] = list(itertools.compress(demand, both))  # type: ignore[arg-type]
+            top = max(res)
+            at = res.index(top)
+            top_demand = max(used)
+            b = min(GAP_BUCKETS, len(res))
+            res_tops = [max(part) for part in _buckets(res, b)]
+            used_tops = [max(part) for part in _buckets(used, b)]
         else:
-            idx = list(range(self.n))
+            # Every row has both: the peaks and the buckets' largest values come from the columns' scans.
+            idx = range(self.n)
             res, used = reserved, demand  # type: ignore[assignment]
-        top = max(res)
-        at = res.index(top)
-        top_demand = max(used)
+            at, top = self._argmax("reserved_bytes")  # type: ignore[misc]
+            top_demand = self._argmax(demand_metric)[1]  # type: ignore[index]
+            res_tops = self._bucket_maxima("reserved_bytes", min(GAP_BUCKETS, self.n))
+            used_tops = self._bucket_maxima(demand_metric, min(GAP_BUCKETS, self.n))
         xs, x_unit = self._trend_axis(idx)
-        slope = _gap_slope(xs, res, used) if xs is not None else None
+        slope = _gap_slope(xs, res_tops, used_tops) if xs is not None else None
         # A trend is only worth stating over a span long enough to hold one: a 26-second run says
         # nothing about the next hour. At least 200 steps, or 10 minutes of samples.
-        if xs is not None and slope is not None and (max(xs) - min(xs)) < (200 if x_unit == "step" else 600):
+        if xs is not None and slope is not None and self._span(xs) < (200 if x_unit == "step" else 600):
             slope = None
         total_res = sum(res)
         out: dict[str, Any] = {
@@ -480,10 +573,9 @@ class _Device:
             "unused_trend_bytes_per": x_unit,
             "unused_trend": _round(slope, 1),
         }
-        if self.cols.table.has("inactive_split_bytes"):
+        if self.cols.filled("inactive_split_bytes"):
             split = _pick(self.cols.ints("inactive_split_bytes"), self.sel)
-            found = _argmax(split)
-            out["inactive_split_max_bytes"] = found[1] if found else None
+            out["inactive_split_max_bytes"] = top_and_gap(split)[0]
             out["inactive_split_last_bytes"] = next((v for v in reversed(split) if v is not None), None)
         for column, key in (("num_alloc_retries", "alloc_retries"), ("num_ooms", "ooms")):
             out[key] = self._counter_max(column)
@@ -492,50 +584,56 @@ class _Device:
 
     def _counter_max(self, column: str) -> int | None:
         """The largest value of one of torch's counters (cumulative); None when the log lacks it."""
-        raw = self.cols.table.raw.get(column)
-        if raw is None or not any(raw):
+        values = _pick(self.cols.ints(column), self.sel)
+        # As a rule every count is 0 (torch never had to retry): the same object in every row, which a
+        # count() tells at once, instead of a max() comparing each row.
+        top: int | None = values[0] if values.count(values[0]) == len(values) else top_and_gap(values)[0]
+        if top is not None:
+            return top
+        if not self.cols.table.has(column):
             return None
-        if set(raw) <= {"", "0"}:  # the usual case, read without converting a million cells
-            return 0
-        found = _argmax(_pick(self.cols.ints(column), self.sel))
-        return found[1] if found else None
+        # None of this device's rows has a count: 0 all the same when every count in the log is 0.
+        raw = self.cols.table.raw[column]
+        return 0 if raw.count("0") + raw.count("") == len(raw) else None
 
-    def _trend_axis(self, idx: list[int]) -> tuple[list[float] | None, str]:
-        steps = self.step if len(idx) == self.n else [self.step[j] for j in idx]
-        if None not in steps and len(set(steps[:: max(1, len(steps) // 64)])) > 1:
+    def _trend_axis(self, idx: Sequence[int]) -> tuple[list[float] | None, str]:
+        every = len(idx) == self.n  # every row of the device: its columns as they are, no copy
+        steps = self.step if every else [self.step[j] for j in idx]
+        complete = not self.step_gap if every else None not in steps
+        if complete and len(set(steps[:: max(1, len(steps) // 64)])) > 1:
             return steps, "step"  # type: ignore[return-value]
         # Time-based log: elapsed seconds at bucket granularity are enough for a slope.
-        xs = [self.cols.elapsed[_row_of(self.sel, j)] for j in idx]
+        xs = _pick(self.cols.elapsed, self.sel) if every else [self.cols.elapsed[_row_of(self.sel, j)] for j in idx]
         if None in xs:
             return None, "s"
         return xs, "s"  # type: ignore[return-value]
 
+    def _span(self, xs: list[float]) -> float:
+        """``max(xs) - min(xs)``; the device's steps' range is known already."""
+        if xs is self.step and self.step_range is not None:
+            return self.step_range[1] - self.step_range[0]
+        return max(xs) - min(xs)
+
+    def _bucket_maxima(self, metric: str, buckets: int) -> list[int]:
+        """The largest value of each of ``buckets`` equal buckets of a gap-free metric column."""
+        scan, cuts = self._scan(metric), self._scan_cuts()
+        if scan is None or cuts is None:
+            return [max(part) for part in _buckets(self.values[metric], buckets)]  # type: ignore[type-var]
+        return [combine(part)[2] for part in regroup(scan, cuts, bucket_cuts(self.n, buckets))]  # type: ignore[index]
+
     def longest_batches(self) -> list[dict[str, Any]]:
         """The batches with the most tokens (one row per step), the highest peak first among equals."""
-        if not self.tokens:
+        if not self.tokens or self.facts.top(self.tokens) is None:
             return []
-        known = set(self.tokens)
-        known.discard(None)
-        if not known:
-            return []
-        peak = self.values["peak_allocated_bytes"] or self.values["allocated_bytes"] or [None] * self.n
-        # Rows of the longest lengths first, one length at a time (C-level), until enough distinct steps:
-        # batches padded to max_length can make one length hold most of the run.
-        rows: list[int] = []
-        for length in sorted(known, reverse=True)[: LONGEST_BATCHES * 10]:  # type: ignore[type-var]
-            rows.extend(itertools.compress(range(self.n), map(eq, self.tokens, itertools.repeat(length))))
-            batches = {j if self.step[j] is None else -1 - self.step[j] for j in rows[: LONGEST_BATCHES * 64]}  # type: ignore[operator]
-            if len(batches) >= LONGEST_BATCHES:
-                break
-        # Many rows can share the longest length (batches padded to max_length): rank them with C-level tuple
-        # comparisons on a bounded heap instead of sorting them all. A step logged twice counts once.
-        ranked = heapq.nlargest(
-            LONGEST_BATCHES * 8,
-            zip([self.tokens[j] for j in rows], [-1 if peak[j] is None else peak[j] for j in rows], rows, strict=True),
-        )
+        peak_metric = next((m for m in ("peak_allocated_bytes", "allocated_bytes") if self.values[m]), None)
+        peak = self.values[peak_metric] if peak_metric else [None] * self.n
+        ranked = self._rank_longest(peak_metric) if peak_metric else None
+        if ranked is None:
+            ranked = self._rank_by_length(peak_metric)
         out: list[dict[str, Any]] = []
         seen_steps: set[int] = set()
-        for tokens, _peak, j in ranked:
+        for _peak, j in ranked:  # a step logged twice counts once
+            tokens = self.tokens[j]
             step = self.step[j]
             if step is not None:
                 if step in seen_steps:
@@ -547,6 +645,76 @@ class _Device:
             if len(out) == LONGEST_BATCHES:
                 break
         return out
+
+    # The batches are ranked by tokens, then peak (an unknown one last, as -1), then row (the latest first):
+    # LONGEST_BATCHES * 8 (peak, row) pairs, the first first. Any longer batch outranks every shorter one.
+
+    def _rank_longest(self, peak_metric: str) -> list[tuple[int, int]] | None:
+        """The ranking when the longest length alone holds enough distinct steps (as a rule), from the few
+        stretches of the peak column (its scan) that can hold the best peaks; None when it cannot tell."""
+        scan, cuts = self._scan(peak_metric), self._scan_cuts()
+        if scan is None or cuts is None:
+            return None
+        longest = self.facts.top(self.tokens)
+        if self._distinct_batches(self._first_rows(longest, LONGEST_BATCHES * 64)) < LONGEST_BATCHES:
+            return None  # the next lengths count too
+        values, k = self.values[peak_metric], LONGEST_BATCHES * 8
+        best: list[tuple[int, int]] = []  # a heap of the k best so far, the k-th on top
+        # Stretches by their highest peak: one whose highest is below the k-th best holds no better row.
+        for top, s in sorted(((found[2], s) for s, found in enumerate(scan) if found is not None), reverse=True):
+            if len(best) == k and top < best[0][0]:
+                break
+            lo, hi = cuts[s], cuts[s + 1]
+            for j in itertools.compress(range(lo, hi), map(eq, self.tokens[lo:hi], itertools.repeat(longest))):
+                v = values[j]
+                pair = (-1 if v is None else v, j)
+                if len(best) < k:
+                    heapq.heappush(best, pair)
+                elif pair > best[0]:
+                    heapq.heapreplace(best, pair)
+        # Rows left unread rank below the k-th best, except the unknown peaks (-1) of stretches with no
+        # known one: those count when the k-th best is no better.
+        if len(best) < k or best[0][0] < 0:
+            return None
+        return sorted(best, reverse=True)
+
+    def _distinct_batches(self, rows: list[int]) -> int:
+        """How many distinct steps the rows hold (a row without a step counts as its own)."""
+        return len({j if self.step[j] is None else -1 - self.step[j] for j in rows})  # type: ignore[operator]
+
+    def _first_rows(self, length: int, count: int) -> list[int]:
+        """The first ``count`` rows of batches of ``length`` tokens (fewer when there are fewer)."""
+        rows: list[int] = []
+        try:
+            while len(rows) < count:
+                rows.append(self.tokens.index(length, rows[-1] + 1 if rows else 0))
+        except ValueError:  # no more of them
+            pass
+        return rows
+
+    def _rank_by_length(self, peak_metric: str | None) -> list[tuple[int, int]]:
+        """The ranking, one length's rows at a time, the longest first, until enough distinct steps: batches
+        padded to max_length can make one length hold most of the run."""
+        known = set(self.tokens)
+        known.discard(None)
+        peak = self.values[peak_metric] if peak_metric else [None] * self.n
+        groups: list[list[int]] = []
+        head: list[int] = []  # the first rows taken, as many as it takes to count distinct steps
+        for length in sorted(known, reverse=True)[: LONGEST_BATCHES * 10]:  # type: ignore[type-var]
+            groups.append(list(itertools.compress(range(self.n), map(eq, self.tokens, itertools.repeat(length)))))
+            head += groups[-1][: LONGEST_BATCHES * 64 - len(head)]
+            if self._distinct_batches(head) >= LONGEST_BATCHES:
+                break
+        ranked: list[tuple[int, int]] = []
+        for rows in groups:
+            need = LONGEST_BATCHES * 8 - len(ranked)
+            if need <= 0:
+                break
+            peaks = _pick(peak, rows)
+            if peak_metric is None or self._has_gap(peak_metric):
+                peaks = [-1 if v is None else v for v in peaks]
+            ranked += _largest(peaks, rows, need)
+        return ranked
 
     def summary(self, analysis: dict[str, Any]) -> dict[str, Any]:
         peaks = self.peaks()
@@ -579,7 +747,7 @@ class _Device:
         # Host-only logs: the host RSS is the memory there is.
         if not chart.lines and self.values.get("host_rss_bytes"):
             values = self.values["host_rss_bytes"]
-            xs, ys = self._at(minmax_indices(values, buckets), values, self._x_time)
+            xs, ys = self._at(self._minmax("host_rss_bytes", values, buckets), values, self._x_time)
             chart.lines.append(Line("host_rss_bytes", METRICS["host_rss_bytes"], xs, ys))
         chart.spans = self._spans(self._x_time)
         peak_line = next((line for line in chart.lines if line.ys), None)
@@ -594,7 +762,8 @@ class _Device:
     def _step_chart(self, analysis: dict[str, Any], buckets: int) -> Chart | None:
         if self.step_range is None:
             return None
-        rows = list(range(self.n)) if None not in self.step else [j for j, s in enumerate(self.step) if s is not None]
+        rows: Sequence[int] = (range(self.n) if not self.step_gap
+                               else [j for j, s in enumerate(self.step) if s is not None])
         chart = Chart(title=f"{self.title}: memory per training step", x_label="step", capacity_bytes=None)
         for metric in STEP_METRICS:
             values = self.values.get(metric) or []
@@ -614,7 +783,7 @@ class _Device:
         self._add_trend(chart, analysis, rows)
         return chart
 
-    def _add_trend(self, chart: Chart, analysis: dict[str, Any], rows: list[int]) -> None:
+    def _add_trend(self, chart: Chart, analysis: dict[str, Any], rows: Sequence[int]) -> None:
         leak = ((analysis.get("leak") or {}).get("devices") or {}).get(self.key) or {}
         forecast = ((analysis.get("forecast") or {}).get("devices") or {}).get(self.key) or {}
         chart.capacity_bytes = forecast.get("capacity_bytes") or self.capacity
@@ -671,12 +840,7 @@ class _Device:
     def runs(self) -> list[tuple[str, int, int]]:
         """Stretches of consecutive rows of one phase: (label, first row, row after the last)."""
         if self._runs is None:
-            self._runs = []
-            start = 0
-            for label, group in itertools.groupby(self.labels()):
-                length = len(list(group))
-                self._runs.append((label, start, start + length))
-                start += length
+            self._runs = self.facts.runs(self.labels()) or []
         return self._runs
 
     def _spans(self, x_of: Callable[[int], float | None]) -> list[Span]:
@@ -698,25 +862,46 @@ class _Device:
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def _gap_slope(xs: Sequence[float], reserved: list[int], demand: list[int], buckets: int = 64) -> float | None:
+def _largest(values: list[int], rows: list[int], k: int) -> list[tuple[int, int]]:
+    """``heapq.nlargest(k, zip(values, rows))``, the largest first.
+
+    heapq's loop runs in Python, a step per row: past RANK_CUT_ROWS rows, those that cannot rank are
+    dropped first with C passes. The k chunks with the largest maxima hold k values at least as large
+    as the k-th largest maximum, so every value that ranks is at least that floor: only rows below it
+    are dropped.
+    """
+    if len(values) > RANK_CUT_ROWS:
+        maxima = [max(values[i : i + RANK_CHUNK]) for i in range(0, len(values), RANK_CHUNK)]
+        if len(maxima) >= k:
+            floor = heapq.nlargest(k, maxima)[-1]
+            keep = list(map(ge, values, itertools.repeat(floor)))
+            values, rows = list(itertools.compress(values, keep)), list(itertools.compress(rows, keep))
+    return heapq.nlargest(k, zip(values, rows, strict=True))
+
+
+def _buckets(values: Sequence[Any], buckets: int) -> list[Sequence[Any]]:
+    """``values`` cut into ``buckets`` equal buckets of consecutive rows (at most ``len(values)`` of them)."""
+    return [values[lo:hi] for lo, hi in itertools.pairwise(bucket_cuts(len(values), buckets))]
+
+
+def _gap_slope(xs: Sequence[float], reserved_tops: list[int], demand_tops: list[int]) -> float | None:
     """Trend of reserved memory beyond the largest demand so far, per unit of x, in a few C passes.
 
-    Per bucket of consecutive rows: its largest reserved value less the largest demand up to its end
-    (the pool is sized by the largest demand seen); then a least-squares slope over the buckets' mean x.
+    Per bucket of consecutive rows (``min(GAP_BUCKETS, len(xs))`` of them, whose largest reserved and
+    demand values are given): its largest reserved value less the largest demand up to its end (the
+    pool is sized by the largest demand seen); then a least-squares slope over the buckets' mean x.
     """
     n = len(xs)
     if n < 2:
         return None
-    b = min(buckets, n)
     mx: list[float] = []
     my: list[float] = []
     demand_so_far = 0
-    for k in range(b):
-        lo, hi = k * n // b, (k + 1) * n // b
-        if hi > lo:
-            demand_so_far = max(demand_so_far, max(demand[lo:hi]))
-            mx.append(sum(xs[lo:hi]) / (hi - lo))
-            my.append(max(reserved[lo:hi]) - demand_so_far)
+    for (lo, hi), reserved, demand in zip(itertools.pairwise(bucket_cuts(n, len(reserved_tops))), reserved_tops,
+                                          demand_tops, strict=True):
+        demand_so_far = max(demand_so_far, demand)
+        mx.append(sum(xs[lo:hi]) / (hi - lo))
+        my.append(reserved - demand_so_far)
     ax, ay = sum(mx) / len(mx), sum(my) / len(my)
     sxx = sum((x - ax) ** 2 for x in mx)
     if sxx == 0:
