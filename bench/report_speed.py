@@ -5,14 +5,17 @@ plain ``csv.reader`` pass over the same file. This script measures that ratio in
 machine, with the baseline and the report interleaved (A B A B ...) so that a noisy neighbour slows
 both alike. Nothing is asserted: the numbers and every repetition go to ``--out/report_speed.json``.
 
-Two logs are measured, both written by vramscope's own CSV sink:
+Three logs are measured; the first two written by vramscope's own CSV sink:
 
 * ``run``: what ``vramscope run --log`` writes at 10 Hz: time-sampled, NVML columns (device used,
   total, the process's memory, utilization), host RSS; no step, no allocator;
 * ``steps``: what the step-aligned monitor writes: step, phase and tokens filled, the allocator's
   allocated, reserved and per-step peak, inactive split blocks, NVML and host columns.
 
-Usage: ``python bench/report_speed.py [--rows 1000000] [--repeat 3] [--kinds run,steps] [--out DIR]``.
+* ``nvidia-smi``: nvidia-smi's own CSV at 10 Hz (timestamp, name, memory used and total), which the
+  report accepts so that old logs work too.
+
+Usage: ``python bench/report_speed.py [--rows 1000000] [--repeat 3] [--kinds run,steps,nvidia-smi] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +54,24 @@ MIB = 1024**2
 PID = 4242
 
 
+def write_smi_log(path: Path, rows: int, seed: int = 0) -> None:
+    """What ``nvidia-smi --query-gpu=timestamp,name,memory.used,memory.total --format=csv -lms 100`` writes."""
+    rng = random.Random(seed)
+    start = datetime(2026, 11, 29)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("timestamp, name, memory.used [MiB], memory.total [MiB]\n")
+        for i in range(rows):
+            stamp = start + timedelta(milliseconds=100 * i)
+            used = 20_000 + i // 1000 + rng.randrange(4_000)
+            handle.write(f"{stamp:%Y/%m/%d %H:%M:%S}.{stamp.microsecond // 1000:03d}, NVIDIA H200, "
+                         f"{used} MiB, 143771 MiB\n")
+
+
 def write_log(path: Path, rows: int, kind: str, seed: int = 0) -> None:
     """A QLoRA-like run through the real CSV sink: a base, per-batch peaks, eval every 2000 samples, a slow leak."""
+    if kind == "nvidia-smi":
+        write_smi_log(path, rows, seed)
+        return
     rng = random.Random(seed)
     sink = CsvSink(path)
     batch: list[dict[str, Any]] = []
@@ -193,13 +212,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per log (default 1000000)")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions (default 3)")
-    parser.add_argument("--kinds", default="run,steps", help="which logs: run, steps or both (default run,steps)")
+    parser.add_argument("--kinds", default="run,steps,nvidia-smi",
+                        help="which logs, of run, steps, nvidia-smi (default all three)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results",
                         help="folder for report_speed.json (default bench/results)")
     args = parser.parse_args()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    if not kinds or any(k not in ("run", "steps") for k in kinds) or args.rows < 10 or args.repeat < 1:
-        parser.error("--kinds takes run and/or steps; --rows at least 10; --repeat at least 1")
+    if not kinds or any(k not in ("run", "steps", "nvidia-smi") for k in kinds) or args.rows < 10 or args.repeat < 1:
+        parser.error("--kinds takes run, steps and/or nvidia-smi; --rows at least 10; --repeat at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vramscope-bench-") as folder:
         results = [measure(kind, args.rows, args.repeat, Path(folder)) for kind in kinds]
