@@ -13,7 +13,9 @@ import random
 import string
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -227,34 +229,78 @@ def test_nvidia_smi_fast_path_gives_the_per_line_cells(tmp_path: Path, monkeypat
         text = "\n".join(lines)
     path = tmp_path / "smi.csv"
     path.write_text(text)
-    fast = read_log(path)
+    located = read_log(path)  # numpy (fastcsv), for this small file too: the fixture lowered its floor
+    monkeypatch.setattr(logfile, "_smi_located", lambda *args: None)
+    plain = read_log(path)  # whole-column str operations
     calls: list[str] = []
-    monkeypatch.setattr(logfile, "_smi_plain", lambda *args: calls.append("fast") or None)
+    monkeypatch.setattr(logfile, "_smi_plain", lambda *args: calls.append("plain") or None)
     slow = read_log(path)
-    assert calls == ["fast"]  # the second read went cell by cell
-    assert fast.kind == slow.kind == "nvidia-smi"
-    assert dict(fast.raw) == dict(slow.raw)
-    for column in slow.columns:
-        assert fast.has(column) == slow.has(column), column
-        assert fast.ints(column) == slow.ints(column), column
-        assert [_key(v) for v in fast.floats(column)] == [_key(v) for v in slow.floats(column)], column
-    assert fast.raw["time"][0].startswith("2026-11-29T10:00:00.") and fast.raw["time"][0].endswith("+00:00")
-    assert len(fast) == 600 - (1 if odd in ("torn", "gap") else 0) + (1 if odd == "odd" else 0)
+    assert calls == ["plain"]  # the last read went line by line
+    for fast in (located, plain):
+        assert fast.kind == slow.kind == "nvidia-smi"
+        assert dict(fast.raw) == dict(slow.raw)
+        for column in slow.columns:
+            assert fast.has(column) == slow.has(column), column
+            assert fast.ints(column) == slow.ints(column), column
+            assert [_key(v) for v in fast.floats(column)] == [_key(v) for v in slow.floats(column)], column
+        assert fast.raw["time"][0].startswith("2026-11-29T10:00:00.") and fast.raw["time"][0].endswith("+00:00")
+        assert len(fast) == 600 - (1 if odd in ("torn", "gap") else 0) + (1 if odd == "odd" else 0)
+    # Which path took it: the usual output goes through numpy, anything odd line by line.
+    assert isinstance(located.raw, LazyText) == (odd != "odd")
 
 
 def test_nvidia_smi_fast_path_is_taken_for_the_usual_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "smi.csv"
     path.write_text(smi_text(SMI_HEADERS[0], rows=50, gpus=2, units=True, odd=None, rng=random.Random(1)))
-    taken: list[bool] = []
-    plain = logfile._smi_plain
+    taken: list[str] = []
 
-    def spy(*args: object) -> object:
-        result = plain(*args)  # type: ignore[arg-type]
-        taken.append(result is not None)
-        return result
+    def spying(name: str) -> Any:
+        real = getattr(logfile, name)
 
-    monkeypatch.setattr(logfile, "_smi_plain", spy)
+        def spy(*args: object) -> object:
+            result = real(*args)
+            taken.append(f"{name}: {result is not None}")
+            return result
+
+        return spy
+
+    for name in ("_smi_located", "_smi_plain"):
+        monkeypatch.setattr(logfile, name, spying(name))
     table = read_log(path)
-    assert taken == [True]
+    assert taken == ["_smi_located: True"]
     assert table.ints("gpu")[:4] == [0, 1, 0, 1]
     assert table.ints("device_total_bytes")[0] == 143771 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("stamp", "real"),
+    [("2024/02/29 23:59:59.999", True), ("2000/02/29 00:00:00.000", True), ("1969/12/31 23:59:59.500", True),
+     ("2026/02/29 10:00:00.000", False), ("1900/02/29 10:00:00.000", False), ("2026/13/01 10:00:00.000", False),
+     ("2026/11/31 10:00:00.000", False), ("2026/11/29 24:00:00.000", False), ("2026/11/29 10:60:00.000", False),
+     ("2026/11/29 10:00:60.000", False), ("0000/01/01 00:00:00.000", False), ("2026/00/10 10:00:00.000", False)],
+)
+@pytest.mark.parametrize("numpy_path", [True, False])
+def test_nvidia_smi_stamps_are_real_dates_or_left_to_the_per_line_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stamp: str, real: bool, numpy_path: bool
+) -> None:
+    rows = [f"2026/11/29 10:00:{s:02d}.000, 100 MiB, 200 MiB" for s in range(20)]
+    rows.insert(5, f"{stamp}, 100 MiB, 200 MiB")
+    path = tmp_path / "smi.csv"
+    path.write_text("timestamp, memory.used [MiB], memory.total [MiB]\n" + "\n".join(rows) + "\n")
+    if not numpy_path:
+        monkeypatch.setattr(logfile, "_smi_located", lambda *args: None)
+    table = read_log(path)
+    assert isinstance(table.raw, LazyText) == real  # an impossible time: numpy hands the file back
+    cell = table.raw["time"][5]
+    if real:
+        expected = stamp.replace("/", "-").replace(" ", "T") + "+00:00"
+        assert cell == expected
+        moment = datetime.fromisoformat(expected).timestamp()
+        assert table.floats("elapsed_s")[5] == round(moment - table_start(table), 3)
+    else:
+        assert cell == ""  # datetime refuses it; the cell is unknown, the rows around it are read
+        assert table.raw["time"][6] == "2026-11-29T10:00:05.000+00:00"
+
+
+def table_start(table: LogTable) -> float:
+    return datetime.fromisoformat(table.raw["time"][0]).timestamp()

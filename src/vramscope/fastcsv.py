@@ -26,7 +26,12 @@ import numpy as np
 # Below this size the string path is as fast and needs no numpy import.
 MIN_BYTES = 1 << 20
 
-_COMMA, _NEWLINE, _CARRIAGE, _ZERO = 44, 10, 13, 48
+_COMMA, _NEWLINE, _CARRIAGE, _ZERO, _SPACE = 44, 10, 13, 48, 32
+_STAMP_WIDTH = 23  # "2026/11/29 10:00:00.123"
+_STAMP_MARK_AT = [4, 7, 10, 13, 16, 19]
+_STAMP_MARKS = np.frombuffer(b"// ::.", dtype=np.uint8)
+_STAMP_DIGIT_AT = [i for i in range(_STAMP_WIDTH) if i not in _STAMP_MARK_AT]
+_MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
 _DOT_LESS_ZERO = (46 - _ZERO) % 256  # '.' as a digit window holds it (uint8 bytes less '0')
 _INT_DIGITS = 16  # two 8-byte words; 10**16 bytes is 10 PB
 _FLOAT_DIGITS = 15  # 10**15 < 2**53: the mantissa is exact in a double
@@ -101,7 +106,9 @@ class ByteColumns:
         """Column j as ints (None for empty cells), or None if a cell is not a plain run of digits."""
         if self.rows == 0:
             return None  # nothing to parse: the string path gives the empty column
-        starts, ends = self._bounds(j)
+        return self._ints_between(*self._bounds(j))
+
+    def _ints_between(self, starts: Any, ends: Any) -> list[int | None] | None:
         lengths = ends - starts
         if int(lengths.max()) > _INT_DIGITS or int(ends.min()) < _INT_DIGITS:
             return None  # too long for int64 arithmetic, or a cell so near the file's start that no word fits
@@ -184,6 +191,91 @@ class ByteColumns:
         window -= np.uint8(_ZERO)
         inside = np.arange(width)[None, :] >= (width - lengths)[:, None]
         return window, inside, lengths > 0
+
+
+    # -- nvidia-smi's cells: " 20000 MiB", "2026/11/29 10:00:00.123" ------------------------------------
+
+    def unit_ints(self, j: int, unit: bytes, most_digits: int) -> list[int] | None:
+        """A column of " <digits>[ unit]" cells (nvidia-smi's, after its ", "), as ints; None if any cell is not."""
+        if self.rows == 0:
+            return None
+        starts, ends = self._bounds(j)
+        if j > 0:  # after ", "
+            if not (self._bytes[np.minimum(starts, len(self._bytes) - 1)] == _SPACE).all() or (ends <= starts).any():
+                return None
+            starts = starts + 1
+        tail = self._rows_of_bytes(ends - len(unit), len(unit)) if int((ends - starts).min()) > len(unit) else None
+        if tail is not None and (tail == np.frombuffer(unit, dtype=np.uint8)).all():
+            ends = ends - len(unit)
+        lengths = ends - starts
+        if int(lengths.min()) < 1 or int(lengths.max()) > most_digits:
+            return None
+        values = self._ints_between(starts, ends)
+        return values  # type: ignore[return-value]  # no cell is empty: no None in it
+
+    def stamps(self, j: int) -> tuple[Any, Any] | None:
+        """nvidia-smi's "YYYY/MM/DD HH:MM:SS.mmm" column as Unix milliseconds (int64, the clock taken as UTC)
+        and the stamps' bytes (rows x 23); None unless every cell is such a stamp of a real date and time."""
+        if self.rows == 0:
+            return None
+        starts, ends = self._bounds(j)
+        if j > 0:
+            starts = starts + 1
+        if not ((ends - starts) == _STAMP_WIDTH).all():
+            return None
+        chars = self._rows_of_bytes(starts, _STAMP_WIDTH)
+        if chars is None or not (chars[:, _STAMP_MARK_AT] == _STAMP_MARKS).all():
+            return None
+        digits = chars[:, _STAMP_DIGIT_AT] - np.uint8(_ZERO)
+        if (digits > 9).any():
+            return None
+        d = digits.astype(np.int64)
+        year = d[:, 0] * 1000 + d[:, 1] * 100 + d[:, 2] * 10 + d[:, 3]
+        month, day = d[:, 4] * 10 + d[:, 5], d[:, 6] * 10 + d[:, 7]
+        hour, minute, second = d[:, 8] * 10 + d[:, 9], d[:, 10] * 10 + d[:, 11], d[:, 12] * 10 + d[:, 13]
+        millis = d[:, 14] * 100 + d[:, 15] * 10 + d[:, 16]
+        leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+        month_ok = (month >= 1) & (month <= 12)
+        last_day = _MONTH_DAYS[np.clip(month - 1, 0, 11)] + ((month == 2) & leap)
+        if not (month_ok & (year >= 1) & (day >= 1) & (day <= last_day) & (hour < 24) & (minute < 60)
+                & (second < 60)).all():
+            return None  # what datetime refuses, the per-line path leaves unknown
+        days = _days_from_civil(year, month, day)
+        return ((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000 + millis, chars
+
+
+def _days_from_civil(year: Any, month: Any, day: Any) -> Any:
+    """Days since 1970-01-01 of proleptic Gregorian dates, whole columns at once (H. Hinnant's algorithm)."""
+    y = year - (month <= 2)
+    era = y // 400
+    year_of_era = y - era * 400
+    day_of_year = (153 * np.where(month > 2, month - 3, month + 9) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
+
+
+def iso_times(chars: Any) -> list[str]:
+    """nvidia-smi stamps' bytes (rows x 23) as vramscope's times: "2026-11-29T10:00:00.123+00:00"."""
+    rows = len(chars)
+    out = np.empty((rows, _STAMP_WIDTH + 7), dtype=np.uint8)
+    out[:, :_STAMP_WIDTH] = chars
+    out[:, [4, 7]] = ord("-")
+    out[:, 10] = ord("T")
+    out[:, _STAMP_WIDTH:-1] = np.frombuffer(b"+00:00", dtype=np.uint8)
+    out[:, -1] = _COMMA
+    text: str = out.tobytes().decode("ascii")
+    return text.split(",")[:-1]
+
+
+def tick_positions(millis: Any) -> list[str]:
+    """Each row's place among the consecutive rows of its timestamp (the GPU when nvidia-smi logged no index)."""
+    index = np.arange(len(millis))
+    new = np.ones(len(millis), dtype=bool)
+    new[1:] = millis[1:] != millis[:-1]
+    first = np.maximum.accumulate(np.where(new, index, 0))
+    positions = (index - first).tolist()
+    names = [str(i) for i in range(max(positions, default=-1) + 1)]  # a handful of GPUs: shared strings
+    return list(map(names.__getitem__, positions))
 
 
 def _number(digits: Any, keep: Any) -> Any:

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import repeat
-from operator import add, eq, itemgetter, sub, truediv
+from operator import add, eq, itemgetter, methodcaller, sub, truediv
 from pathlib import Path
 from typing import Protocol
 
@@ -476,7 +476,8 @@ def _read_nvidia_smi(name: str, text: str) -> LogTable:
             f"{name}: nvidia-smi CSV without memory.used; log it with --query-gpu=timestamp,memory.used,..."
         )
     if i_time is not None and plain_header:
-        fast = _smi_plain(body, len(header), i_time, i_used, i_total, i_index, i_util)
+        args = (body, len(header), i_time, i_used, i_total, i_index, i_util)
+        fast = _smi_located(*args) or _smi_plain(*args)
         if fast is not None:
             return LogTable(name, LazyText(fast), kind="nvidia-smi")
     if plain_header:
@@ -535,8 +536,8 @@ def _smi_plain(
         return None
     cells = list(columns.values())
     stamps = list(map(str.strip, cells[i_time]))
-    if not stamps or not _plain_stamps(stamps):
-        return None
+    if not stamps or not _plain_stamps(stamps) or max(map(itemgetter(slice(17, 19)), stamps)) >= "60":
+        return None  # a 60th second: datetime refuses it, and so the per-line path leaves the cell unknown
     for column in [cells[i_used]] + ([cells[i_total]] if i_total is not None else []):
         joined = "".join(column).replace(" ", "")
         # Whole MiB below 2**33 (8 PiB): times 2**20 it stays exact in the float the per-line path uses.
@@ -559,7 +560,41 @@ def _smi_plain(
     # Exact integers divided once: the float that float(f"{unix - start:.3f}") gives, in C loops.
     elapsed = list(map(truediv, map(sub, millis, repeat(millis[0])), repeat(1000)))
     gpu = index if index is not None else _tick_positions(stamps)
-    return _SmiColumns(stamps, elapsed, gpu, used, total, util)
+
+    def times() -> list[str]:  # the text itself, in vramscope's form: "2026-11-29T10:00:00.123+00:00"
+        return ("+00:00\n".join(stamps) + "+00:00").replace("/", "-").replace(" ", "T").split("\n")
+
+    return _SmiColumns(times, elapsed, gpu, used, total, util)
+
+
+def _smi_located(
+    body: str, width: int, i_time: int, i_used: int, i_total: int | None, i_index: int | None, i_util: int | None
+) -> _SmiColumns | None:
+    """:func:`_smi_plain` for a large log, from its bytes with numpy (vramscope.fastcsv); None when it cannot."""
+    try:
+        from vramscope import fastcsv
+    except ImportError:
+        return None
+    if len(body) < fastcsv.MIN_BYTES or not body.isascii():
+        return None
+    cells = fastcsv.locate(body.encode("ascii"))
+    if cells is None or len(cells.header) != width:
+        return None
+    stamps = cells.stamps(i_time)
+    used = cells.unit_ints(i_used, b" MiB", 9)  # whole MiB below 2**33, as in _smi_plain
+    total = cells.unit_ints(i_total, b" MiB", 9) if i_total is not None else None
+    if stamps is None or used is None or (i_total is not None and total is None):
+        return None
+    util = None
+    if i_util is not None:
+        util = _digit_cells(list(map(methodcaller("replace", " %", ""), cells.text(i_util))))
+    index = _digit_cells(cells.text(i_index)) if i_index is not None else None
+    if (i_util is not None and util is None) or (i_index is not None and (index is None or "" in index)):
+        return None
+    millis, chars = stamps
+    elapsed: list[float] = ((millis - millis[0]) / 1000).tolist()  # exact integers divided once, as in _smi_plain
+    gpu = index if index is not None else fastcsv.tick_positions(millis)
+    return _SmiColumns(lambda: fastcsv.iso_times(chars), elapsed, gpu, used, total, util)
 
 
 def _digit_cells(cells: list[str]) -> list[str] | None:
@@ -604,10 +639,10 @@ class _SmiColumns:
 
     header = list(_SMI_COLUMNS)
 
-    def __init__(self, stamps: list[str], elapsed: list[float], gpu: list[str], used: list[int],
+    def __init__(self, times: Callable[[], list[str]], elapsed: list[float], gpu: list[str], used: list[int],
                  total: list[int] | None, util: list[str] | None) -> None:
-        self.rows = len(stamps)
-        self._stamps = stamps
+        self.rows = len(elapsed)
+        self._times = times
         self._elapsed = elapsed
         self._text: dict[str, list[str] | None] = {"gpu": gpu, "utilization_pct": util}
         self._ints: dict[str, list[int | None] | None] = {
@@ -617,8 +652,8 @@ class _SmiColumns:
 
     def text(self, j: int) -> list[str]:
         name = self.header[j]
-        if name == "time":  # the text itself, in vramscope's form: "2026-11-29T10:00:00.123+00:00"
-            return ("+00:00\n".join(self._stamps) + "+00:00").replace("/", "-").replace(" ", "T").split("\n")
+        if name == "time":
+            return self._times()
         if name == "elapsed_s":
             return list(map(format, self._elapsed, repeat(".3f")))
         if name in self._text:
