@@ -23,14 +23,16 @@ from typing import Any
 
 import numpy as np
 
+from vramscope.logfile import SMI_STAMP_DIGITS, SMI_STAMP_SEPARATORS, SMI_STAMP_WIDTH
+
 # Below this size the string path is as fast and needs no numpy import.
 MIN_BYTES = 1 << 20
 
 _COMMA, _NEWLINE, _CARRIAGE, _ZERO, _SPACE = 44, 10, 13, 48, 32
-_STAMP_WIDTH = 23  # "2026/11/29 10:00:00.123"
-_STAMP_MARK_AT = [4, 7, 10, 13, 16, 19]
-_STAMP_MARKS = np.frombuffer(b"// ::.", dtype=np.uint8)
-_STAMP_DIGIT_AT = [i for i in range(_STAMP_WIDTH) if i not in _STAMP_MARK_AT]
+# nvidia-smi's "2026/11/29 10:00:00.123": the layout logfile's str path checks, as numpy indices.
+_STAMP_MARK_AT = [at for at, _ in SMI_STAMP_SEPARATORS]
+_STAMP_MARKS = np.frombuffer("".join(mark for _, mark in SMI_STAMP_SEPARATORS).encode(), dtype=np.uint8)
+_STAMP_DIGIT_AT = list(SMI_STAMP_DIGITS)
 _MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
 _DOT_LESS_ZERO = (46 - _ZERO) % 256  # '.' as a digit window holds it (uint8 bytes less '0')
 _INT_DIGITS = 16  # two 8-byte words; 10**16 bytes is 10 PB
@@ -221,9 +223,9 @@ class ByteColumns:
         starts, ends = self._bounds(j)
         if j > 0:
             starts = starts + 1
-        if not ((ends - starts) == _STAMP_WIDTH).all():
+        if not ((ends - starts) == SMI_STAMP_WIDTH).all():
             return None
-        chars = self._rows_of_bytes(starts, _STAMP_WIDTH)
+        chars = self._rows_of_bytes(starts, SMI_STAMP_WIDTH)
         if chars is None or not (chars[:, _STAMP_MARK_AT] == _STAMP_MARKS).all():
             return None
         digits = chars[:, _STAMP_DIGIT_AT] - np.uint8(_ZERO)
@@ -257,11 +259,11 @@ def _days_from_civil(year: Any, month: Any, day: Any) -> Any:
 def iso_times(chars: Any) -> list[str]:
     """nvidia-smi stamps' bytes (rows x 23) as vramscope's times: "2026-11-29T10:00:00.123+00:00"."""
     rows = len(chars)
-    out = np.empty((rows, _STAMP_WIDTH + 7), dtype=np.uint8)
-    out[:, :_STAMP_WIDTH] = chars
+    out = np.empty((rows, SMI_STAMP_WIDTH + 7), dtype=np.uint8)
+    out[:, :SMI_STAMP_WIDTH] = chars
     out[:, [4, 7]] = ord("-")
     out[:, 10] = ord("T")
-    out[:, _STAMP_WIDTH:-1] = np.frombuffer(b"+00:00", dtype=np.uint8)
+    out[:, SMI_STAMP_WIDTH:-1] = np.frombuffer(b"+00:00", dtype=np.uint8)
     out[:, -1] = _COMMA
     text: str = out.tobytes().decode("ascii")
     return text.split(",")[:-1]

@@ -507,9 +507,9 @@ def _read_nvidia_smi(name: str, text: str) -> LogTable:
 
 _SMI_COLUMNS = ("time", "elapsed_s", "gpu", "device_used_bytes", "device_total_bytes", "utilization_pct")
 # nvidia-smi's own timestamp, "2026/11/29 10:00:00.123": separators at fixed places, digits elsewhere.
-_STAMP_WIDTH = 23
-_STAMP_SEPARATORS = ((4, "/"), (7, "/"), (10, " "), (13, ":"), (16, ":"), (19, "."))
-_STAMP_DIGITS = tuple(i for i in range(_STAMP_WIDTH) if i not in dict(_STAMP_SEPARATORS))
+SMI_STAMP_WIDTH = 23
+SMI_STAMP_SEPARATORS = ((4, "/"), (7, "/"), (10, " "), (13, ":"), (16, ":"), (19, "."))
+SMI_STAMP_DIGITS = tuple(i for i in range(SMI_STAMP_WIDTH) if i not in dict(SMI_STAMP_SEPARATORS))
 
 
 def _iso(unix: float) -> str:
@@ -543,10 +543,11 @@ def _smi_plain(
         # Whole MiB below 2**33 (8 PiB): times 2**20 it stays exact in the float the per-line path uses.
         if not (joined.isascii() and joined.isdigit()) or max(map(len, column)) > 10:
             return None  # [N/A], fractions, signs: the per-line path
-    util = _digit_cells(cells[i_util]) if i_util is not None else None
-    index = _digit_cells(cells[i_index]) if i_index is not None else None
-    if (i_util is not None and util is None) or (i_index is not None and (index is None or "" in index)):
+    extras = _smi_extras(cells[i_util] if i_util is not None else None,
+                         cells[i_index] if i_index is not None else None)
+    if extras is None:
         return None
+    util, index = extras
     try:
         used = list(map(int, cells[i_used]))
         total = list(map(int, cells[i_total])) if i_total is not None else None
@@ -585,16 +586,30 @@ def _smi_located(
     total = cells.unit_ints(i_total, b" MiB", 9) if i_total is not None else None
     if stamps is None or used is None or (i_total is not None and total is None):
         return None
-    util = None
-    if i_util is not None:
-        util = _digit_cells(list(map(methodcaller("replace", " %", ""), cells.text(i_util))))
-    index = _digit_cells(cells.text(i_index)) if i_index is not None else None
-    if (i_util is not None and util is None) or (i_index is not None and (index is None or "" in index)):
+    # The str path took " %" out of the whole text; here only the utilization cells hold it.
+    extras = _smi_extras(list(map(methodcaller("replace", " %", ""), cells.text(i_util))) if i_util is not None
+                         else None, cells.text(i_index) if i_index is not None else None)
+    if extras is None:
         return None
+    util, index = extras
     millis, chars = stamps
     elapsed: list[float] = ((millis - millis[0]) / 1000).tolist()  # exact integers divided once, as in _smi_plain
     gpu = index if index is not None else fastcsv.tick_positions(millis)
     return _SmiColumns(lambda: fastcsv.iso_times(chars), elapsed, gpu, used, total, util)
+
+
+def _smi_extras(
+    util: list[str] | None, index: list[str] | None
+) -> tuple[list[str] | None, list[str] | None] | None:
+    """The utilization and index columns stripped (each None when not logged), or None when a cell is not
+    plain digits (an index never empty): the per-line path decides those."""
+    stripped_util = _digit_cells(util) if util is not None else None
+    stripped_index = _digit_cells(index) if index is not None else None
+    if (util is not None and stripped_util is None) or (
+        index is not None and (stripped_index is None or "" in stripped_index)
+    ):
+        return None
+    return stripped_util, stripped_index
 
 
 def _digit_cells(cells: list[str]) -> list[str] | None:
@@ -608,11 +623,11 @@ def _plain_stamps(stamps: list[str]) -> bool:
     """Every stamp is "YYYY/MM/DD HH:MM:SS.mmm": checked by strided slices of their concatenation (C loops)."""
     n = len(stamps)
     joined = "".join(stamps)
-    if len(joined) != _STAMP_WIDTH * n or not joined.isascii():
+    if len(joined) != SMI_STAMP_WIDTH * n or not joined.isascii():
         return False
-    if any(joined[at::_STAMP_WIDTH] != mark * n for at, mark in _STAMP_SEPARATORS):
+    if any(joined[at::SMI_STAMP_WIDTH] != mark * n for at, mark in SMI_STAMP_SEPARATORS):
         return False
-    return "".join(joined[at::_STAMP_WIDTH] for at in _STAMP_DIGITS).isdigit()
+    return "".join(joined[at::SMI_STAMP_WIDTH] for at in SMI_STAMP_DIGITS).isdigit()
 
 
 def _tick_positions(stamps: list[str]) -> list[str]:
