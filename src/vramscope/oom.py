@@ -608,8 +608,8 @@ def planner_advice(report: OomReport, model: Any, spec: Any = None) -> tuple[lis
     if not shape or len(shape) < 2:
         return [], "no batch shape (batch x sequence) in the context"
     try:
-        from vramscope.integrations.qlora import QLoraSpec
         from vramscope.planner import PlanInputError, recommend
+        from vramscope.recipe import QLoraSpec
     except ImportError as exc:  # pragma: no cover - the planner ships with vramscope
         return [], f"the planner cannot be imported: {exc}"
     if isinstance(spec, Mapping):

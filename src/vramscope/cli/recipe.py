@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 
 from vramscope.cli.common import positive_int
-from vramscope.integrations.qlora import OPTIMIZERS, QLoraSpec
+from vramscope.recipe import OPTIMIZERS, QLoraSpec
 
 
 def _dropout(text: str) -> float:

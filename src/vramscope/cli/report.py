@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.cli.common import UsageError, positive_int
-from vramscope.integrations.qlora import QLoraSpec
 from vramscope.logfile import LogFormatError
 from vramscope.planner import PlanInputError, load_config_file
+from vramscope.recipe import QLoraSpec
 from vramscope.report.advice import RunSettings
 from vramscope.report.compare import compare
 from vramscope.report.html import render_html

@@ -13,35 +13,13 @@ import contextlib
 import importlib.util
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OPTIMIZERS = ("paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch", "adamw_8bit", "sgd")
+from vramscope.recipe import OPTIMIZERS, QLoraSpec
 
-
-@dataclass(frozen=True)
-class QLoraSpec:
-    """How a model is fine-tuned. The defaults follow the QLoRA reference recipe (``qlora.py``)."""
-
-    bits: int = 4  # 4 (NF4), 8 (LLM.int8) or 16 (no quantization: plain LoRA)
-    double_quant: bool = True
-    quant_type: str = "nf4"
-    compute_dtype: str = "bf16"  # or "fp16"
-    lora_r: int = 64
-    lora_alpha: int = 16
-    lora_dropout: float = 0.05
-    lora_targets: tuple[str, ...] | None = None  # None = every linear layer but lm_head
-    gradient_checkpointing: bool = True
-    attn: str = "sdpa"  # or "eager", "flash_attention_2"
-    optim: str = "paged_adamw_32bit"
-    learning_rate: float = 2e-4
-
-    def with_(self, **changes: Any) -> QLoraSpec:
-        return replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["OPTIMIZERS", "QLoraSpec", "build_trainer", "load_model", "make_optimizer", "write_random_checkpoint"]
 
 
 def require(*modules: str, extra: str = "hf") -> None:

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramscope.integrations.qlora import QLoraSpec
 from vramscope.planner import gpus, registry
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.shapes import ModelShape, shape_from_config
+from vramscope.recipe import QLoraSpec
 from vramscope.units import parse_bytes
 
 ModelRef = str | Mapping[str, Any] | ModelShape

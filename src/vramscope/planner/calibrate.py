@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vramscope.integrations.qlora import QLoraSpec
 from vramscope.planner.api import ModelRef, resolve_model
 from vramscope.planner.memory import Breakdown, Hardware, estimate
 from vramscope.planner.registry import get_config
+from vramscope.recipe import QLoraSpec
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((1, 128), (2, 128), (2, 256))
 MIB = 1024**2

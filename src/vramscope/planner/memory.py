@@ -25,9 +25,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from vramscope.integrations.qlora import QLoraSpec
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.shapes import Linear, ModelShape
+from vramscope.recipe import QLoraSpec
 
 MIB = 1024**2
 

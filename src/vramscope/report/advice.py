@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramscope.integrations.qlora import QLoraSpec
 from vramscope.planner import recommend
+from vramscope.recipe import QLoraSpec
 
 GIB = 1024**3
 MIB = 1024**2
