@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import random
+import re
 import subprocess
 import sys
 import tarfile
@@ -82,8 +83,15 @@ def grid(archs: list[str], quick: bool) -> list[Point]:
 
 
 def write_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer beside the checkpoint; a byte-level one where transformers ignores it.
+
+    transformers 5's AutoTokenizer picks the tokenizer class from config.json's model_type for some models
+    (qwen2: Qwen2Tokenizer) and then ignores a saved word-level tokenizer.json: it encodes "w1 w2" to no tokens,
+    TRL appends EOS, and every sequence is 1 token long. Such models get a byte-level BPE tokenizer of their own
+    class instead (one token per character; the texts are long enough that truncation sets the length).
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     vocab = {"[UNK]": 0, "[PAD]": 1, "<s>": 2, "</s>": 3}
     for i in range(WORDS):
@@ -93,6 +101,21 @@ def write_tokenizer(folder: Path) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="<s>",
                                    eos_token="</s>", model_max_length=1 << 20)
     fast.save_pretrained(folder)
+    if len(AutoTokenizer.from_pretrained(folder)("w1 w2")["input_ids"]) >= 2:
+        return
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    chars = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    for special in ("<|endoftext|>", "[PAD]"):
+        chars[special] = len(chars)
+    byte_level = Qwen2Tokenizer(vocab=chars, merges=[], unk_token=None, bos_token=None, eos_token="<|endoftext|>",
+                                pad_token="[PAD]", model_max_length=1 << 20)
+    for stale in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / stale).unlink(missing_ok=True)
+    byte_level.save_pretrained(folder)
+    if len(AutoTokenizer.from_pretrained(folder)("w1 w2")["input_ids"]) < 2:
+        raise RuntimeError(f"no tokenizer that AutoTokenizer keeps for {folder}")
 
 
 def write_dataset(folder: Path, longest: int, rows: int = 96) -> None:
@@ -255,6 +278,7 @@ def main() -> int:
     ap.add_argument("--gpu-budget-gib", type=float, default=120.0)
     ap.add_argument("--work", default="/tmp/fw")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default=None, help="a regular expression: run only the points whose name matches")
     args = ap.parse_args()
     started = time.perf_counter()
     out = Path(args.out)
@@ -262,6 +286,8 @@ def main() -> int:
     work = Path(args.work)
     archs = args.archs.split(",")
     points = grid(archs, args.quick)
+    if args.only:
+        points = [p for p in points if re.search(args.only, p.name)]
     data = work / "data"
     write_dataset(data, max(p.seq for p in points))
     configs = make_checkpoints(archs, work / "ckpt")
