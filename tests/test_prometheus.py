@@ -50,7 +50,7 @@ def nvml_sample(nvml: fake_nvml.FakeNvml, **fields: object) -> Sample:
     return dataclasses.replace(sample, **fields)  # type: ignore[arg-type]
 
 
-def training_sample(step: int = 7, rank: int = 1, peak: int = 9 * GIB) -> Sample:
+def training_sample(step: int = 7, rank: int = 1, peak: int = 9 * GIB, phase: str | None = "train") -> Sample:
     """Two healthy GPUs (this process holds 18 GiB on GPU 0) plus what a training callback adds."""
     base = nvml_sample(fake_nvml.two_healthy_gpus(pid=os.getpid()))
     allocator = AllocatorReading(
@@ -65,7 +65,7 @@ def training_sample(step: int = 7, rank: int = 1, peak: int = 9 * GIB) -> Sample
         num_ooms=0,
         uuid=base.gpus[0].uuid,
     )
-    return dataclasses.replace(base, allocator=(allocator,), step=step, extra={"rank": rank})
+    return dataclasses.replace(base, allocator=(allocator,), step=step, phase=phase, extra={"rank": rank})
 
 
 def scrape(url: str) -> Series:
@@ -172,12 +172,26 @@ def test_scrape_over_http_returns_the_sample_values(sink: PrometheusSink) -> Non
     assert one(series, "vramscope_allocator_alloc_retries_total", **gpu0) == 2
     # training and analysis
     assert one(series, "vramscope_training_step", rank="1") == 7
+    # the counter rate() wants, and the phase as a label (Grafana draws eval bands from it)
+    assert one(series, "vramscope_training_steps_total", rank="1") == 7
+    assert one(series, "vramscope_training_phase_info", phase="train") == 1
     assert one(series, "vramscope_leak_slope_bytes_per_step", gpu="0") == 2.5 * 1024**2
     assert one(series, "vramscope_forecast_steps_to_oom", gpu="0") == 4000
     assert one(series, "vramscope_samples_total") == 1
     assert one(series, "vramscope_host_rss_bytes") > 10 * 1024**2  # this Python process, really read
     # every series carries the host
     assert {dict(labels).get("host") for _, labels in series} == {socket.gethostname()}
+
+
+def test_steps_are_exposed_as_a_counter_and_the_phase_as_an_info_series(sink: PrometheusSink) -> None:
+    sink.write(training_sample(step=12, phase="eval"))
+    text = urllib.request.urlopen(sink.url, timeout=10).read().decode()
+    kinds = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert kinds["vramscope_training_steps"] == "counter"
+    assert 'vramscope_training_phase_info{' in text and 'phase="eval"' in text
+    sink.write(dataclasses.replace(training_sample(step=13), phase=None))
+    # no phase known: no phase series at all, rather than a stale or made-up one
+    assert "vramscope_training_phase_info" not in urllib.request.urlopen(sink.url, timeout=10).read().decode()
 
 
 def test_every_listed_metric_appears_for_a_full_sample(sink: PrometheusSink) -> None:

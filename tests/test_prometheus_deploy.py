@@ -38,7 +38,10 @@ def load_dashboard() -> dict[str, Any]:
 
 def dashboard_queries() -> list[tuple[str, str]]:
     """(panel title, PromQL) for every query of every panel."""
-    return [(p["title"], t["expr"]) for p in load_dashboard()["panels"] for t in p.get("targets", [])]
+    dashboard = load_dashboard()
+    panels = [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p.get("targets", [])]
+    notes = [(f"annotation {a['name']}", a["expr"]) for a in dashboard["annotations"]["list"] if "expr" in a]
+    return panels + notes
 
 
 def emitted_names() -> set[str]:
@@ -81,6 +84,25 @@ def test_dashboard_is_grafana_json_with_the_panels_people_need() -> None:
         "max by (rank) (vramscope_allocator_peak_allocated_bytes",  # per-rank peaks
     ):
         assert needed in queries, needed
+
+
+RATE_OF = re.compile(r"\b(?:rate|irate|increase)\(\s*(vramscope_[a-z0-9_]+)")
+
+
+def test_rate_is_taken_only_of_counters() -> None:
+    # rate() of a gauge reads every drop (a restarted run, a resumed step) as a counter reset: wrong values.
+    yaml = pytest.importorskip("yaml", reason="needs PyYAML (pip install pyyaml) to read the rules")
+    exprs = [expr for _, expr in dashboard_queries()]
+    exprs += [str(r["expr"]) for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    rated = {name for expr in exprs for name in RATE_OF.findall(expr)}
+    assert "vramscope_training_steps_total" in rated
+    for name in rated:
+        assert METRICS[name][0] == "counter", f"rate() of the gauge {name}"
+
+
+def test_dashboard_draws_eval_phases_as_annotations() -> None:
+    notes = [a for a in load_dashboard()["annotations"]["list"] if "expr" in a]
+    assert any("vramscope_training_phase_info" in a["expr"] and 'phase!="train"' in a["expr"] for a in notes)
 
 
 def test_dashboard_uses_only_metrics_the_exporter_emits() -> None:

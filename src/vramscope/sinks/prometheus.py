@@ -54,7 +54,7 @@ DEFAULT_JOB = "vramscope"
 INSTALL_HINT = "pip install 'vramscope[prometheus]'"
 
 # Label names the exporter sets itself per series; user labels may not take them.
-SERIES_LABELS = ("gpu", "uuid", "pid", "name")
+SERIES_LABELS = ("gpu", "uuid", "pid", "name", "phase")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 # name -> (type, help). The single list of what the exporter can emit: tests check the dashboard and the
@@ -83,7 +83,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "vramscope_host_rss_bytes": ("gauge", "Resident host memory of the watched process tree."),
     "vramscope_host_memory_used_bytes": ("gauge", "Host memory in use on the machine."),
     "vramscope_host_memory_total_bytes": ("gauge", "Host memory of the machine."),
-    "vramscope_training_step": ("gauge", "Training step of the latest sample."),
+    "vramscope_training_step": ("gauge", "Training step of the latest sample (kept for old dashboards)."),
+    # rate() and increase() want a counter: a restarted run starts again from its resumed step, which
+    # Prometheus reads as a counter reset.
+    "vramscope_training_steps_total": ("counter", "Training steps done: the latest sample's step, for rate()."),
+    "vramscope_training_phase_info": ("gauge", "Always 1; the phase label names the phase now (train, eval, ...)."),
     "vramscope_leak_slope_bytes_per_step": ("gauge", "Fitted growth of memory per step (leak trend)."),
     "vramscope_forecast_steps_to_oom": ("gauge", "Steps left until memory runs out at the current trend."),
     "vramscope_last_sample_timestamp_seconds": ("gauge", "Unix time of the latest sample."),
@@ -294,6 +298,9 @@ def _add_sample(
 ) -> None:
     families.gauge("vramscope_last_sample_timestamp_seconds", {}, sample.time)
     families.gauge("vramscope_training_step", {}, sample.step)
+    families.counter("vramscope_training_steps_total", {}, sample.step)
+    if sample.phase:
+        families.gauge("vramscope_training_phase_info", {"phase": sample.phase}, 1)
     families.gauge("vramscope_host_rss_bytes", {}, sample.host.rss_bytes)
     families.gauge("vramscope_host_memory_used_bytes", {}, sample.host.system_used_bytes)
     families.gauge("vramscope_host_memory_total_bytes", {}, sample.host.system_total_bytes)
