@@ -219,8 +219,12 @@ def test_oom_context_names_the_running_step_and_batch(tmp_path: Path) -> None:
         mon.step(41)
         model(torch.randint(0, 64, (5, 9)))  # type: ignore[operator]
         context = mon.oom_context()
+    held = context.pop("breakdown")
     assert context == {"step": 42, "last_completed_step": 41, "phase": "train", "tokens": 45,
                        "batch_shape": [5, 9], "rank": 0}
+    # what the watched model held, for the post-mortem (no optimizer given: no states counted)
+    assert held["trainable_params"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert held["optimizer_states"] == 0
 
 
 def test_oom_snapshot_without_cuda_is_off_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -283,6 +283,23 @@ def test_planner_recommendations_fed_with_measured_numbers() -> None:
     assert "could not use this model" in unknown.advice_source
 
 
+def test_the_post_mortem_says_what_the_model_and_optimizer_held() -> None:
+    from vramscope.types import MemoryBreakdown
+
+    held = MemoryBreakdown(device="cuda:0", weights={"4-bit (uint8)": 3 * GIB, "bfloat16": GIB // 2},
+                           quantization_constants=GIB // 8, lora_weights=GIB // 4, gradients=GIB // 4,
+                           optimizer_states=GIB // 2, activations_at_peak=9 * GIB, peak_allocated_bytes=14 * GIB)
+    report = build_report(make_snapshot(), event(context={**CONTEXT, "breakdown": held.to_dict()}))
+    md = render_markdown(report)
+    assert "## What held memory" in md
+    assert "| weights (4-bit (uint8)) | 3.0 GiB |" in md and "| activations and temporaries at the peak | 9.0 GiB |" in md
+    assert "What held memory" in render_html(report)
+    # a context without one (or with a damaged one) gives the report without that section
+    assert "What held memory" not in render_markdown(build_report(make_snapshot(), event(context=CONTEXT)))
+    damaged = build_report(make_snapshot(), event(context={**CONTEXT, "breakdown": {"weights": "?"}}))
+    assert "What held memory" not in render_markdown(damaged)
+
+
 def test_markdown_and_html_are_escaped() -> None:
     snap = make_snapshot()
     evil = frame("/tmp/x|<img src=x onerror=alert(1)>.py", 1, "<script>alert(1)</script>")

@@ -19,6 +19,7 @@ _LAZY = {
     "MemoryMonitor": "vramscope.integrations.loop",
     "find_max_batch_size": "vramscope.tuner",
     "plan": "vramscope.planner",
+    "summary": "vramscope.integrations.breakdown",
 }
 
 __all__ = [

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramscope.types import MemoryBreakdown
 from vramscope.units import human
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,7 @@ class OomReport:
     advice: tuple[Advice, ...]
     advice_source: str
     snapshot_file: str | None = None
+    breakdown: dict[str, Any] | None = None  # what the model and optimizer held (MemoryBreakdown.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -393,6 +395,7 @@ def build_report(
         phase=ctx.get("phase"),
         tokens=ctx.get("tokens"),
         batch_shape=_shape(ctx.get("batch_shape")),
+        breakdown=ctx.get("breakdown") if isinstance(ctx.get("breakdown"), dict) else None,
         top_sites=tuple(sites[:top]),
         unattributed_bytes=unattributed,
         checkpointing_seen=checkpointing,
@@ -683,6 +686,17 @@ def _text(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _breakdown_rows(report: OomReport) -> list[tuple[str, str]]:
+    """What the model's and optimizer's own tensors held when memory ran out (empty when unknown)."""
+    if report.breakdown is None:
+        return []
+    try:
+        found = MemoryBreakdown.from_dict(report.breakdown)
+    except (ValueError, TypeError):
+        return []
+    return [(label, "-" if value is None else human(value)) for label, value in found.rows()]
+
+
 def _md(text: str) -> str:
     # Text from the snapshot (file and function names) goes into Markdown that renderers may turn into
     # HTML: escape markup, keep table cells intact (pipes) and on one line.
@@ -707,6 +721,11 @@ def render_markdown(report: OomReport) -> str:
         lines += ["```", report.message.strip().splitlines()[0][:500].replace("`", "'"), "```", ""]
     lines += ["## At the moment of the OOM", "", "| | |", "|---|---|"]
     lines += [f"| {_md(k)} | {_md(v)} |" for k, v in _facts(report)]
+    held = _breakdown_rows(report)
+    if held:
+        lines += ["", "## What held memory (the model's and the optimizer's tensors, the run's peak)", "",
+                  "| | |", "|---|---|"]
+        lines += [f"| {_md(k)} | {_md(v)} |" for k, v in held]
     lines += ["", "## Where the memory was allocated", ""]
     if report.top_sites:
         lines += ["| Site | Called from | What | Live | Blocks | Largest |", "|---|---|---|---:|---:|---:|"]
@@ -736,6 +755,7 @@ def render_html(report: OomReport) -> str:
     """The report as one self-contained HTML page; every value from the snapshot is escaped."""
     e = html.escape
     facts = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _facts(report))
+    held = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _breakdown_rows(report))
     sites = "".join(
         f"<tr><td><code>{e(s.where)}</code></td><td><code>{e(' <- '.join(s.via) or '-')}</code></td>"
         f"<td>{e(s.kind)}</td>"
@@ -764,7 +784,8 @@ def render_html(report: OomReport) -> str:
         "td.n{text-align:right}code{font-size:.9em}</style></head><body>"
         f"<h1>CUDA out of memory on GPU {report.device}</h1>{message}"
         f"<h2>At the moment of the OOM</h2><table>{facts}</table>"
-        "<h2>Where the memory was allocated</h2>"
+        + (f"<h2>What held memory</h2><table>{held}</table>" if held else "")
+        + "<h2>Where the memory was allocated</h2>"
         "<table><tr><th>Site</th><th>Called from</th><th>What</th><th>Live</th><th>Blocks</th><th>Largest</th></tr>"
         f"{sites}</table>"
         f"<h2>What to change, ranked</h2><p><i>Advice: {e(report.advice_source)}.</i></p><ol>{advice}</ol>{snap}"

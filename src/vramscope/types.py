@@ -98,3 +98,99 @@ class Sample:
                 total += proc.gpu_bytes
                 seen = True
         return total if seen else 0
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """What holds a training process's device memory, by category (``torch.cuda.memory_summary()`` made readable).
+
+    Everything is bytes on the model's device; ``None`` is unknown. The static parts are counted from the
+    model's and the optimizer's own tensors; ``activations_at_peak`` is the run's peak allocated less
+    everything else that is allocated at that moment (weights, quantization constants, buffers, LoRA,
+    gradients, optimizer states), so it also holds the step's temporaries. Paged optimizer states live in
+    unified memory, outside torch's allocator: they are listed but not part of allocated.
+
+    Attributes:
+        device: the device the figures are for (``"cuda:0"``, ``"cpu"``).
+        weights: frozen weights by storage (``"4-bit (uint8)"``, ``"bfloat16"``, ``"float32"``, ...).
+        quantization_constants: bitsandbytes' absmax, code books and double-quantization states.
+        buffers: the model's buffers (rotary tables, masks).
+        lora_weights: trainable parameters (LoRA adapters, ``modules_to_save``).
+        trainable_params: how many trainable elements there are.
+        gradients: the trainable parameters' gradients, held from the backward to the optimizer step
+            (counted at full size, whether or not they exist at the moment of reading).
+        optimizer_states: optimizer state tensors in torch's allocator.
+        optimizer_states_paged: paged (unified memory) optimizer states, e.g. bitsandbytes' paged AdamW.
+        activations_at_peak: peak allocated less the rest; None without a peak.
+        peak_allocated_bytes: the run's peak ``torch.cuda.max_memory_allocated``.
+        reserved_bytes: what torch's caching allocator holds from the driver.
+        allocator_cache_bytes: reserved less allocated at the latest reading (cached, free blocks).
+        cuda_context_bytes: the process's GPU memory (NVML) less reserved: CUDA context, kernels, NCCL.
+        process_bytes: the process's GPU memory as nvidia-smi shows it.
+    """
+
+    device: str
+    weights: dict[str, int] = field(default_factory=dict)
+    quantization_constants: int = 0
+    buffers: int = 0
+    lora_weights: int = 0
+    trainable_params: int = 0
+    gradients: int = 0
+    optimizer_states: int = 0
+    optimizer_states_paged: int = 0
+    activations_at_peak: int | None = None
+    peak_allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    allocator_cache_bytes: int | None = None
+    cuda_context_bytes: int | None = None
+    process_bytes: int | None = None
+
+    def static_bytes(self) -> int:
+        """Allocated bytes that live through the whole step: everything but the activations."""
+        return (sum(self.weights.values()) + self.quantization_constants + self.buffers + self.lora_weights
+                + self.gradients + self.optimizer_states)
+
+    def rows(self) -> list[tuple[str, int | None]]:
+        """(label, bytes) in the order people read them; unknown figures are None."""
+        out: list[tuple[str, int | None]] = [(f"weights ({kind})", n) for kind, n in self.weights.items()]
+        out += [
+            ("quantization constants", self.quantization_constants),
+            ("buffers", self.buffers),
+            ("LoRA / trainable weights", self.lora_weights),
+            ("gradients (backward to optimizer step)", self.gradients),
+            ("optimizer states (GPU)", self.optimizer_states),
+            ("activations and temporaries at the peak", self.activations_at_peak),
+            ("= peak allocated", self.peak_allocated_bytes),
+            ("allocator cache (reserved - allocated)", self.allocator_cache_bytes),
+            ("CUDA context and kernels (process - reserved)", self.cuda_context_bytes),
+            ("= process memory (nvidia-smi)", self.process_bytes),
+            ("optimizer states (paged, unified memory)", self.optimizer_states_paged),
+        ]
+        return out
+
+    def __str__(self) -> str:
+        from vramscope.units import gib  # units is the one place that formats bytes
+
+        lines = [f"what holds memory on {self.device} ({self.trainable_params / 1e6:.1f}M trainable parameters)"]
+        for label, value in self.rows():
+            lines.append(f"  {label:48} {'unknown' if value is None else gib(value):>11}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> MemoryBreakdown:
+        """Read :meth:`to_dict`'s output back (unknown keys are ignored, so newer files still read)."""
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        weights = known.get("weights")
+        if not isinstance(known.get("device"), str) or not isinstance(weights, dict):
+            raise ValueError("not a vramscope memory breakdown (no device or weights)")
+        for name, value in known.items():
+            if name in ("device", "weights"):
+                continue
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"breakdown field {name!r} is not a whole number of bytes: {value!r}")
+        if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in weights.items()):
+            raise ValueError("breakdown weights must map a storage name to bytes")
+        return cls(**known)  # type: ignore[arg-type]

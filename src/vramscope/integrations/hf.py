@@ -146,6 +146,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         mon = self._ensure_started(args, state, model)
+        mon.watch_optimizer(kwargs.get("optimizer"))  # for the memory breakdown: its states by category
         if mon.current_phase == "eval":  # an eval-mode forward outside evaluate(): back to training
             mon.exit_phase("eval")
         mon.step(int(state.global_step))

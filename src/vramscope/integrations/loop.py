@@ -56,11 +56,12 @@ from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
 from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, analyze_columns
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
+from vramscope.integrations.breakdown import BreakdownTracker
 from vramscope.sampler import MIN_INTERVAL_S, Collector, Sampler
 from vramscope.schema import sample_rows
 from vramscope.sinks import log_sink
 from vramscope.sinks.base import Sink
-from vramscope.types import AllocatorReading, GpuReading, HostReading, ProcessGpuReading, Sample
+from vramscope.types import AllocatorReading, GpuReading, HostReading, MemoryBreakdown, ProcessGpuReading, Sample
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +259,7 @@ class MemoryMonitor:
         self._current_tokens: int | None = None
         self._current_shape: tuple[int, ...] | None = None
         self._hooks: list[Any] = []
+        self._breakdown = BreakdownTracker()
         self._since_analysis = 0
         self._last_analysis_at = -math.inf
         self._analysis_cost_s = 0.0
@@ -335,6 +337,7 @@ class MemoryMonitor:
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        self.save_breakdown()
         self.save_analysis()
         if self._oom is not None:
             with contextlib.suppress(Exception):
@@ -356,6 +359,33 @@ class MemoryMonitor:
             return path
         except Exception as exc:
             log.warning("vramscope: the analysis failed: %s", exc)
+            return None
+
+    def watch_optimizer(self, optimizer: Any) -> None:
+        """Count ``optimizer``'s states in :meth:`breakdown` (trainers pass theirs; a loop calls this once)."""
+        self._breakdown.watch_optimizer(optimizer)
+
+    def breakdown(self) -> MemoryBreakdown | None:
+        """What holds memory now (weights by dtype, LoRA, gradients, optimizer states, activations at the run's
+        peak, allocator cache, CUDA context); None before :meth:`watch_model`. Print it for a table."""
+        return self._breakdown.current()
+
+    def save_breakdown(self) -> str | None:
+        """Write :meth:`breakdown` to ``<log stem>.breakdown.json`` (``vramscope report`` shows it).
+
+        Never raises: a breakdown that cannot be written must not stop the training.
+        """
+        try:
+            found = self._breakdown.current()
+            if self.log_path is None or found is None:
+                return None
+            path = beside(self.log_path, ".breakdown.json")
+            tmp = Path(path + ".tmp")
+            tmp.write_text(json.dumps(found.to_dict(), indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+            return path
+        except Exception as exc:
+            log.warning("vramscope: the memory breakdown was not saved: %s", exc)
             return None
 
     def _start_oom_recorder(self) -> None:
@@ -496,6 +526,7 @@ class MemoryMonitor:
                 self.enter_phase("eval")
             self.observe_batch(*batch_tokens(args, kwargs))
 
+        self._breakdown.watch_model(model)
         register = getattr(model, "register_forward_pre_hook", None)
         if register is None:
             return
@@ -520,7 +551,15 @@ class MemoryMonitor:
             "tokens": self._current_tokens,
             "batch_shape": list(self._current_shape) if self._current_shape is not None else None,
             "rank": self.rank,
+            "breakdown": self._breakdown_dict(),
         }
+
+    def _breakdown_dict(self) -> dict[str, Any] | None:
+        try:
+            found = self._breakdown.current()
+        except Exception:  # an OOM report without the breakdown beats no report
+            return None
+        return None if found is None else found.to_dict()
 
     # -- rows --------------------------------------------------------------------------------------
     def _reset_peak(self) -> None:
@@ -538,6 +577,11 @@ class MemoryMonitor:
         self._pending = False
         self._sampler.emit(sample)
         self._record(sample)
+        self._breakdown.observe(sample)
+        if step is not None and not self._breakdown.saved_with_states and self._breakdown.has_optimizer_states:
+            # Once, as soon as the optimizer holds its states: a run that dies later still leaves it.
+            self._breakdown.saved_with_states = True
+            self.save_breakdown()
         if not self._narrowed and sample.allocator:
             self._narrowed = True
             self._narrow_nvml(sample)

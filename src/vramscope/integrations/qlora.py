@@ -123,10 +123,11 @@ def make_optimizer(model: Any, spec: QLoraSpec) -> Any:
         require("bitsandbytes")
         import bitsandbytes as bnb
 
+        optims: Any = bnb.optim  # bitsandbytes does not re-export its optimizers for type checkers
         cls = {
-            "paged_adamw_32bit": bnb.optim.PagedAdamW32bit,
-            "paged_adamw_8bit": bnb.optim.PagedAdamW8bit,
-            "adamw_8bit": bnb.optim.AdamW8bit,
+            "paged_adamw_32bit": optims.PagedAdamW32bit,
+            "paged_adamw_8bit": optims.PagedAdamW8bit,
+            "adamw_8bit": optims.AdamW8bit,
         }[name]
         return cls(params, lr=spec.learning_rate)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")

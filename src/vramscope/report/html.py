@@ -15,6 +15,7 @@ from vramscope import __version__
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.model import METRICS, Chart, LogReport, duration
 from vramscope.report.svg import chart_svg
+from vramscope.types import MemoryBreakdown
 
 GIB = 1024**3
 
@@ -127,6 +128,8 @@ def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
         if dev.steps is not None:
             out.append(_figure(dev.steps, y_max.get((dev.key, "step"))))
         out.append(_device_tables(s["devices"].get(dev.key) or {}))
+    if report.breakdown is not None:
+        out.append(_breakdown(report.breakdown))
     out.append(_advice(s))
     if s.get("warnings"):
         items = "".join(f"<li>{escape(str(w))}</li>" for w in s["warnings"])
@@ -238,6 +241,13 @@ def _device_tables(d: dict[str, Any]) -> str:
         out.append("<table><caption>longest batches</caption><tr><th>step</th><th>tokens</th><th>peak allocated</th>"
                    f"<th>phase</th></tr>{lines}</table>")
     return f'<div class="scroll">{"".join(out)}</div>'
+
+
+def _breakdown(b: MemoryBreakdown) -> str:
+    rows = "".join(f"<tr><td>{escape(label)}</td><td class=\"num\">{'unknown' if v is None else _gib(v)}</td></tr>"
+                   for label, v in b.rows())
+    return (f"<h3>What held memory on {escape(b.device)} at the run's peak</h3>"
+            f"<table><tr><th>part</th><th>memory</th></tr>{rows}</table>")
 
 
 def _advice(s: dict[str, Any]) -> str:

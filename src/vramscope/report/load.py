@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+from pathlib import Path
 
 from vramscope.logfile import gc_paused, read_log
 from vramscope.report.advice import RunSettings
 from vramscope.report.model import LogReport, build_report
+from vramscope.types import MemoryBreakdown
+
+# The training monitor writes what held memory (MemoryMonitor.save_breakdown) beside its step log.
+BREAKDOWN_SUFFIX = ".breakdown.json"
+MAX_BREAKDOWN_BYTES = 1 << 20
 
 
 def report_file(path: str | os.PathLike[str], settings: RunSettings | None = None) -> LogReport:
     """Read the log at ``path`` and build its report (see :func:`vramscope.logfile.gc_paused` for why the GC pauses).
+
+    A memory breakdown beside the log (``<stem>.breakdown.json``) is added as ``summary["breakdown"]``.
 
     Raises:
         LogFormatError: the file cannot be read as a log.
         EmptyLogError: the log holds no memory readings.
     """
     with gc_paused():
-        return build_report(read_log(path), settings=settings)
+        report = build_report(read_log(path), settings=settings)
+    found = read_breakdown(path)
+    if found is None:
+        return report
+    return dataclasses.replace(report, summary={**report.summary, "breakdown": found.to_dict()}, breakdown=found)
+
+
+def read_breakdown(log_path: str | os.PathLike[str]) -> MemoryBreakdown | None:
+    """The breakdown written beside ``log_path``; None when there is none or it cannot be read (the report
+    goes on without it: it is an extra, not the log)."""
+    p = Path(log_path)
+    side = p.with_name(p.stem + BREAKDOWN_SUFFIX)
+    try:
+        if not side.is_file() or side.stat().st_size > MAX_BREAKDOWN_BYTES:
+            return None
+        return MemoryBreakdown.from_dict(json.loads(side.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None

@@ -29,6 +29,7 @@ from vramscope.analysis.summary import analyze
 from vramscope.logfile import LogTable
 from vramscope.report.advice import RunSettings, advise, planner_advice
 from vramscope.report.downsample import DEFAULT_BUCKETS, bucket_cuts, minmax_from_stretches, minmax_indices
+from vramscope.types import MemoryBreakdown
 
 # Memory columns a report looks at, with the names people read.
 METRICS: dict[str, str] = {
@@ -122,6 +123,7 @@ class LogReport:
     path: str
     summary: dict[str, Any]
     devices: list[DeviceView]
+    breakdown: MemoryBreakdown | None = None  # what held memory, from the monitor's file beside the log
 
 
 class EmptyLogError(ValueError):

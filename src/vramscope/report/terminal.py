@@ -16,6 +16,7 @@ from rich.text import Text
 
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.model import METRICS, LogReport, duration
+from vramscope.types import MemoryBreakdown
 
 GIB = 1024**3
 PEAK_ORDER = ("device_used_bytes", "reserved_bytes", "peak_allocated_bytes", "allocated_bytes", "process_bytes",
@@ -54,6 +55,9 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
         console.print()
         console.print(rank_heading(report.summary))
         console.print(ranks)
+    if report.breakdown is not None:
+        console.print()
+        console.print(breakdown_table(report.breakdown))
     _print_verdicts(report.summary, console)
     _print_advice(report.summary, console)
 
@@ -163,6 +167,16 @@ def comparison_table(reports: Sequence[LogReport]) -> Table:
                 text += f" [{style}]({format_change(change)})[/{style}]"
             cells.append(text)
         table.add_row(row["figure"], *cells)
+    return table
+
+
+def breakdown_table(b: MemoryBreakdown) -> Table:
+    """What held memory, by category (the monitor's breakdown file beside the log)."""
+    table = Table(title=f"what held memory on {b.device} at the run's peak", title_justify="left", box=None)
+    table.add_column("part")
+    table.add_column("memory", justify="right")
+    for label, value in b.rows():
+        table.add_row(label, "unknown" if value is None else _gib(value))
     return table
 
 
