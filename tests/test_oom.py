@@ -292,7 +292,8 @@ def test_the_post_mortem_says_what_the_model_and_optimizer_held() -> None:
     report = build_report(make_snapshot(), event(context={**CONTEXT, "breakdown": held.to_dict()}))
     md = render_markdown(report)
     assert "## What held memory" in md
-    assert "| weights (4-bit (uint8)) | 3.0 GiB |" in md and "| activations and temporaries at the peak | 9.0 GiB |" in md
+    assert "| weights (4-bit (uint8)) | 3.0 GiB |" in md
+    assert "| activations and temporaries at the peak | 9.0 GiB |" in md
     assert "What held memory" in render_html(report)
     # a context without one (or with a damaged one) gives the report without that section
     assert "What held memory" not in render_markdown(build_report(make_snapshot(), event(context=CONTEXT)))
