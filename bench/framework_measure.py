@@ -344,7 +344,7 @@ def main() -> int:
                                                  if p.status == "error"}, indent=1))
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
         for pdir in sorted((work / "points").iterdir()):
-            for fname in ("mem.csv", "mem.steps.csv", "loop.json", "stdout.txt"):
+            for fname in ("mem.csv", "mem.steps.csv", "mem.steps.breakdown.json", "loop.json", "stdout.txt"):
                 if (pdir / fname).exists():
                     tar.add(pdir / fname, arcname=f"{pdir.name}/{fname}")
     ok = sum(p.status == "ok" for p in points)
