@@ -127,3 +127,35 @@ def test_summary_prints_a_table_in_a_fresh_interpreter() -> None:
     assert out.startswith("what holds memory on cpu")
     assert "weights (float32)" in out and "unknown" in out  # no peak known on a CPU: said, not made up
     assert vramscope.summary is not None
+
+
+def test_under_vramscope_run_trls_own_sft_script_leaves_a_breakdown_with_its_optimizer(tmp_path: Path) -> None:
+    # The zero-code path people use: `vramscope run -- python -m trl.scripts.sft ...`. The file must keep the
+    # optimizer's states even though TRL's script frees its trainer before the interpreter exits.
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"[UNK]": 0, "[PAD]": 1, "</s>": 2, **{f"w{i}": 3 + i for i in range(VOCAB - 3)}}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    model_dir = tmp_path / "model"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                         eos_token="</s>").save_pretrained(model_dir)
+    lora_model().get_base_model().save_pretrained(model_dir)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text("".join(
+        json.dumps({"text": " ".join(f"w{(i * 7 + j) % (VOCAB - 3)}" for j in range(40))}) + "\n" for i in range(16)))
+    log = tmp_path / "mem.csv"
+    cmd = [sys.executable, "-m", "vramscope", "run", "--quiet", "--log", str(log), "--", sys.executable, "-m",
+           "trl.scripts.sft", "--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--use_peft",
+           "--per_device_train_batch_size", "2", "--max_length", "16", "--max_steps", "3", "--save_strategy", "no",
+           "--report_to", "none", "--output_dir", str(tmp_path / "out"), "--bf16", "False", "--use_cpu"]
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    subprocess.run(cmd, capture_output=True, timeout=300, check=True, env=env, cwd=tmp_path)
+    saved = MemoryBreakdown.from_dict(json.loads((tmp_path / "mem.steps.breakdown.json").read_text()))
+    # TRL's defaults: LoRA r16 on q_proj and v_proj; AdamW keeps two states per trainable parameter
+    assert saved.trainable_params == 2 * (16 * 32 + 32 * 16) + 2 * (16 * 32 + 16 * 16)
+    assert saved.optimizer_states == 2 * saved.lora_weights > 0

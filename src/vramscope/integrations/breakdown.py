@@ -135,7 +135,10 @@ def with_readings(static: MemoryBreakdown, *, peak_allocated: int | None, reserv
     from dataclasses import replace
 
     activations = None if peak_allocated is None else max(0, peak_allocated - static.static_bytes())
-    cache = None if reserved is None or allocated is None else max(0, reserved - allocated)
+    # At the peak the cache is what the allocator held beyond the peak's tensors (reserved rarely shrinks);
+    # reserved less allocated at a step's end would count the freed activations as cache.
+    in_use = peak_allocated if peak_allocated is not None else allocated
+    cache = None if reserved is None or in_use is None else max(0, reserved - in_use)
     context = None if process is None or reserved is None else max(0, process - reserved)
     return replace(static, activations_at_peak=activations, peak_allocated_bytes=peak_allocated,
                    reserved_bytes=reserved, allocator_cache_bytes=cache, cuda_context_bytes=context,
@@ -207,6 +210,13 @@ class BreakdownTracker:
             peak = reading.peak_allocated_bytes if reading.peak_allocated_bytes is not None else reading.allocated_bytes
             if peak is not None and (self.peak_allocated is None or peak > self.peak_allocated):
                 self.peak_allocated = peak
+
+    @property
+    def lost_sight(self) -> bool:
+        """True when the model or the optimizer seen earlier is gone (a trainer freed at exit): a breakdown
+        taken now would miss them, so the one saved while they lived is the better record."""
+        return (self._model is not None and self._model() is None) or (
+            self._optimizer is not None and self._optimizer() is None)
 
     def current(self) -> MemoryBreakdown | None:
         """What holds memory now, with the run's peak; None before a model is known (or once it is gone)."""

@@ -182,6 +182,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         if not mon.started:
             return
         mon.flush()
+        mon.save_breakdown()  # while the Trainer still holds its model and optimizer
         path = mon.save_analysis()
         if path is not None:
             log.info("vramscope: memory analysis written to %s", path)

@@ -376,6 +376,8 @@ class MemoryMonitor:
         Never raises: a breakdown that cannot be written must not stop the training.
         """
         try:
+            if self._breakdown.lost_sight:
+                return None
             found = self._breakdown.current()
             if self.log_path is None or found is None:
                 return None
