@@ -373,11 +373,12 @@ def test_every_dashboard_query_runs_and_returns_data(prometheus: PrometheusServe
     stop = threading.Event()
 
     def training() -> None:
-        # Steps advance (for the step rate and time-to-OOM panels), the leak test reports a slope.
+        # Steps advance (for the step rate and time-to-OOM panels), the leak test reports a slope, and
+        # evaluation comes and goes (for the eval-band annotation).
         step = 0
         while not stop.is_set():
             step += 5
-            sink.write(training_sample(step=step))
+            sink.write(training_sample(step=step, phase="eval" if step % 20 == 0 else "train"))
             sink.set_analysis(2 * 1024**2, 5000.0 - step, gpu=0)
             stop.wait(0.1)
 
