@@ -175,8 +175,8 @@ def test_a_word_level_qwen2_tokenizer_gives_one_token_sequences_and_a_warning(tm
     assert train_tokens(log) == [(1, BATCH), (2, BATCH), (3, BATCH)]
     assert trl_tokens_per_step(trainer) == [BATCH] * 3  # TRL counts the same 4 x 1
     warnings = [json.loads(line) for line in (tmp_path / "mem.warnings.jsonl").read_text().splitlines()]
-    assert [(w["kind"], w["step"]) for w in warnings] == [("one_token_sequences", 1)]
-    assert "4 x 1 tokens" in warnings[0]["message"] and "tokenizer" in warnings[0]["message"]
+    assert [(w["kind"], w["step"]) for w in warnings] == [("short_sequences", 1)]
+    assert "batch is 4 x 1 tokens" in warnings[0]["message"] and "tokenizer" in warnings[0]["message"]
 
 
 def test_the_train_summary_carries_the_runs_peak(tmp_path: Path, data_dir: Path) -> None:

@@ -38,10 +38,13 @@ INSTALL_HINT = "transformers is not installed; run: pip install 'vramscope[hf]'"
 
 # The figures that hold a peak since the previous log (on a GPU, and on a CPU-only run).
 PEAK_FIGURES = ("mem/peak_allocated_gib", "mem/peak_rss_gib")
-ONE_TOKEN_HINT = (
-    "one token per sequence, so a causal LM has nothing to predict (the Trainer's num_tokens says the same); "
-    "check that the tokenizer turns the text into tokens: transformers 5 loads a Qwen2 checkpoint's tokenizer "
-    "as Qwen2Tokenizer, which makes every word of a word-level vocabulary nothing, leaving only the EOS token"
+# A first training batch at most this long per sequence is a tokenizer that made (almost) nothing of the text.
+SHORT_SEQUENCE_TOKENS = 2
+SHORT_SEQUENCE_HINT = (
+    "at most {n} tokens per sequence, so a causal LM has (almost) nothing to predict and the memory is not "
+    "that of the run you meant (TRL's num_tokens says the same); check that the tokenizer turns the text into "
+    "tokens: transformers 5 loads a Qwen2 checkpoint's tokenizer as Qwen2Tokenizer, which makes every word of "
+    "a word-level vocabulary nothing, leaving only the EOS token"
 )
 
 
@@ -178,14 +181,16 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         self.monitor.exit_phase("eval")
 
     def _check_first_batch(self, mon: MemoryMonitor, step: int) -> None:
-        """Warn once when the first training batch is ``b x 1``: the tokens column is right, the data is not."""
+        """Warn once when the first training batch is ``b x 1`` or ``b x 2``: the tokens column is right, the
+        data is not (issue 19's "tokens = batch size" was such a batch)."""
         shape = mon.last_batch_shape
         if shape is None:
             return
         self._batch_checked = True
-        if len(shape) >= 2 and shape[-1] == 1 and mon.alerts is not None:
+        if len(shape) >= 2 and shape[-1] <= SHORT_SEQUENCE_TOKENS and mon.alerts is not None:
             batch = " x ".join(str(d) for d in shape)
-            mon.alerts.warn("one_token_sequences", f"the training batches are {batch} tokens: {ONE_TOKEN_HINT}", step)
+            hint = SHORT_SEQUENCE_HINT.format(n=SHORT_SEQUENCE_TOKENS)
+            mon.alerts.warn("short_sequences", f"the first training batch is {batch} tokens: {hint}", step)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
