@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +88,130 @@ def test_without_lightning_the_error_names_the_install_command(monkeypatch: pyte
     monkeypatch.setattr(vs_lightning, "_CallbackBase", object)
     with pytest.raises(ImportError, match=r"pip install 'vramscope\[lightning\]'"):
         MemoryMonitorCallback()
+
+
+HELD_BYTES = 256 * 1024**2
+
+
+class HoldsMemoryOnce(TinyLM):
+    """Holds 256 MiB (touched, so resident) from training step 3 until step 4 begins: only step 3 sees it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: Any = None
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        self.held = torch.ones(HELD_BYTES // 4) if batch_idx == 2 else None
+        return self._loss(batch)
+
+
+def logged_metrics(folder: Path) -> list[dict[str, str]]:
+    with next(folder.rglob("metrics.csv")).open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_a_peak_on_an_unlogged_step_reaches_the_next_logged_step(tmp_path: Path) -> None:
+    """Lightning logs every 5th step here; the memory held during step 3 only is in step 5's figures.
+
+    On this CPU the per-step rows carry the process's RSS at the end of each step (no allocator
+    peak without CUDA), so step 3's row holds the 256 MiB; on a GPU the same code carries the
+    allocator's peak of each row. The logged figure is the largest row since the last logged step.
+    """
+    torch.manual_seed(0)
+    log = tmp_path / "mem.csv"
+    trainer = L.Trainer(
+        max_steps=7, accelerator="cpu", logger=L.loggers.CSVLogger(tmp_path / "logs"), log_every_n_steps=5,
+        limit_val_batches=0, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        callbacks=[MemoryMonitorCallback(log=log, warn=False)],
+    )
+    trainer.fit(HoldsMemoryOnce(), loader([8] * 16, 2))
+    table = read_log(log)
+    rss = {s: r for s, p, r in zip(table.ints("step"), table.strings("phase"), table.ints("host_rss_bytes"),
+                                    strict=True) if p in ("start", "train") and r is not None}
+    assert rss[3] - rss[5] > HELD_BYTES * 0.9  # the step log saw it at step 3, and it was gone by step 5
+    rows = [r for r in logged_metrics(tmp_path / "logs") if r.get("mem/peak_rss_gib")]
+    by_step = {int(r["step"]): r for r in rows}
+    at_five = by_step[4]  # Lightning's steps are 0-based: this is step 5
+    assert float(at_five["mem/peak_rss_gib"]) == round(max(rss[s] for s in (None, 1, 2, 3, 4, 5)) / 1024**3, 4)
+    assert float(at_five["mem/peak_rss_gib"]) - float(at_five["mem/host_rss_gib"]) > 0.2  # not step 5's own
+    assert sorted(by_step) == [4, 6]  # and steps 6-7, after the last logging step, at the end of fit
+    assert float(by_step[6]["mem/peak_rss_gib"]) == round(max(rss[6], rss[7]) / 1024**3, 4)
+
+
+def _trainer(tmp_path: Path, callbacks: list[Any] | None = None) -> Any:
+    return L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                     enable_checkpointing=False, enable_model_summary=False, callbacks=callbacks,
+                     default_root_dir=tmp_path)
+
+
+def test_attach_lightning_adds_the_callback_once_and_leaves_the_users_own(tmp_path: Path) -> None:
+    from vramscope.integrations.inject import ENV_STEP_LOG, attach_lightning
+
+    env = {ENV_STEP_LOG: str(tmp_path / "mem.steps.csv")}
+    trainer = _trainer(tmp_path)
+    callback = attach_lightning(trainer, environ=env)
+    assert isinstance(callback, MemoryMonitorCallback) and trainer.callbacks[0] is callback
+    assert callback.monitor.requested_log is not None
+    assert attach_lightning(trainer, environ=env) is None  # already there
+    mine = MemoryMonitorCallback(warn=False)
+    assert attach_lightning(_trainer(tmp_path, callbacks=[mine]), environ=env) is None  # the user's own one wins
+
+
+LIGHTNING_SCRIPT = textwrap.dedent(
+    """
+    import lightning.pytorch as L
+    import torch
+
+    torch.set_num_threads(1)
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(32, 8)
+            self.head = torch.nn.Linear(8, 32)
+
+        def training_step(self, batch, batch_idx):
+            ids = batch[0]
+            return torch.nn.functional.cross_entropy(self.head(self.embed(ids)).reshape(-1, 32), ids.reshape(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randint(0, 32, (8, 6)))
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=L.loggers.CSVLogger("logs"), log_every_n_steps=1,
+                        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=2))
+    print("first callback:", type(trainer.callbacks[0]).__name__)
+    """
+)
+
+
+@pytest.mark.slow
+def test_vramscope_run_attaches_the_callback_to_an_unmodified_lightning_script(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(LIGHTNING_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMSCOPE_")}
+    command = [sys.executable, "-m", "vramscope", "run", "--quiet", "--log", "mem.csv", "--",
+               sys.executable, "train.py"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "first callback: MemoryMonitorCallback" in result.stdout
+    steps = read_log(tmp_path / "mem.steps.csv")
+    rows = list(zip(steps.ints("step"), steps.strings("phase"), steps.ints("tokens"), strict=True))
+    assert [(s, t) for s, p, t in rows if p == "train"] == [(1, 12), (2, 12), (3, 12)]  # 2 x 6 tokens
+    assert (tmp_path / "mem.steps.analysis.json").is_file()
+    assert all(r.get("mem/host_rss_gib") for r in logged_metrics(tmp_path / "logs") if r.get("mem/peak_rss_gib"))
+    assert any(r.get("mem/peak_rss_gib") for r in logged_metrics(tmp_path / "logs"))
+
+
+def test_batch_tokens_come_from_token_ids_only() -> None:
+    from vramscope.integrations.lightning import lightning_batch_tokens
+
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    assert lightning_batch_tokens({"input_ids": ids, "labels": ids}) == (64, (4, 16))
+    assert lightning_batch_tokens([ids, ids]) == (64, (4, 16))  # a TensorDataset's (ids, labels)
+    assert lightning_batch_tokens(ids) == (64, (4, 16))
+    assert lightning_batch_tokens({"inputs_embeds": torch.zeros(2, 8, 32)}) == (16, (2, 8))
+    # Not token ids: left empty, never a count of pixels or features.
+    assert lightning_batch_tokens((torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long))) == (None, None)
+    assert lightning_batch_tokens({"pixel_values": torch.zeros(4, 3, 8, 8)}) == (None, None)
+    assert lightning_batch_tokens([]) == (None, None)

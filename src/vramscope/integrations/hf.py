@@ -36,6 +36,17 @@ else:  # the class still imports, so that the error can say what to install
 
 INSTALL_HINT = "transformers is not installed; run: pip install 'vramscope[hf]'"
 
+# The figures that hold a peak since the previous log (on a GPU, and on a CPU-only run).
+PEAK_FIGURES = ("mem/peak_allocated_gib", "mem/peak_rss_gib")
+# A first training batch at most this long per sequence is a tokenizer that made (almost) nothing of the text.
+SHORT_SEQUENCE_TOKENS = 2
+SHORT_SEQUENCE_HINT = (
+    "at most {n} tokens per sequence, so a causal LM has (almost) nothing to predict and the memory is not "
+    "that of the run you meant (TRL's num_tokens says the same); check that the tokenizer turns the text into "
+    "tokens: transformers 5 loads a Qwen2 checkpoint's tokenizer as Qwen2Tokenizer, which makes every word of "
+    "a word-level vocabulary nothing, leaving only the EOS token"
+)
+
 
 def prometheus_address(port: int | str | None) -> str | None:
     """``9400`` -> ``"127.0.0.1:9400"``; an address with a host is kept as it is."""
@@ -99,6 +110,9 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         self._watched: weakref.ref[Any] | None = None
         self._eval_phase = False
         self._atexit = False
+        self._rows_at_last_log = 0
+        self._run_peaks: dict[str, float] = {}  # the largest peak figure of the run, per key
+        self._batch_checked = False
 
     # -- setup ----------------------------------------------------------------------------------------
     def _ensure_started(self, args: Any, state: Any, model: Any) -> MemoryMonitor:
@@ -150,6 +164,8 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         if mon.current_phase == "eval":  # an eval-mode forward outside evaluate(): back to training
             mon.exit_phase("eval")
         mon.step(int(state.global_step))
+        if not self._batch_checked and mon.current_phase == "train":
+            self._check_first_batch(mon, int(state.global_step))
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         # The forward hook normally entered the phase already; this covers models without hooks.
@@ -164,11 +180,36 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         self.monitor.exit_phase("eval")
 
+    def _check_first_batch(self, mon: MemoryMonitor, step: int) -> None:
+        """Warn once when the first training batch is ``b x 1`` or ``b x 2``: the tokens column is right, the
+        data is not (issue 19's "tokens = batch size" was such a batch)."""
+        shape = mon.last_batch_shape
+        if shape is None:
+            return
+        self._batch_checked = True
+        if len(shape) >= 2 and shape[-1] <= SHORT_SEQUENCE_TOKENS and mon.alerts is not None:
+            batch = " x ".join(str(d) for d in shape)
+            hint = SHORT_SEQUENCE_HINT.format(n=SHORT_SEQUENCE_TOKENS)
+            mon.alerts.warn("short_sequences", f"the first training batch is {batch} tokens: {hint}", step)
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
-        if not self.log_to_trainer or logs is None or not self.monitor.started:
+        mon = self.monitor
+        if not self.log_to_trainer or logs is None or not mon.started:
             return
-        figures = self.monitor.figures(reset=True)
+        fresh = mon.rows_logged > self._rows_at_last_log  # a row since the previous log: its peak is known
+        self._rows_at_last_log = mon.rows_logged
+        figures = mon.figures(reset=True)
+        for key in PEAK_FIGURES:
+            if key not in figures:
+                continue
+            if fresh:
+                self._run_peaks[key] = max(self._run_peaks.get(key, 0.0), figures[key])
+            else:  # the monitor has no peak for an empty window (it would say 0)
+                del figures[key]
+        if "train_runtime" in logs:
+            # train()'s own summary: the run's peak, not the (empty) window since the last log.
+            figures.update(self._run_peaks)
         if not figures:
             return
         logs.update(figures)

@@ -1,9 +1,10 @@
-"""Zero-code integration: ``vramscope run`` attaches the memory callback to every HF ``Trainer``.
+"""Zero-code integration: ``vramscope run`` attaches the memory callback to every HF or Lightning ``Trainer``.
 
 ``vramscope run --log mem.csv -- python qlora.py ...`` samples the command from outside (``mem.csv``,
 by time) and, through :func:`child_env`, makes each Python process of the command load a small
 start-up hook (``_sitecustomize/sitecustomize.py``) that adds :class:`MemoryMonitorCallback` to every
-``transformers.Trainer`` it creates. The callback writes the step-aligned log beside the run's log:
+``transformers.Trainer`` it creates (and vramscope's Lightning callback to every Lightning ``Trainer``,
+:func:`attach_lightning`). The callback writes the step-aligned log beside the run's log:
 ``mem.steps.csv`` (rank *k* > 0: ``mem.steps.rank<k>.csv``). No script is edited.
 
 The hook is harmless elsewhere: a child that is not Python ignores the variables; a Python child
@@ -80,6 +81,13 @@ def attach(trainer: Any, environ: Mapping[str, str] | None = None) -> Any | None
         return None
     if any(isinstance(cb, MemoryMonitorCallback) for cb in callbacks):
         return None
+    callback = MemoryMonitorCallback(**_callback_options(env))
+    callbacks.insert(0, callback)
+    return callback
+
+
+def _callback_options(env: Mapping[str, str]) -> dict[str, Any]:
+    """The callback's log, ``every_n_steps`` and OOM folder, as the start-up hook's variables say."""
     log_path = env.get(ENV_STEP_LOG) or None
     number = next(_trainers)
     if log_path is not None and number > 1:  # a second Trainer in the same program gets its own log
@@ -91,6 +99,21 @@ def attach(trainer: Any, environ: Mapping[str, str] | None = None) -> Any | None
         every = 1
     # `vramscope run --oom-snapshot DIR` asks for OOM post-mortems through this variable.
     oom_dir = env.get(ENV_OOM_SNAPSHOT) or None
-    callback = MemoryMonitorCallback(log=log_path, every_n_steps=every, oom_snapshot=oom_dir or False)
+    return {"log": log_path, "every_n_steps": every, "oom_snapshot": oom_dir or False}
+
+
+def attach_lightning(trainer: Any, environ: Mapping[str, str] | None = None) -> Any | None:
+    """:func:`attach` for a Lightning ``Trainer`` (``lightning.pytorch`` or ``pytorch_lightning``).
+
+    The same log, numbering and options as for an HF Trainer; nothing is added when the trainer
+    already has vramscope's Lightning callback.
+    """
+    from vramscope.integrations.lightning import MemoryMonitorCallback
+
+    callbacks = getattr(trainer, "callbacks", None)
+    if not isinstance(callbacks, list) or any(isinstance(cb, MemoryMonitorCallback) for cb in callbacks):
+        return None
+    env = os.environ if environ is None else environ
+    callback = MemoryMonitorCallback(**_callback_options(env))
     callbacks.insert(0, callback)
     return callback

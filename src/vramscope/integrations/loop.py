@@ -543,6 +543,11 @@ class MemoryMonitor:
         if self._window_tokens is None or tokens > self._window_tokens:
             self._window_tokens = tokens
 
+    @property
+    def last_batch_shape(self) -> tuple[int, ...] | None:
+        """The shape of the last batch seen (forward hook or :meth:`observe_batch`); None before any."""
+        return self._current_shape
+
     def oom_context(self) -> dict[str, Any]:
         """What was running when memory ran out (called by the OOM recorder)."""
         running = None if self._last_step is None else self._last_step + 1

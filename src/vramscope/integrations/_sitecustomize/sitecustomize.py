@@ -5,10 +5,11 @@ this file at start-up. It does three small things and nothing else:
 
 1. runs the ``sitecustomize`` this file shadows, if there is one (a distribution's, a virtualenv's,
    one on the user's own ``PYTHONPATH``), so that nothing the user had is lost;
-2. adds an import hook that waits for ``transformers.trainer``; a program that never imports
-   transformers pays one dictionary miss per import and nothing else;
+2. adds an import hook that waits for ``transformers.trainer`` (and Lightning's trainer module); a
+   program that imports neither pays one dictionary miss per import and nothing else;
 3. when that module is loaded, wraps ``Trainer.__init__`` so that every Trainer (and subclass, such
-   as TRL's) gets vramscope's memory callback, via ``vramscope.integrations.inject.attach``.
+   as TRL's) gets vramscope's memory callback, via ``vramscope.integrations.inject.attach``
+   (``attach_lightning`` for a Lightning Trainer).
 
 Standard library only, and every failure is one line on stderr: a monitor must never stop a training.
 """
@@ -25,6 +26,13 @@ from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TARGET = "transformers.trainer"
+# The modules whose Trainer gets the callback -> the function of vramscope.integrations.inject that adds it
+# (Lightning's Trainer lives in the unified package and in the older standalone one).
+_TARGETS = {
+    _TARGET: "attach",
+    "lightning.pytorch.trainer.trainer": "attach_lightning",
+    "pytorch_lightning.trainer.trainer": "attach_lightning",
+}
 
 
 def _say(message: str) -> None:
@@ -52,7 +60,7 @@ def _run_shadowed_sitecustomize() -> None:
             sys.modules["sitecustomize"] = ours
 
 
-def _attach_to_trainers(module: ModuleType) -> None:
+def _attach_to_trainers(module: ModuleType, attach_name: str = "attach") -> None:
     trainer_cls = getattr(module, "Trainer", None)
     if trainer_cls is None or getattr(trainer_cls.__init__, "_vramscope_wrapped", False):
         return
@@ -63,7 +71,7 @@ def _attach_to_trainers(module: ModuleType) -> None:
         if getattr(self, "_vramscope_seen", False):  # a subclass's __init__ chain passes here once
             return
         self._vramscope_seen = True
-        attach = _load_attach()
+        attach = _load_attach(attach_name)
         if attach is not None:
             try:
                 attach(self)
@@ -76,27 +84,31 @@ def _attach_to_trainers(module: ModuleType) -> None:
     trainer_cls.__init__ = __init__
 
 
-def _load_attach() -> Any:
+def _load_attach(name: str = "attach") -> Any:
     try:
-        from vramscope.integrations.inject import attach
+        from vramscope.integrations import inject
     except ImportError:
         # The program's interpreter may not have vramscope installed: use the copy that started it.
         parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
         if parent and parent not in sys.path:
             sys.path.append(parent)
         try:
-            from vramscope.integrations.inject import attach
+            from vramscope.integrations import inject
         except Exception as exc:
             _say(f"not attaching the memory callback: vramscope cannot be imported here ({exc})")
             return None
+    attach = getattr(inject, name, None)
+    if attach is None:  # an older vramscope on the child's path: it has no such hook
+        _say(f"not attaching the memory callback: this vramscope has no {name}()")
     return attach
 
 
 class _Loader(importlib.abc.Loader):
     """Runs the real loader, then wraps the Trainer."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: Any, attach_name: str = "attach") -> None:
         self._real = real
+        self._attach_name = attach_name
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         create = getattr(self._real, "create_module", None)
@@ -105,22 +117,22 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         self._real.exec_module(module)
         try:
-            _attach_to_trainers(module)
+            _attach_to_trainers(module, self._attach_name)
         except Exception as exc:
-            _say(f"could not hook transformers.Trainer: {type(exc).__name__}: {exc}")
+            _say(f"could not hook {module.__name__}.Trainer: {type(exc).__name__}: {exc}")
 
     def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
         return getattr(self._real, name)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Waits for ``transformers.trainer``; answers None (not mine) for every other module."""
+    """Waits for the trainer modules; answers None (not mine) for every other module."""
 
     def __init__(self) -> None:
         self._busy = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name != _TARGET or self._busy:
+        if name not in _TARGETS or self._busy:
             return None
         self._busy = True
         try:
@@ -129,7 +141,7 @@ class _Finder(importlib.abc.MetaPathFinder):
                     continue
                 spec = finder.find_spec(name, path, target)
                 if spec is not None and spec.loader is not None:
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = _Loader(spec.loader, _TARGETS[name])
                     return spec
             return None
         finally:
@@ -141,9 +153,10 @@ def _install() -> None:
         return
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
-    already = sys.modules.get(_TARGET)
-    if already is not None:  # imported before us (unusual): patch it directly
-        _attach_to_trainers(already)
+    for name, attach_name in _TARGETS.items():
+        already = sys.modules.get(name)
+        if already is not None:  # imported before us (unusual): patch it directly
+            _attach_to_trainers(already, attach_name)
 
 
 _run_shadowed_sitecustomize()
