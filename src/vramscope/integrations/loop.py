@@ -728,7 +728,8 @@ class MemoryMonitor:
         if sample is None:
             return out
         if sample.allocator:
-            out["mem/peak_allocated_gib"] = round((peak or 0) / GIB, 4)
+            if peak is not None:  # no row since the last call: no peak to report (never a made-up 0)
+                out["mem/peak_allocated_gib"] = round(peak / GIB, 4)
             out["mem/allocated_gib"] = round(sum(r.allocated_bytes for r in sample.allocator) / GIB, 4)
             out["mem/reserved_gib"] = round(sum(r.reserved_bytes for r in sample.allocator) / GIB, 4)
         elif peak is not None:
