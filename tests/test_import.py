@@ -58,3 +58,16 @@ def test_python_dash_m_and_version() -> None:
     )
     assert result.returncode == 0
     assert result.stdout.startswith("vramscope ")
+
+
+def test_reading_a_log_and_planning_need_no_psutil_nvml_or_torch() -> None:
+    # A laptop without a GPU reads logs copied off a cluster and plans runs: nothing of the monitor loads.
+    code = BLOCKER.replace("{BLOCKED}", "{'torch', 'pynvml', 'psutil', 'transformers', 'matplotlib'}") + (
+        "import glob, vramscope\n"
+        "from vramscope.report.load import report_file\n"
+        "report = report_file(sorted(glob.glob('tests/data/traces/cpu/*.csv'))[0])\n"
+        "print(report.summary['log']['rows'] > 0, vramscope.plan('Llama-2-7B', 1, 512).peak_allocated_bytes > 0)\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True"]

@@ -7,15 +7,21 @@ is imported lazily, on first use.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vramscope.sampler import Collector, Sampler
-from vramscope.types import AllocatorReading, GpuReading, HostReading, ProcessGpuReading, Sample
+from vramscope.types import AllocatorReading, GpuReading, HostReading, MemoryBreakdown, ProcessGpuReading, Sample
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time these resolve lazily (see __getattr__)
+    from vramscope.sampler import Collector as Collector
+    from vramscope.sampler import Sampler as Sampler
 
 __version__ = "0.1.0"
 
-# Public names that live in modules with heavier imports; resolved on first access.
+# Public names that live in modules with heavier imports (psutil, NVML, torch); resolved on first access, so
+# that reading a log or planning a run imports none of them.
 _LAZY = {
+    "Collector": "vramscope.sampler",
+    "Sampler": "vramscope.sampler",
     "MemoryMonitor": "vramscope.integrations.loop",
     "find_max_batch_size": "vramscope.tuner",
     "plan": "vramscope.planner",
@@ -24,12 +30,11 @@ _LAZY = {
 
 __all__ = [
     "AllocatorReading",
-    "Collector",
     "GpuReading",
     "HostReading",
+    "MemoryBreakdown",
     "ProcessGpuReading",
     "Sample",
-    "Sampler",
     "__version__",
     *_LAZY,
 ]
