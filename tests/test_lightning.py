@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -78,6 +79,10 @@ def test_lightning_fit_logs_optimizer_steps_validation_and_figures(tmp_path: Pat
     evals = [(s, t) for s, p, t in rows if p == "eval"]
     assert len(evals) >= 2 and all(t == 80 for _, t in evals)  # sanity check + validation, 4 x 20
     assert callback.monitor.closed and (tmp_path / "mem.analysis.json").is_file()
+    # what held memory: the module's parameters, and SGD without momentum keeps no states
+    held = json.loads((tmp_path / "mem.breakdown.json").read_text())
+    assert held["trainable_params"] == (VOCAB * 16) + (16 * VOCAB + VOCAB)
+    assert held["lora_weights"] == 4 * held["trainable_params"] and held["optimizer_states"] == 0
     metrics = next((tmp_path / "logs").rglob("metrics.csv"))
     with metrics.open() as handle:
         header = next(csv.reader(handle))

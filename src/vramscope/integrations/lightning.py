@@ -142,6 +142,8 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         if step == self._last_step or step == 0:  # an accumulation micro-batch: no optimizer step yet
             return
         self._last_step = step
+        optimizers = getattr(trainer, "optimizers", None) or [None]
+        mon.watch_memory(pl_module, optimizers[0])  # for the breakdown; weak references, compared once
         mon.step(step)
         if _is_logging_step(trainer):
             self._write_figures(trainer, _logger_step(trainer))

@@ -365,6 +365,12 @@ class MemoryMonitor:
         """Count ``optimizer``'s states in :meth:`breakdown` (trainers pass theirs; a loop calls this once)."""
         self._breakdown.watch_optimizer(optimizer)
 
+    def watch_memory(self, model: Any, optimizer: Any = None) -> None:
+        """Count ``model`` (and ``optimizer``) in :meth:`breakdown` without a forward hook (for trainers that
+        report batches themselves, like Lightning)."""
+        self._breakdown.watch_model(model)
+        self._breakdown.watch_optimizer(optimizer)
+
     def breakdown(self) -> MemoryBreakdown | None:
         """What holds memory now (weights by dtype, LoRA, gradients, optimizer states, activations at the run's
         peak, allocator cache, CUDA context); None before :meth:`watch_model`. Print it for a table."""
