@@ -111,8 +111,8 @@ def format_gpus(p: Plan, dist: DistributedEstimate | None, table: FitTable) -> s
              f"  {s.bits}-bit base, LoRA r={s.lora_r} ({p.trainable_params / 1e6:.1f}M trainable), {s.optim}, "
              f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}"]
     if dist is not None:
-        lines += [""] + _format_dist(dist, table.capacity_bytes)
-    lines += [""] + _format_table(table)
+        lines += ["", *_format_dist(dist, table.capacity_bytes)]
+    lines += ["", *_format_table(table)]
     return "\n".join(lines)
 
 
@@ -140,7 +140,8 @@ def _format_dist(d: DistributedEstimate, capacity: int | None) -> list[str]:
               f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(w.peak_reserved_bytes):>11}",
               f"  process memory (nvidia-smi)                      {gib(w.process_bytes):>11}"]
     if d.host_bytes:
-        lines.append(f"  host memory for the offload: {gib(w.host_bytes)} per rank, {gib(d.host_bytes)} for the machine")
+        lines.append(f"  host memory for the offload: {gib(w.host_bytes)} per rank, "
+                     f"{gib(d.host_bytes)} for the machine")
     if capacity is not None:
         verdict = "fits" if w.device_bytes <= capacity else "does NOT fit"
         lines.append(f"  {verdict} in {gib(capacity)} per GPU")

@@ -174,7 +174,8 @@ class RankEstimate:
         return {"gpu": self.gpu, "layers": self.layers, "holds": self.holds, "peak_phase": self.peak_phase,
                 "breakdown": dict(self.parts), "peak_allocated_bytes": self.peak_allocated_bytes,
                 "peak_reserved_bytes": self.peak_reserved_bytes, "process_bytes": self.process_bytes,
-                "device_bytes": self.device_bytes, "host_bytes": self.host_bytes, "host_breakdown": dict(self.host_parts)}
+                "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
+                "host_breakdown": dict(self.host_parts)}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from functools import lru_cache
 from typing import Any
 
 from vramscope.planner.distributed import (
-    MAX_WORLD,
     STRATEGY_NAMES,
     DistributedEstimate,
     Parallelism,
