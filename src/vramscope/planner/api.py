@@ -357,4 +357,8 @@ def _cannot_fit(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
     usual recommendations only when the weights leave room for them to matter."""
     why = explain(shape, spec, batch, seq, hw, est, cap, name)
     ways = [Recommendation(a.name, a.saving_bytes, a.text, a.change, a.sufficient) for a in why.alternatives]
-    return why.reason, ways if why.replaces_others else [*recs, *ways]
+    if why.replaces_others:
+        return why.reason, ways
+    # Room for the usual changes: a smaller model only when none of them is enough on its own.
+    enough = any(r.sufficient for r in recs)
+    return why.reason, [*recs, *(w for w in ways if w.name != "smaller_model" or not enough)]
