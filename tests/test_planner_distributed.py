@@ -243,3 +243,23 @@ def test_cli_bad_multi_gpu_input_is_one_line_and_exit_2(capsys: pytest.CaptureFi
                                                         words: str) -> None:
     code, out, err = run(capsys, "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "512", *argv)
     assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_parsed_launch_command_feeds_the_plan() -> None:
+    from types import SimpleNamespace
+
+    from vramscope.planner.launch import parallelism_of, plan_launch
+
+    torchrun = SimpleNamespace(world_size=4, strategy=None, offload=None, launcher="torchrun")
+    assert parallelism_of(torchrun).strategy == "ddp" and parallelism_of(torchrun).world_size == 4
+    zero_without_deepspeed = SimpleNamespace(world_size=2, strategy="zero3", offload=None, launcher="torchrun")
+    with pytest.raises(PlanInputError, match="DeepSpeed"):
+        parallelism_of(zero_without_deepspeed)
+    ds = SimpleNamespace(world_size=2, strategy="zero3", offload="optimizer", launcher="deepspeed")
+    assert parallelism_of(ds).offload == "optimizer"
+    with pytest.raises(PlanInputError, match="cannot split"):
+        parallelism_of(SimpleNamespace(world_size=40, strategy="split", offload=None, launcher=None), layers=32)
+    lp = plan_launch("Llama-2-7B", 2, 1024, world_size=2, strategy="fsdp", gpu="RTX-4090", target_batch=8)
+    assert lp.distributed.parallelism.strategy == "fsdp" and lp.single.fits is not None
+    data = lp.to_dict()
+    assert data["gpus"]["plan"]["world_size"] == 2 and data["gpus"]["table"]["target_batch"] == 8
