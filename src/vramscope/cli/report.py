@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             reports.append(report_file(path, settings=settings))
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
-    for path, report in zip(args.logs, reports):
+    for path, report in zip(args.logs, reports, strict=True):
         # The strategy the monitor recorded beside the log, and each rank against the plan when one is given.
         seen = strategy_beside(path)
         if seen is not None or plan is not None:
