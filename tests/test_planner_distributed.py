@@ -259,6 +259,15 @@ def test_a_parsed_launch_command_feeds_the_plan() -> None:
     assert parallelism_of(ds).offload == "optimizer"
     with pytest.raises(PlanInputError, match="cannot split"):
         parallelism_of(SimpleNamespace(world_size=40, strategy="split", offload=None, launcher=None), layers=32)
+    # The shape of `plan -- <command>`'s Launch: offload as a flag, the ZeRO stage beside the strategy.
+    accel = SimpleNamespace(world_size=2, strategy="fsdp", offload=True, launcher="accelerate", zero_stage=None)
+    assert parallelism_of(accel).offload == "params"
+    ds_accel = SimpleNamespace(world_size=4, strategy="zero3", offload=True, launcher="accelerate", zero_stage=3)
+    assert parallelism_of(ds_accel).offload == "optimizer"
+    every_gpu = SimpleNamespace(world_size=None, strategy="ddp", offload=False, launcher="torchrun", zero_stage=None)
+    with pytest.raises(PlanInputError, match="--gpus N"):
+        parallelism_of(every_gpu)
+    assert parallelism_of(every_gpu, gpus=8).world_size == 8
     lp = plan_launch("Llama-2-7B", 2, 1024, world_size=2, strategy="fsdp", gpu="RTX-4090", target_batch=8)
     assert lp.distributed.parallelism.strategy == "fsdp" and lp.single.fits is not None
     data = lp.to_dict()

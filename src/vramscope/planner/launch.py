@@ -31,24 +31,32 @@ class LaunchPlan:
         return {**self.single.to_dict(), "gpus": {"plan": self.distributed.to_dict(), "table": self.table.to_dict()}}
 
 
-def parallelism_of(command: Any, layers: int | None = None) -> Parallelism:
-    """The :class:`Parallelism` of a parsed launch command (duck-typed: ``world_size``, ``strategy``,
-    ``offload``, ``launcher``, optionally ``deepspeed``).
+def parallelism_of(command: Any, layers: int | None = None, gpus: int | None = None) -> Parallelism:
+    """The :class:`Parallelism` of a parsed launch (duck-typed: ``world_size``, ``strategy``, ``offload``,
+    ``launcher``, optionally ``zero_stage`` and ``deepspeed``), e.g. ``plan -- <command>``'s ``Launch``.
+
+    ``offload`` may be a name (``"params"``, ``"optimizer"``) or a flag: True is FSDP's ``offload_params`` for
+    FSDP and DeepSpeed's ``offload_optimizer`` for ZeRO. ``gpus`` stands in when the command leaves the world
+    size to the launcher (``torchrun --nproc_per_node gpu``: ``world_size`` None).
 
     Raises:
         PlanInputError: a strategy that cannot apply (ZeRO without DeepSpeed in the command, a split over
-            more GPUs than layers, an offload the strategy does not have).
+            more GPUs than layers, an offload the strategy does not have), or no GPU count at all.
     """
-    world = getattr(command, "world_size", None) or 1
+    world = getattr(command, "world_size", None) or gpus
+    if world is None:
+        raise PlanInputError("the command starts one process per visible GPU; say how many with --gpus N")
     strategy = getattr(command, "strategy", None)
     launcher = getattr(command, "launcher", None)
     deepspeed = getattr(command, "deepspeed", None)
     if deepspeed is None and launcher is not None:
-        deepspeed = launcher == "deepspeed" or bool(getattr(command, "deepspeed_config", None))
+        deepspeed = (launcher == "deepspeed" or getattr(command, "zero_stage", None) is not None
+                     or bool(getattr(command, "deepspeed_config", None)))
     offload = getattr(command, "offload", None)
-    if isinstance(deepspeed, str):
-        deepspeed = bool(deepspeed)
-    return parallelism(int(world), strategy, offload, layers=layers, deepspeed=deepspeed)
+    if isinstance(offload, bool):
+        offload = ("params" if strategy == "fsdp" else "optimizer") if offload else "none"
+    return parallelism(int(world), strategy, offload, layers=layers, deepspeed=bool(deepspeed)
+                       if deepspeed is not None else None)
 
 
 def plan_launch(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec | None = None, *, world_size: int,
