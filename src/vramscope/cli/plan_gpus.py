@@ -121,7 +121,8 @@ def _format_dist(d: DistributedEstimate, capacity: int | None) -> list[str]:
     name = STRATEGY_NAMES[par.strategy] + (f" with {par.offload} offload" if par.offload != "none" else "")
     eff = d.batch_size * par.data_parallel
     lines = [f"  {name} over {par.world_size} GPU{'s' if par.world_size > 1 else ''}: "
-             f"{d.batch_size} x {d.seq_len} tokens per micro-batch, {eff} sequences per step without accumulation"]
+             f"{d.batch_size} x {d.seq_len} tokens per micro-batch, {eff} sequence{'s' if eff != 1 else ''} per step "
+             "without accumulation"]
     lines += [f"    {what:32} {how}" for what, how in d.sharding.items()]
     if len(d.ranks) > 1:
         lines += ["", f"    {'GPU':4} {'holds':46} {'peak phase':24} {'allocated':>11} {'process':>11}"]
@@ -134,7 +135,10 @@ def _format_dist(d: DistributedEstimate, capacity: int | None) -> list[str]:
     for key in (*ALLOCATED, "optimizer_states_paged", "allocator_overhead", "cuda_context", "nccl_buffers"):
         value = w.parts.get(key, 0)
         if value:
-            lines.append(f"    {LABELS.get(key, key):42} {gib(value):>11}")
+            label = LABELS.get(key, key)
+            if key == "quantization_constants" and not w.parts.get("quantized_weights"):
+                label = "quantization constants (weights on host)"
+            lines.append(f"    {label:42} {gib(value):>11}")
     lines += ["",
               f"  peak allocated (torch.cuda.max_memory_allocated) {gib(w.peak_allocated_bytes):>11}",
               f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(w.peak_reserved_bytes):>11}",

@@ -375,7 +375,7 @@ def _split(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, par: Parall
 def sharding(par: Parallelism) -> dict[str, str]:
     """Component -> how the strategy keeps it, for people (``"sharded 1/2"``, ``"replicated"``, ``"host"``)."""
     n = par.world_size
-    sh, rep = f"sharded 1/{n}", "replicated"
+    sh, rep = (f"sharded 1/{n}" if n > 1 else "whole (one rank)"), "replicated"
     s, off = par.strategy, par.offload
     if s == "split":
         return {"layers": f"divided over {n} GPUs (device_map=auto)", "embeddings": "first GPU",
@@ -388,7 +388,7 @@ def sharding(par: Parallelism) -> dict[str, str]:
     if off == "params":
         for key in ("4-bit weights (bf16 storage)", "unquantized params", "LoRA weights", "LoRA gradients",
                     "optimizer states"):
-            out[key] = f"host ({out[key]})"
+            out[key] = "host" if n == 1 else f"host ({out[key]})"
     elif off == "optimizer":
         out["optimizer states"] = f"host ({out['optimizer states']})"
         out["LoRA gradients"] = f"host ({out['LoRA gradients']})"
