@@ -276,15 +276,13 @@ def _shard_phase(par: Parallelism, shape: ModelShape, bd: Breakdown, phase: str,
             # Parameters below stage3_param_persistence_threshold (the norms) stay whole on every rank.
             p["unquantized_params"] = sz.layer_norms + math.ceil((bd.unquantized_params - sz.layer_norms) / n)
         if not is_opt:
-            units = 1 + par.fsdp_prefetch_units
-            unit = sz.unit
             if s == "zero3":
                 prefetch = round(par.zero3_prefetch_bucket_elements or 0.9 * shape.hidden * shape.hidden) * 2
                 unit_z3 = sz.unit - math.ceil(sz.layer_norms / sz.layers)
                 gathered = unit_z3 + max(unit_z3, prefetch) + (sz.lm_head if phase in LOSS_PHASES else 0)
             else:
-                gathered = units * unit + sz.root_unquant
-            if phase not in LOSS_PHASES and phase != "forward":
+                gathered = (1 + par.fsdp_prefetch_units) * sz.unit + sz.root_unquant
+            if phase not in LOSS_PHASES:  # the layers' backward
                 comm += math.ceil(lora_grads_all / sz.layers)  # one unit's unsharded gradients, reduce-scattered
     if par.offload == "optimizer":
         for name in ("optimizer_states", "optimizer_states_paged"):

@@ -64,7 +64,7 @@ def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardwa
                   f"{_gb(floor)} of weights and states")
         replaces = False
     out: list[Alternative] = []
-    table = fit_table(shape, spec, batch, seq, 1, capacity, hw)
+    table = fit_table(shape, spec, batch, seq, 1, capacity, hw, rows=(("fsdp", "none"), ("fsdp", "params")))
     rows = {(r.strategy, r.offload): r for r in table.rows}
     fsdp, offload = rows[("fsdp", "none")], rows[("fsdp", "params")]
     if fsdp.min_gpus is not None and fsdp.min_gpus > 1:
