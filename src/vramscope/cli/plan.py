@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+from vramscope.cli import plan_gpus
 from vramscope.cli.common import CommandError, UsageError, positive_int
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
@@ -51,6 +52,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibrate", action="store_true",
                         help="run a few tiny real steps on this machine's GPU to fit the per-token terms")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    plan_gpus.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     missing = [flag for flag, value in sizes if value is None]
     if missing:
         raise UsageError(f"{' and '.join(missing)} required, e.g. --batch-size 4 --seq-len 2048")
+    multi = plan_gpus.wanted(args)
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = spec_from_args(args)
@@ -79,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
                       target_batch=args.target_batch, hardware=hardware)
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
+    if multi:
+        dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
+        if args.json:
+            print(json.dumps({**result.to_dict(), "gpus": plan_gpus.to_dict(dist, table)}, indent=2))
+        else:
+            print(plan_gpus.format_gpus(result, dist, table))
+        return 0
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -109,15 +119,27 @@ def format_plan(p: Plan) -> str:
     ]
     if p.gpu_memory_bytes is not None:
         verdict = "fits" if p.fits else "does NOT fit"
-        lines += ["", f"  {verdict} in {gib(p.gpu_memory_bytes)}; largest batch at {p.seq_len} tokens: "
-                      f"{p.max_batch_size}; longest sequence at batch {p.batch_size}: {p.max_seq_len}"]
+        lines += ["", f"  {verdict} in {gib(p.gpu_memory_bytes)}; {_limits(p)}"]
+        if p.cannot_fit_reason:
+            lines.append(f"  why: {p.cannot_fit_reason}")
         if p.target_batch is not None and p.grad_accum_steps is not None:
             lines.append(f"  target batch {p.target_batch}: micro-batch {p.micro_batch_size} x "
                          f"{p.grad_accum_steps} accumulation steps")
     if p.recommendations:
-        lines += ["", "  to use less memory (predicted saving):"]
+        lines += ["", "  what would fit:" if p.cannot_fit_reason and not p.max_batch_size
+                  else "  to use less memory (predicted saving):"]
         for rec in p.recommendations:
             lines.append(f"    - {rec.text}")
     for note in p.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def _limits(p: Plan) -> str:
+    """``largest batch at 2048 tokens: 3; longest sequence at batch 4: 1570``, in words when nothing fits or the
+    sequence stops at the model's context."""
+    if not p.max_batch_size:
+        return f"no batch fits at {p.seq_len} tokens" + ("" if p.max_seq_len else ", nor any sequence length")
+    seq = (f"up to its {p.max_seq_len}-token context" if p.max_seq_len_at_context
+           else str(p.max_seq_len) if p.max_seq_len else "none")
+    return f"largest batch at {p.seq_len} tokens: {p.max_batch_size}; longest sequence at batch {p.batch_size}: {seq}"

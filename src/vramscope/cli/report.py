@@ -24,6 +24,7 @@ from vramscope.report.compare import compare
 from vramscope.report.html import render_html
 from vramscope.report.load import report_file
 from vramscope.report.model import EmptyLogError, LogReport
+from vramscope.report.plan_check import PlanFileError, check, read_plan, strategy_beside
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +43,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     planner.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
                          help="the run had gradient checkpointing off")
     planner.add_argument("--optim", metavar="NAME", help="the run's optimizer (default paged_adamw_32bit)")
+    planner.add_argument("--plan", metavar="PLAN.json",
+                         help="a saved plan (vramscope plan ... --gpus N --strategy S --json): each rank's peak "
+                              "beside the per-rank plan")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,12 +59,21 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--png needs matplotlib; install it with: pip install 'vramscope[plot]'")
 
     settings = _run_settings(args)
+    try:
+        plan = read_plan(args.plan) if args.plan else None
+    except PlanFileError as exc:
+        raise UsageError(str(exc)) from None
     reports: list[LogReport] = []
     for path in args.logs:
         try:
             reports.append(report_file(path, settings=settings))
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
+    for path, report in zip(args.logs, reports, strict=True):
+        # The strategy the monitor recorded beside the log, and each rank against the plan when one is given.
+        seen = strategy_beside(path)
+        if seen is not None or plan is not None:
+            report.summary["parallelism"] = check(report.summary, plan, seen)
 
     # Everything is rendered before anything is written: a failure leaves no output at all.
     files: list[tuple[str, bytes]] = []

@@ -156,7 +156,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     # -- events -----------------------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._move_to_front()
-        self._ensure_started(args, state, model)
+        self._ensure_started(args, state, model).note_strategy(model, args)
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         mon = self._ensure_started(args, state, model)

@@ -57,6 +57,7 @@ from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS,
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.integrations.breakdown import BreakdownTracker
+from vramscope.integrations.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
 from vramscope.sampler import MIN_INTERVAL_S, Collector, Sampler
 from vramscope.schema import sample_rows
 from vramscope.sinks import log_sink
@@ -234,6 +235,7 @@ class MemoryMonitor:
         self.rank_logs = rank_logs
         self._gatherer: _RankGather | None = None
         self.rank_rows: dict[int, Sample] = {}  # rank 0: the latest gathered sample of each rank
+        self.strategy: dict[str, Any] | None = None  # how the run is spread, once note_strategy ran
 
         self.rank = 0
         self.log_path: str | None = None
@@ -344,6 +346,23 @@ class MemoryMonitor:
                 self._oom.stop()
         if self._sampler is not None:
             self._sampler.close()  # closes the sinks (never started, so it takes no extra sample)
+
+    def note_strategy(self, model: Any = None, args: Any = None) -> dict[str, Any] | None:
+        """Record which way the run is spread over its GPUs (FSDP / ZeRO / DDP, from the model's wrapping, the
+        Trainer's arguments or the process group) in ``<log stem>.strategy.json`` beside the log, for
+        ``vramscope report`` to name and to hold against a per-rank plan. Call it once the model is wrapped;
+        the HF callback does at train begin. Never raises.
+        """
+        try:
+            info = detect_strategy(model, args)
+            self.strategy = info
+            if self.log_path is not None:
+                Path(beside(self.log_path, STRATEGY_FILE_SUFFIX)).write_text(json.dumps(info, indent=1),
+                                                                           encoding="utf-8")
+            return info
+        except Exception as exc:
+            log.warning("vramscope: could not record the run's strategy: %s", exc)
+            return None
 
     def save_analysis(self) -> str | None:
         """Analyse now and write it to ``<log stem>.analysis.json``; returns the path (None without a log).

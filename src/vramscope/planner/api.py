@@ -13,6 +13,7 @@ from typing import Any
 from vramscope.planner import gpus, registry
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
+from vramscope.planner.nofit import explain
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
 from vramscope.units import parse_bytes
@@ -74,6 +75,10 @@ class Plan:
     grad_accum_steps: int | None = None
     recommendations: tuple[Recommendation, ...] = ()
     notes: tuple[str, ...] = ()
+    # Given a GPU memory: why the plan does not fit (None when it does), and whether the longest sequence
+    # stopped at the model's context (max_position_embeddings) rather than at the memory.
+    cannot_fit_reason: str | None = None
+    max_seq_len_at_context: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -85,7 +90,8 @@ class Plan:
         }
         if self.gpu_memory_bytes is not None:
             out.update(gpu_memory_bytes=self.gpu_memory_bytes, fits=self.fits, max_batch_size=self.max_batch_size,
-                       max_seq_len=self.max_seq_len)
+                       max_seq_len=self.max_seq_len, max_seq_len_at_context=self.max_seq_len_at_context,
+                       cannot_fit_reason=self.cannot_fit_reason)
         if self.target_batch is not None:
             out.update(target_batch=self.target_batch, micro_batch_size=self.micro_batch_size,
                        grad_accum_steps=self.grad_accum_steps)
@@ -155,9 +161,12 @@ def max_batch_size(shape: ModelShape, spec: QLoraSpec, seq_len: int, capacity: i
     return _largest(lambda b: estimate(shape, spec, b, seq_len, hw).device_bytes <= capacity, MAX_BATCH)
 
 
-def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: int, hw: Hardware | None = None) -> int:
-    """The longest sequence whose predicted peak fits in ``capacity`` bytes at ``batch_size`` (0 if none)."""
-    return _largest(lambda s: estimate(shape, spec, batch_size, s, hw).device_bytes <= capacity, MAX_SEQ)
+def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: int, hw: Hardware | None = None,
+                limit: int | None = None) -> int:
+    """The longest sequence whose predicted peak fits in ``capacity`` bytes at ``batch_size`` (0 if none),
+    at most ``limit`` (the model's context, ``max_position_embeddings``, when given)."""
+    top = min(MAX_SEQ, limit) if limit else MAX_SEQ
+    return _largest(lambda s: estimate(shape, spec, batch_size, s, hw).device_bytes <= capacity, top)
 
 
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
@@ -312,10 +321,12 @@ def plan(
         notes.append("MoE experts are fused parameters in transformers 5: bitsandbytes leaves them unquantized "
                      "(fp32 after prepare_model_for_kbit_training) and all-linear LoRA does not reach them")
     fits = mb = ms = micro = accum = None
+    at_context = False
     if cap is not None:
         fits = est.device_bytes <= cap
         mb = max_batch_size(shape, spec, seq_len, cap, hw)
-        ms = max_seq_len(shape, spec, batch_size, cap, hw)
+        ms = max_seq_len(shape, spec, batch_size, cap, hw, limit=shape.max_positions)
+        at_context = shape.max_positions is not None and ms == shape.max_positions
         if target_batch is not None:
             if mb:
                 # The largest micro-batch that fits and divides the target keeps the effective batch exact.
@@ -327,11 +338,27 @@ def plan(
     elif target_batch is not None:
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
     recs = _recommendations(shape, spec, batch_size, seq_len, hw, est, est.device_bytes, cap)
+    reason = None
+    if cap is not None and not fits:
+        reason, recs = _cannot_fit(shape, spec, batch_size, seq_len, hw, est, cap, name, recs)
     return Plan(
         model=name, batch_size=batch_size, seq_len=seq_len, spec=spec, peak_allocated_bytes=est.peak_allocated_bytes,
         peak_reserved_bytes=est.peak_reserved_bytes, process_bytes=est.process_bytes, peak_phase=est.peak_phase,
         breakdown=est.breakdown, phases=est.phases, trainable_params=est.trainable_params,
         total_params=shape.total_params(), gpu_memory_bytes=cap, fits=fits, max_batch_size=mb, max_seq_len=ms,
         target_batch=target_batch, micro_batch_size=micro, grad_accum_steps=accum, recommendations=tuple(recs),
-        notes=tuple(notes),
+        notes=tuple(notes), cannot_fit_reason=reason, max_seq_len_at_context=at_context,
     )
+
+
+def _cannot_fit(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, est: Estimate, cap: int,
+                name: str, recs: list[Recommendation]) -> tuple[str, list[Recommendation]]:
+    """Why the plan does not fit and what would: more GPUs, offload, a smaller model or fewer bits first; the
+    usual recommendations only when the weights leave room for them to matter."""
+    why = explain(shape, spec, batch, seq, hw, est, cap, name)
+    ways = [Recommendation(a.name, a.saving_bytes, a.text, a.change, a.sufficient) for a in why.alternatives]
+    if why.replaces_others:
+        return why.reason, ways
+    # Room for the usual changes: a smaller model only when none of them is enough on its own.
+    enough = any(r.sufficient for r in recs)
+    return why.reason, [*recs, *(w for w in ways if w.name != "smaller_model" or not enough)]

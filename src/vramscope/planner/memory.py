@@ -141,6 +141,8 @@ class Estimate:
     trainable_params: int = 0
     per_layer_activation_bytes: int = 0
     paged_in_process_bytes: int = 0
+    # Every phase's breakdown (the peak's is ``breakdown``): the distributed planner re-shards each phase's parts.
+    phase_breakdowns: dict[str, Breakdown] = field(default_factory=dict)
 
     @property
     def device_bytes(self) -> int:
@@ -667,6 +669,7 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         peak_allocated_bytes=peak_alloc, peak_reserved_bytes=reserved, process_bytes=process, peak_phase=peak_phase,
         breakdown=bd, phases={k: v[0] for k, v in phases.items()}, trainable_params=lora_params,
         per_layer_activation_bytes=S, paged_in_process_bytes=paged_counted,
+        phase_breakdowns={k: v[1] for k, v in phases.items()},
     )
 
 

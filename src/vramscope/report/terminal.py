@@ -58,6 +58,8 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
     if report.breakdown is not None:
         console.print()
         console.print(breakdown_table(report.breakdown))
+    for line in parallelism_lines(report.summary):
+        console.print(line)
     _print_verdicts(report.summary, console)
     _print_advice(report.summary, console)
 
@@ -120,6 +122,37 @@ def phase_table(dev: dict[str, Any]) -> Table | None:
         step = (entry.get(metrics[0]) or {}).get("step") if metrics else None
         table.add_row(escape(name), f"{entry.get('rows', 0):,}", *cells, "" if step is None else f"{step:,}")
     return table
+
+
+def parallelism_lines(s: dict[str, Any]) -> list[Text]:
+    """``strategy: FSDP (FSDP2 fully_shard), 2 ranks, nccl`` and each rank's peak beside the per-rank plan."""
+    par = s.get("parallelism")
+    if not par:
+        return []
+    out: list[Text] = []
+    seen = par.get("strategy")
+    if seen:
+        world = seen.get("world_size")
+        parts = [seen.get("implementation") or seen.get("strategy"), f"{world} rank{'s' if world != 1 else ''}"]
+        if seen.get("backend"):
+            parts.append(str(seen["backend"]))
+        out.append(Text.assemble(("strategy: ", "bold"), f"{', '.join(str(p) for p in parts)} "
+                                 f"(from the {seen.get('source')})"))
+    for r in par.get("ranks") or []:
+        who = f"rank {r['rank']}" if "rank" in r else f"GPU {r['gpu']}"
+        bits = []
+        for label, meas, plan, err in (("peak allocated", r["measured_peak_allocated_bytes"],
+                                        r["planned_peak_allocated_bytes"], r["allocated_error"]),
+                                       ("device", r["measured_device_bytes"], r["planned_process_bytes"],
+                                        r["device_error"])):
+            if meas is not None and plan is not None:
+                bits.append(f"{label} {_gib(meas)}, plan {_gib(plan)}"
+                            + (f" ({err * 100:+.1f}%)" if err is not None else ""))
+        if bits:
+            out.append(Text.assemble((f"{who} vs plan ({par.get('plan_strategy')}): ", "bold"), "; ".join(bits)))
+    if par.get("note"):
+        out.append(Text.assemble(("note: ", "bold yellow"), str(par["note"])))
+    return out
 
 
 def rank_heading(s: dict[str, Any]) -> Text:

@@ -1,0 +1,422 @@
+"""Per-GPU memory of a run spread over several GPUs: DDP, FSDP, DeepSpeed ZeRO-2/3, a model split over GPUs.
+
+Built on the single-GPU model (:func:`vramscope.planner.memory.estimate`): every phase of the step is taken
+from it as a :class:`~vramscope.planner.memory.Breakdown` and each component is then kept whole, sharded
+1/N, gathered for compute or moved to the host, as the strategy does it. Nothing here knows how a
+component is computed, so a change to the single-GPU model (a framework's dtypes, say) carries over.
+
+What each strategy keeps per rank (N = world size):
+
+``ddp``
+    a full replica; the reducer's gradient buckets hold a second copy of every trainable gradient
+    (``bucket_cap_mb`` only decides how they are split, not their total; ``gradient_as_bucket_view=False``).
+``zero2``
+    weights replicated; gradients and optimizer states 1/N, plus the reduce bucket (double-buffered
+    under ``overlap_comm``).
+``zero3`` / ``fsdp`` (FULL_SHARD)
+    parameters, gradients and optimizer states 1/N; the 4-bit weights are sharded because they are
+    stored as bf16 (``bnb_4bit_quant_storage=bfloat16``, same bytes), but their quantization constants
+    live in the module's ``quant_state`` and stay whole on every rank. In forward and backward one unit
+    (a decoder layer) is gathered whole and the next one is prefetched; FSDP's root unit (embeddings,
+    final norm, lm_head) stays gathered from the forward to the end of the backward (FSDP1 and FSDP2
+    do not reshard the root after forward).
+``split``
+    ``device_map="auto"`` (naive model parallel, no pipeline): one process, the layers divided over
+    the GPUs; the first GPU also holds the embeddings, the last the final norm, lm_head and the
+    logits; each GPU has its own CUDA context and cuBLAS workspaces.
+
+NCCL allocates its channel buffers outside torch's allocator, so they count in process memory only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from vramscope.planner.errors import PlanInputError
+from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate
+from vramscope.planner.shapes import ModelShape
+from vramscope.recipe import QLoraSpec
+
+MIB = 1024**2
+STRATEGIES = ("ddp", "fsdp", "zero2", "zero3", "split")
+OFFLOADS = ("none", "optimizer", "params")
+STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "split": "split"}
+# Which offloads a strategy can do: DDP has none; FSDP's CPUOffload(offload_params=True) moves the parameters
+# with their gradients, and the optimizer then steps on the CPU; ZeRO offloads the optimizer (and ZeRO-3 the
+# parameters); device_map="auto" can spill layers to the CPU, but that is inference-style offload.
+ALLOWED_OFFLOAD = {"ddp": ("none",), "fsdp": ("none", "params"), "zero2": ("none", "optimizer"),
+                   "zero3": ("none", "optimizer", "params"), "split": ("none",)}
+OPTIMIZER_PHASE = "optimizer step"
+# The phases in which FSDP/ZeRO-3 hold gathered units (everything but the optimizer step).
+LOSS_PHASES = ("forward", "loss backward")
+# NCCL's own device memory for a communicator after its first collectives, outside torch's allocator:
+# 544 MB for a 2-GPU group and 688 MB for larger ones (4 x A100 with NVLink, NVIDIA/nccl#964). It grows
+# with the number of channels, i.e. the bandwidth NCCL aims at; PCIe cards use fewer. One GPU cannot
+# measure it (bench/fsdp_world1.py records what a one-rank communicator costs).
+NCCL_BYTES_TWO_RANKS = 544 * 1000**2
+NCCL_BYTES_MORE_RANKS = 688 * 1000**2
+# DeepSpeed defaults as the HF integration fills "auto": reduce_bucket_size = hidden^2,
+# stage3_prefetch_bucket_size = 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden.
+MAX_WORLD = 64
+
+# Components of one rank, in display order; the first group counts in torch's peak allocated.
+ALLOCATED = (*Breakdown.ALLOCATED, "gathered_params", "comm_buffers")
+OUTSIDE = ("allocator_overhead", "cuda_context", "nccl_buffers")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How a run is spread: ``world_size`` GPUs under ``strategy``, with ``offload``.
+
+    Attributes:
+        world_size: GPUs (processes, except ``split``: one process over that many GPUs).
+        strategy: one of :data:`STRATEGIES`.
+        offload: one of :data:`OFFLOADS`.
+        fsdp_prefetch_units: units gathered ahead of the one computing (FSDP's forward/backward prefetch: 1).
+        zero_reduce_bucket_elements: DeepSpeed ``reduce_bucket_size``; None = the HF "auto" value, hidden^2.
+        zero3_prefetch_bucket_elements: ``stage3_prefetch_bucket_size``; None = 0.9 x hidden^2.
+        zero3_persistence_threshold: ``stage3_param_persistence_threshold``; None = 10 x hidden.
+        nccl_bytes: NCCL's buffers per rank; None = :data:`NCCL_BYTES_TWO_RANKS` / ``_MORE_RANKS``.
+    """
+
+    world_size: int
+    strategy: str
+    offload: str = "none"
+    fsdp_prefetch_units: int = 1
+    zero_reduce_bucket_elements: int | None = None
+    zero3_prefetch_bucket_elements: int | None = None
+    zero3_persistence_threshold: int | None = None
+    nccl_bytes: int | None = None
+
+    @property
+    def data_parallel(self) -> int:
+        """How many micro-batches one optimizer step sees per accumulation step (1 for a split model)."""
+        return 1 if self.strategy == "split" else self.world_size
+
+    def nccl(self) -> int:
+        if self.nccl_bytes is not None:
+            return self.nccl_bytes
+        if self.strategy == "split" or self.world_size < 2:
+            return 0
+        return NCCL_BYTES_TWO_RANKS if self.world_size == 2 else NCCL_BYTES_MORE_RANKS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "strategy": self.strategy, "offload": self.offload}
+
+
+def parallelism(world_size: int, strategy: str | None = None, offload: str | None = None, *,
+                layers: int | None = None, deepspeed: bool | None = None) -> Parallelism:
+    """Check a (world size, strategy, offload) triple, e.g. from ``--gpus/--strategy/--offload`` or a parsed
+    launch command, and return it as a :class:`Parallelism`.
+
+    Args:
+        world_size: number of GPUs.
+        strategy: one of :data:`STRATEGIES`; None = DDP (what torchrun/accelerate run by default) for more
+            than one GPU.
+        offload: one of :data:`OFFLOADS`; None = ``"none"``.
+        layers: the model's decoder layers, to check a split.
+        deepspeed: whether the command names DeepSpeed (None: not a command, e.g. the flags alone).
+
+    Raises:
+        PlanInputError: a combination that cannot run; the message says what would.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise PlanInputError(f"--gpus must be a whole number of at least 1, got {world_size!r}")
+    if world_size > MAX_WORLD:
+        raise PlanInputError(f"--gpus {world_size} is more than the planner handles ({MAX_WORLD})")
+    strat = (strategy or "ddp").lower()
+    if strat not in STRATEGIES:
+        raise PlanInputError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    off = (offload or "none").lower()
+    if off not in OFFLOADS:
+        raise PlanInputError(f"unknown offload {offload!r}; choose one of {', '.join(OFFLOADS)}")
+    if strat.startswith("zero") and deepspeed is False:
+        raise PlanInputError(f"{STRATEGY_NAMES[strat]} is DeepSpeed's, but the command does not use DeepSpeed; "
+                             "add --deepspeed ds_config.json (or accelerate's deepspeed config), or plan fsdp")
+    if off not in ALLOWED_OFFLOAD[strat]:
+        allowed = [o for o in ALLOWED_OFFLOAD[strat] if o != "none"]
+        hint = (f"{STRATEGY_NAMES[strat]} offloads only {allowed[0]}: use --offload {allowed[0]}" if allowed
+                else f"{STRATEGY_NAMES[strat]} cannot offload; use fsdp (params) or zero2/zero3 (optimizer)")
+        raise PlanInputError(f"--offload {off} does not apply to {STRATEGY_NAMES[strat]}; {hint}")
+    if strat == "split":
+        if world_size < 2:
+            raise PlanInputError("a split model needs --gpus 2 or more (on one GPU, plan without --strategy)")
+        if layers is not None and world_size > layers:
+            raise PlanInputError(f"cannot split {layers} decoder layers over {world_size} GPUs; "
+                                 f"use at most --gpus {layers}, or a data-parallel strategy")
+    return Parallelism(world_size=world_size, strategy=strat, offload=off)
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """One GPU of a distributed run (for data-parallel strategies every rank is alike: rank 0 stands for all).
+
+    ``parts`` holds bytes per component at this GPU's peak: the single-GPU names (sharded or not) and
+    ``gathered_params`` (units gathered whole for compute), ``comm_buffers`` (gradient buckets, reduce
+    buffers), ``nccl_buffers`` (outside the allocator). ``host_bytes`` is what this rank keeps in host memory.
+    """
+
+    gpu: int
+    layers: int
+    holds: str
+    peak_phase: str
+    parts: dict[str, int]
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    process_bytes: int
+    device_bytes: int
+    host_bytes: int = 0
+    host_parts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "layers": self.layers, "holds": self.holds, "peak_phase": self.peak_phase,
+                "breakdown": dict(self.parts), "peak_allocated_bytes": self.peak_allocated_bytes,
+                "peak_reserved_bytes": self.peak_reserved_bytes, "process_bytes": self.process_bytes,
+                "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
+                "host_breakdown": dict(self.host_parts)}
+
+
+@dataclass(frozen=True)
+class DistributedEstimate:
+    """Every GPU of one run: ``ranks`` (one entry for data-parallel strategies, one per GPU for a split)."""
+
+    parallelism: Parallelism
+    batch_size: int
+    seq_len: int
+    ranks: tuple[RankEstimate, ...]
+    sharding: dict[str, str]
+
+    @property
+    def worst(self) -> RankEstimate:
+        """The GPU that runs out first: the job fails on its largest rank."""
+        return max(self.ranks, key=lambda r: r.device_bytes)
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory the offload needs on one machine (every rank's share)."""
+        per = sum(r.host_bytes for r in self.ranks)
+        return per * (self.parallelism.world_size if len(self.ranks) == 1 else 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.parallelism.to_dict(), "batch_size": self.batch_size, "seq_len": self.seq_len,
+                "per_gpu": [r.to_dict() for r in self.ranks], "sharding": dict(self.sharding),
+                "worst_device_bytes": self.worst.device_bytes, "host_bytes": self.host_bytes}
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """Per-layer and root sizes of the static components, read off a breakdown and the shape."""
+
+    layers: int
+    root_unquant: int  # embeddings, lm_head, final norm
+    layer_unquant: int  # norms, biases, experts of all layers
+    layer_norms: int  # the per-layer norm weights alone (ZeRO-3 keeps these whole: below its threshold)
+    lm_head: int
+    embedding: int
+    unit: int  # one decoder layer's parameters, gathered whole (4-bit storage + unquantized + LoRA)
+
+
+def _sizes(shape: ModelShape, bd: Breakdown) -> _Sizes:
+    per_norm = shape.hidden * (2 if shape.norm_bias else 1)
+    unq_params = (shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params
+                  + shape.expert_params)
+    per_param = bd.unquantized_params / unq_params if unq_params else 0.0  # the single-GPU model's dtype
+    root = round(per_param * (shape.embedding_params + shape.lm_head_params + per_norm))
+    layer_unq = bd.unquantized_params - root
+    layer_norms = round(per_param * shape.layers * shape.norms_per_layer * per_norm)
+    L = max(shape.layers, 1)
+    unit = math.ceil((bd.quantized_weights + layer_unq + bd.lora_weights) / L)
+    return _Sizes(layers=L, root_unquant=root, layer_unquant=layer_unq, layer_norms=layer_norms,
+                  lm_head=round(per_param * shape.lm_head_params), embedding=round(per_param * shape.embedding_params),
+                  unit=unit)
+
+
+def _phase_breakdowns(est: Estimate) -> dict[str, Breakdown]:
+    # Older or rewritten single-GPU models may not give every phase; the peak's breakdown alone still works.
+    phases = getattr(est, "phase_breakdowns", None) or {}
+    return dict(phases) if phases else {est.peak_phase: est.breakdown}
+
+
+def _shard_phase(par: Parallelism, shape: ModelShape, bd: Breakdown, phase: str, sz: _Sizes,
+                 bytes_per_grad: float) -> tuple[dict[str, int], dict[str, int]]:
+    """(GPU parts, host parts) of one phase for a data-parallel strategy."""
+    n = par.world_size
+    s = par.strategy
+    p = {name: int(getattr(bd, name)) for name in Breakdown.ALLOCATED}
+    p["optimizer_states_paged"] = bd.optimizer_states_paged
+    host: dict[str, int] = {}
+    is_opt = phase == OPTIMIZER_PHASE
+    lora_grads_all = bd.lora_weights  # the same count and dtype as the weights
+    gathered = comm = 0
+
+    def shard(name: str, value: int | None = None) -> None:
+        p[name] = math.ceil((p[name] if value is None else value) / n)
+
+    if s == "ddp":
+        comm = lora_grads_all  # the reducer's flat buckets cover every trainable gradient
+    else:
+        # Gradients: reduced into each rank's partition as backward goes; the optimizer step holds 1/N.
+        shard("lora_gradients")
+        shard("optimizer_states")
+        shard("optimizer_states_paged")
+        if is_opt:
+            shard("temporaries")  # the optimizer's own temporaries scale with the states it steps
+    if s == "zero2" or s == "zero3":
+        elems = par.zero_reduce_bucket_elements or shape.hidden * shape.hidden
+        trainable = lora_grads_all / bytes_per_grad if bytes_per_grad else 0.0
+        comm = 2 * round(min(elems, trainable) * bytes_per_grad)  # ipg buffers, double under overlap_comm
+    if s in ("fsdp", "zero3"):
+        shard("quantized_weights")
+        shard("lora_weights")
+        if s == "fsdp":
+            shard("unquantized_params")
+        else:
+            # Parameters below stage3_param_persistence_threshold (the norms) stay whole on every rank.
+            p["unquantized_params"] = sz.layer_norms + math.ceil((bd.unquantized_params - sz.layer_norms) / n)
+        if not is_opt:
+            if s == "zero3":
+                prefetch = round(par.zero3_prefetch_bucket_elements or 0.9 * shape.hidden * shape.hidden) * 2
+                unit_z3 = sz.unit - math.ceil(sz.layer_norms / sz.layers)
+                gathered = unit_z3 + max(unit_z3, prefetch) + (sz.lm_head if phase in LOSS_PHASES else 0)
+            else:
+                gathered = (1 + par.fsdp_prefetch_units) * sz.unit + sz.root_unquant
+            if phase not in LOSS_PHASES:  # the layers' backward
+                comm += math.ceil(lora_grads_all / sz.layers)  # one unit's unsharded gradients, reduce-scattered
+    if par.offload == "optimizer":
+        for name in ("optimizer_states", "optimizer_states_paged"):
+            host[name], p[name] = p[name], 0
+        host["lora_gradients"] = math.ceil(lora_grads_all / n)  # DeepSpeed keeps the fp32 partition on the CPU
+        p["lora_gradients"] = 0
+        if is_opt:
+            p["temporaries"] = 0  # the step runs on the CPU
+    elif par.offload == "params":
+        for name in ("quantized_weights", "unquantized_params", "lora_weights", "lora_gradients",
+                     "optimizer_states", "optimizer_states_paged"):
+            host[name], p[name] = p[name], 0
+        host["lora_gradients"] = math.ceil(lora_grads_all / n)
+        if is_opt:
+            p["temporaries"] = 0
+    p["gathered_params"] = gathered
+    p["comm_buffers"] = comm
+    return p, host
+
+
+def _totals(parts: dict[str, int], overhead: int, context: int, nccl: int, paged_in_process: int) -> tuple[int, ...]:
+    allocated = sum(parts.get(name, 0) for name in ALLOCATED)
+    reserved = allocated + overhead
+    process = reserved + context + nccl + paged_in_process
+    return allocated, reserved, process, process - paged_in_process
+
+
+def _data_parallel(shape: ModelShape, est: Estimate, par: Parallelism, hw: Hardware) -> RankEstimate:
+    bd0 = est.breakdown
+    sz = _sizes(shape, bd0)
+    bytes_per_grad = bd0.lora_weights / est.trainable_params if est.trainable_params else 4.0
+    best: tuple[int, str, dict[str, int], dict[str, int]] | None = None
+    for phase, bd in _phase_breakdowns(est).items():
+        parts, host = _shard_phase(par, shape, bd, phase, sz, bytes_per_grad)
+        allocated = sum(parts.get(name, 0) for name in ALLOCATED)
+        if best is None or allocated > best[0]:
+            best = (allocated, phase, parts, host)
+    assert best is not None
+    _, phase, parts, host = best
+    # The peak's calibration applies to the whole step; keep it beside the re-sharded parts.
+    parts["calibration"] = bd0.calibration
+    overhead = bd0.allocator_overhead
+    nccl = par.nccl()
+    paged = est.paged_in_process_bytes and parts.get("optimizer_states_paged", 0)
+    allocated, reserved, process, device = _totals(parts, overhead, hw.cuda_context_bytes, nccl, int(paged))
+    parts.update(allocator_overhead=overhead, cuda_context=hw.cuda_context_bytes, nccl_buffers=nccl)
+    host_total = sum(host.values())
+    return RankEstimate(gpu=0, layers=shape.layers, holds="every rank alike", peak_phase=phase, parts=parts,
+                        peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, process_bytes=process,
+                        device_bytes=device, host_bytes=host_total, host_parts=host)
+
+
+def split_layers(layers: int, gpus: int) -> list[int]:
+    """Decoder layers per GPU for ``device_map="auto"`` over equal GPUs: as even as possible, the extra
+    layers on the first GPUs (the last GPU also carries lm_head and the logits)."""
+    base, extra = divmod(layers, gpus)
+    return [base + (1 if k < extra else 0) for k in range(gpus)]
+
+
+def _split(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, par: Parallelism, hw: Hardware,
+           full: Estimate) -> tuple[RankEstimate, ...]:
+    counts = split_layers(shape.layers, par.world_size)
+    sz = _sizes(shape, full.breakdown)
+    out: list[RankEstimate] = []
+    for k, n_layers in enumerate(counts):
+        first, last = k == 0, k == len(counts) - 1
+        # A GPU's share is a model of its own layers; a vocabulary of 1 takes the embeddings and logits out
+        # of every GPU but the last, and the first gets its embeddings back.
+        sub = replace(shape, layers=n_layers, vocab=shape.vocab if last else 1)
+        e = estimate(sub, spec, batch, seq, hw)
+        parts = {**e.breakdown.to_dict()}
+        holds = f"layers {sum(counts[:k])}-{sum(counts[:k + 1]) - 1}"
+        if last:
+            parts["unquantized_params"] -= sz.embedding if not shape.tied_embeddings else 0
+            holds += ", final norm, lm_head, logits"
+        if first:
+            parts["unquantized_params"] += sz.embedding
+            holds = "embeddings, " + holds
+        parts.update(gathered_params=0, comm_buffers=0, nccl_buffers=0)
+        allocated, reserved, process, device = _totals(parts, e.breakdown.allocator_overhead, e.breakdown.cuda_context,
+                                                       0, e.paged_in_process_bytes)
+        out.append(RankEstimate(gpu=k, layers=n_layers, holds=holds, peak_phase=e.peak_phase, parts=parts,
+                                peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, process_bytes=process,
+                                device_bytes=device))
+    return tuple(out)
+
+
+def sharding(par: Parallelism) -> dict[str, str]:
+    """Component -> how the strategy keeps it, for people (``"sharded 1/2"``, ``"replicated"``, ``"host"``)."""
+    n = par.world_size
+    sh, rep = (f"sharded 1/{n}" if n > 1 else "whole (one rank)"), "replicated"
+    s, off = par.strategy, par.offload
+    if s == "split":
+        return {"layers": f"divided over {n} GPUs (device_map=auto)", "embeddings": "first GPU",
+                "lm_head and logits": "last GPU"}
+    params = sh if s in ("fsdp", "zero3") else rep
+    out = {"4-bit weights (bf16 storage)": params, "quantization constants": rep,
+           "unquantized params": params if s == "fsdp" else (f"{sh} (norms whole)" if s == "zero3" else rep),
+           "LoRA weights": params, "LoRA gradients": rep if s == "ddp" else sh,
+           "optimizer states": rep if s == "ddp" else sh}
+    if off == "params":
+        for key in ("4-bit weights (bf16 storage)", "unquantized params", "LoRA weights", "LoRA gradients",
+                    "optimizer states"):
+            out[key] = "host" if n == 1 else f"host ({out[key]})"
+    elif off == "optimizer":
+        out["optimizer states"] = f"host ({out['optimizer states']})"
+        out["LoRA gradients"] = f"host ({out['LoRA gradients']})"
+    if s in ("fsdp", "zero3"):
+        out["gathered"] = "one unit computing + one prefetched" + (", root (embeddings, lm_head) through fwd/bwd"
+                                                                   if s == "fsdp" else ", lm_head for the loss")
+    out["communication"] = {"ddp": "gradient buckets = all LoRA gradients (outside: NCCL)",
+                            "fsdp": "one unit's gradients for reduce-scatter (outside: NCCL)",
+                            "zero2": "2 x reduce bucket (outside: NCCL)",
+                            "zero3": "2 x reduce bucket (outside: NCCL)"}[s]
+    return out
+
+
+def estimate_distributed(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, par: Parallelism,
+                         hw: Hardware | None = None, *, single: Estimate | None = None) -> DistributedEstimate:
+    """Every GPU's memory for one micro-batch of ``batch`` x ``seq`` tokens per rank under ``par``.
+
+    ``single`` may pass the single-GPU estimate already computed for the same inputs.
+    """
+    hw = hw or Hardware()
+    if par.strategy == "split" and par.world_size > shape.layers:
+        raise PlanInputError(f"cannot split {shape.layers} decoder layers over {par.world_size} GPUs; "
+                             f"use at most --gpus {shape.layers}")
+    est = single or estimate(shape, spec, batch, seq, hw)
+    if par.strategy == "split":
+        ranks = _split(shape, spec, batch, seq, par, hw, est)
+    else:
+        ranks = (_data_parallel(shape, est, par, hw),)
+    return DistributedEstimate(parallelism=par, batch_size=batch, seq_len=seq, ranks=ranks, sharding=sharding(par))
+
+
+__all__ = ["ALLOCATED", "OFFLOADS", "STRATEGIES", "DistributedEstimate", "Parallelism", "RankEstimate",
+           "estimate_distributed", "parallelism", "sharding", "split_layers"]

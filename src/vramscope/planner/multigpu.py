@@ -1,0 +1,207 @@
+"""How many GPUs, and which way: every strategy's smallest GPU count that fits, its largest micro-batch there,
+the target batch across GPUs, and recommendations that compare strategies.
+
+Pure arithmetic over :mod:`vramscope.planner.distributed`; one single-GPU estimate per batch size serves every
+data-parallel strategy and GPU count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from vramscope.planner.distributed import (
+    STRATEGY_NAMES,
+    DistributedEstimate,
+    Parallelism,
+    estimate_distributed,
+)
+from vramscope.planner.memory import Estimate, Hardware, estimate
+from vramscope.planner.shapes import ModelShape
+from vramscope.recipe import QLoraSpec
+
+GIB = 1024**3
+MAX_BATCH = 1 << 12
+# The rows of the table: every strategy, and FSDP with its parameters on the host (Answer.AI's 70B on 2 x 24 GB).
+TABLE = (("ddp", "none"), ("zero2", "none"), ("zero3", "none"), ("fsdp", "none"), ("fsdp", "params"),
+         ("split", "none"))
+# GPU counts the search tries: every count to 16, then the usual node sizes.
+COUNTS = (*range(1, 17), 24, 32, 48, 64)
+SPLIT_MAX = 16  # a split over more GPUs is slower than anything else here; the search stops there
+
+
+@dataclass(frozen=True)
+class StrategyFit:
+    """One row of the table.
+
+    Attributes:
+        strategy, offload: the way the run is spread.
+        gpus: the GPU count asked for (``--gpus``).
+        device_bytes: the largest GPU's memory at ``gpus`` and the plan's micro-batch (None: cannot run there,
+            e.g. a split over more GPUs than layers).
+        fits: at ``gpus``, given a capacity.
+        max_batch: the largest micro-batch at ``gpus`` (0: none fits).
+        min_gpus: the smallest GPU count that fits the plan's micro-batch (None: none up to the search's end).
+        max_batch_at_min: the largest micro-batch at ``min_gpus``.
+        micro_batch, grad_accum: reaching ``target_batch`` = micro x accumulation x data-parallel ranks at ``gpus``.
+        host_bytes: host memory the offload needs at ``gpus``.
+    """
+
+    strategy: str
+    offload: str
+    gpus: int
+    device_bytes: int | None
+    fits: bool | None = None
+    max_batch: int | None = None
+    min_gpus: int | None = None
+    max_batch_at_min: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    host_bytes: int = 0
+    host_bytes_at_min: int = 0
+    note: str | None = None
+
+    @property
+    def label(self) -> str:
+        return STRATEGY_NAMES[self.strategy] + (f" + {self.offload} offload" if self.offload != "none" else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "offload": self.offload, "gpus": self.gpus,
+                "device_bytes": self.device_bytes, "fits": self.fits, "max_batch_size": self.max_batch,
+                "min_gpus": self.min_gpus, "max_batch_size_at_min_gpus": self.max_batch_at_min,
+                "micro_batch_size": self.micro_batch, "grad_accum_steps": self.grad_accum,
+                "host_bytes": self.host_bytes, "host_bytes_at_min_gpus": self.host_bytes_at_min, "note": self.note}
+
+
+@dataclass(frozen=True)
+class FitTable:
+    """The answer to "how many GPUs, and which way" for one model, recipe and shape."""
+
+    gpus: int
+    batch_size: int
+    seq_len: int
+    capacity_bytes: int | None
+    rows: tuple[StrategyFit, ...]
+    recommendations: tuple[str, ...] = ()
+    target_batch: int | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpus": self.gpus, "batch_size": self.batch_size, "seq_len": self.seq_len,
+                "capacity_bytes": self.capacity_bytes, "target_batch": self.target_batch,
+                "strategies": [r.to_dict() for r in self.rows], "recommendations": list(self.recommendations),
+                "notes": list(self.notes)}
+
+
+class _Planner:
+    """Caches the single-GPU estimates: one per micro-batch serves every data-parallel strategy and count."""
+
+    def __init__(self, shape: ModelShape, spec: QLoraSpec, seq: int, hw: Hardware) -> None:
+        self.shape, self.spec, self.seq, self.hw = shape, spec, seq, hw
+        self.single: Callable[[int], Estimate] = lru_cache(maxsize=None)(
+            lambda b: estimate(shape, spec, b, seq, hw))
+
+    def run(self, par: Parallelism, batch: int) -> DistributedEstimate:
+        return estimate_distributed(self.shape, self.spec, batch, self.seq, par, self.hw, single=self.single(batch))
+
+    def device(self, par: Parallelism, batch: int) -> int:
+        return self.run(par, batch).worst.device_bytes
+
+    def max_batch(self, par: Parallelism, capacity: int) -> int:
+        """Largest micro-batch whose worst GPU fits (memory grows with the batch), 0 if none."""
+        def fits(b: int) -> bool:
+            return self.device(par, b) <= capacity
+        if not fits(1):
+            return 0
+        lo, hi = 1, 2
+        while hi <= MAX_BATCH and fits(hi):
+            lo, hi = hi, hi * 2
+        hi = min(hi, MAX_BATCH + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+
+def _runs(shape: ModelShape, strategy: str, n: int) -> bool:
+    return strategy != "split" or 2 <= n <= min(shape.layers, SPLIT_MAX)
+
+
+def _target(target: int, ranks: int, max_micro: int) -> tuple[int | None, int | None, str | None]:
+    """(micro-batch, accumulation, note) reaching ``target`` = micro x accumulation x ``ranks``."""
+    if max_micro <= 0:
+        return None, None, "no micro-batch fits, so accumulation cannot reach the target"
+    if target % ranks:
+        return None, None, f"target batch {target} is not a multiple of the {ranks} data-parallel ranks"
+    per_rank = target // ranks
+    micro = max(d for d in range(1, min(max_micro, per_rank) + 1) if per_rank % d == 0)
+    return micro, per_rank // micro, None
+
+
+def fit_table(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, gpus: int, capacity: int | None,
+              hw: Hardware | None = None, *, target_batch: int | None = None,
+              rows: tuple[tuple[str, str], ...] = TABLE) -> FitTable:
+    """Every strategy at ``gpus`` GPUs of ``capacity`` bytes, and the smallest count at which each fits.
+
+    ``target_batch`` is split as micro-batch x accumulation x data-parallel ranks at ``gpus``.
+    """
+    pl = _Planner(shape, spec, seq, hw or Hardware())
+    out: list[StrategyFit] = []
+    for strategy, offload in rows:
+        par = Parallelism(world_size=gpus, strategy=strategy, offload=offload)
+        if not _runs(shape, strategy, gpus):
+            note = ("a split needs 2 or more GPUs" if gpus < 2 else
+                    f"cannot split {shape.layers} layers over {gpus} GPUs" if gpus > shape.layers else
+                    f"a split over more than {SPLIT_MAX} GPUs is not planned")
+            row = StrategyFit(strategy, offload, gpus, None, note=note)
+        else:
+            dist = pl.run(par, batch)
+            row = StrategyFit(strategy, offload, gpus, dist.worst.device_bytes, host_bytes=dist.host_bytes)
+        if capacity is not None:
+            row = _with_capacity(pl, row, capacity, batch, target_batch)
+        out.append(row)
+    recs = recommendations(out, capacity, batch) if capacity is not None else ()
+    return FitTable(gpus=gpus, batch_size=batch, seq_len=seq, capacity_bytes=capacity, rows=tuple(out),
+                    recommendations=tuple(recs), target_batch=target_batch)
+
+
+def _with_capacity(pl: _Planner, row: StrategyFit, capacity: int, batch: int, target: int | None) -> StrategyFit:
+    fields_: dict[str, Any] = {}
+    if row.device_bytes is not None:
+        par = Parallelism(world_size=row.gpus, strategy=row.strategy, offload=row.offload)
+        fields_["fits"] = row.device_bytes <= capacity
+        mb = pl.max_batch(par, capacity)
+        fields_["max_batch"] = mb
+        if target is not None:
+            micro, accum, note = _target(target, par.data_parallel, mb)
+            fields_.update(micro_batch=micro, grad_accum=accum, note=note or row.note)
+    for n in COUNTS:
+        if not _runs(pl.shape, row.strategy, n):
+            continue
+        par = Parallelism(world_size=n, strategy=row.strategy, offload=row.offload)
+        dist = pl.run(par, batch)
+        if dist.worst.device_bytes <= capacity:
+            fields_.update(min_gpus=n, max_batch_at_min=pl.max_batch(par, capacity), host_bytes_at_min=dist.host_bytes)
+            break
+    return StrategyFit(**{**row.__dict__, **fields_})
+
+
+def recommendations(rows: list[StrategyFit], capacity: int, batch: int) -> list[str]:
+    """Lines that compare strategies: the cheapest that fits first, then what the others would need."""
+    fitting = sorted((r for r in rows if r.min_gpus is not None),
+                     key=lambda r: (r.min_gpus or 0, -(r.max_batch_at_min or 0), r.offload != "none"))
+    out: list[str] = []
+    for r in fitting[:3]:
+        where = "on 1 GPU" if r.min_gpus == 1 else f"over {r.min_gpus} GPUs"
+        host = f", {r.host_bytes_at_min / GIB:.0f} GiB of host memory" if r.offload != "none" else ""
+        out.append(f"{r.label} {where} fits, up to micro-batch {r.max_batch_at_min}{host}")
+    for r in rows:
+        if r.min_gpus is None and r.device_bytes is not None:
+            out.append(f"{r.label} does not fit at micro-batch {batch}: it needs GPUs of "
+                       f"{r.device_bytes / GIB:.1f} GiB at {r.gpus} GPUs (these have {capacity / GIB:.1f} GiB)")
+    return out
+
+
+__all__ = ["COUNTS", "TABLE", "FitTable", "StrategyFit", "fit_table", "recommendations"]
