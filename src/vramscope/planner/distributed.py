@@ -53,9 +53,12 @@ OPTIMIZER_PHASE = "optimizer step"
 LOSS_PHASES = ("forward", "loss backward")
 # NCCL's own device memory for a communicator after its first collectives, outside torch's allocator:
 # 544 MB for a 2-GPU group and 688 MB for larger ones (4 x A100 with NVLink, NVIDIA/nccl#964). It grows
-# with the number of channels, i.e. the bandwidth NCCL aims at; PCIe cards use fewer. One GPU cannot
-# measure it (bench/fsdp_world1.py records what a one-rank communicator costs).
-NCCL_BYTES_TWO_RANKS = 544 * 1000**2
+# with the number of channels, i.e. the bandwidth NCCL aims at; PCIe cards use fewer. A one-rank
+# communicator on the H200 (torch 2.11, CUDA 13) held 585 MB already: process less reserved went from
+# 778 MB without a process group to 1363 MB with DDP or FSDP (bench/results/fsdp-world1/, 2026-12-01).
+# That figure is also the floor for larger groups on such a machine (err high, never low).
+NCCL_BYTES_ONE_RANK = 585_105_408
+NCCL_BYTES_TWO_RANKS = max(544 * 1000**2, NCCL_BYTES_ONE_RANK)
 NCCL_BYTES_MORE_RANKS = 688 * 1000**2
 # DeepSpeed defaults as the HF integration fills "auto": reduce_bucket_size = hidden^2,
 # stage3_prefetch_bucket_size = 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden.
@@ -98,8 +101,10 @@ class Parallelism:
     def nccl(self) -> int:
         if self.nccl_bytes is not None:
             return self.nccl_bytes
-        if self.strategy == "split" or self.world_size < 2:
+        if self.strategy == "split":
             return 0
+        if self.world_size < 2:
+            return NCCL_BYTES_ONE_RANK  # a process group of one rank still opens a communicator
         return NCCL_BYTES_TWO_RANKS if self.world_size == 2 else NCCL_BYTES_MORE_RANKS
 
     def to_dict(self) -> dict[str, Any]:
