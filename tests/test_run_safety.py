@@ -145,6 +145,19 @@ def test_an_empty_pythonpath_adds_no_current_directory(tmp_path: Path) -> None:
     assert "ModuleNotFoundError" in plain.stderr and "ModuleNotFoundError" in under.stderr
 
 
+def test_a_signal_ignored_by_the_user_stays_ignored_in_the_child(tmp_path: Path) -> None:
+    # `nohup vramscope run -- CMD`: SIGHUP is ignored for vramscope and must be for CMD too.
+    code = "import signal, time; print(signal.getsignal(signal.SIGHUP) == signal.SIG_IGN, flush=True); time.sleep(1)"
+    proc = subprocess.Popen([*VRAMSCOPE, "run", "--quiet", "--", PYTHON, "-c", code], env=user_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "True"
+    proc.send_signal(signal.SIGHUP)  # the hang-up nohup protects from
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+
+
 # -- 3. nothing blocks the end: a FIFO nobody reads, a slow Pushgateway; signals work meanwhile -------------
 
 FILL_AND_END = textwrap.dedent(

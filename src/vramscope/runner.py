@@ -328,6 +328,10 @@ def _forward_signals() -> Iterator[_Forwarder]:
     previous = {}
     for sig in (*FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIGCONT):
         try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                # Ignored when we started (`nohup`, `cmd &` in a script): the command inherits that, as
+                # it would without vramscope; a handler here would be reset to the default at exec.
+                continue
             previous[sig] = signal.signal(sig, forwarder)
         except (ValueError, OSError):  # not the main thread: leave signals alone
             pass
