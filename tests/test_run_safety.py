@@ -154,7 +154,7 @@ def test_a_signal_ignored_by_the_user_stays_ignored_in_the_child(tmp_path: Path)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "True"
     proc.send_signal(signal.SIGHUP)  # the hang-up nohup protects from
-    out, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
 
 
