@@ -154,7 +154,8 @@ def run_monitored(
         forwarder.attach(child.pid)
         reader = collector(child.pid, backend) if collector else Collector(nvml=backend, host=HostBackend(child.pid))
         sampler = Sampler(reader, sinks, interval=interval, fast=fast)
-        sampler.sample_now()
+        # The first sample too is the thread's: a sink that blocks (a full FIFO) never holds this thread,
+        # which waits for the command and must stay free to act on signals.
         sampler.start()
         if on_start is not None:
             on_start(child)
