@@ -8,7 +8,7 @@ setup:
 
 demo: setup
 	@mkdir -p out
-	.venv/bin/vramscope run --log out/demo_memory.csv -- .venv/bin/python examples/train_tiny_lora.py
+	.venv/bin/vramscope run --overwrite --log out/demo_memory.csv -- .venv/bin/python examples/train_tiny_lora.py
 	.venv/bin/vramscope report out/demo_memory.steps.csv
 
 test: setup

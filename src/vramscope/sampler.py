@@ -112,7 +112,8 @@ class Sampler:
     """Samples on a daemon thread every ``interval`` seconds and fans samples out to sinks.
 
     Use as a context manager, or ``start()`` / ``stop()``. ``emit()`` lets a training loop add its
-    own step-aligned samples through the same sinks (thread-safe).
+    own step-aligned samples through the same sinks (thread-safe). ``fast=True`` allows intervals
+    below ``MIN_INTERVAL_S`` (compressed-time soaks with an injected clock; never for real runs).
     """
 
     def __init__(
@@ -122,8 +123,9 @@ class Sampler:
         interval: float = DEFAULT_INTERVAL_S,
         history: int = 600,
         on_sample: Callable[[Sample], None] | None = None,
+        fast: bool = False,
     ) -> None:
-        if not interval >= MIN_INTERVAL_S:
+        if not interval >= (0.0 if fast else MIN_INTERVAL_S):
             raise ValueError(f"interval must be at least {MIN_INTERVAL_S} s, got {interval}")
         if not interval <= MAX_INTERVAL_S:
             raise ValueError(f"interval must be at most {MAX_INTERVAL_S:g} s, got {interval}")
@@ -137,6 +139,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed_sinks: set[int] = set()
+        self.writing: Sink | None = None  # the sink being written or closed now: names one that blocks
 
     @property
     def latest(self) -> Sample | None:
@@ -163,10 +166,12 @@ class Sampler:
     def close(self) -> None:
         self.stop()
         for sink in self.sinks:
+            self.writing = sink
             try:
                 sink.close()
             except Exception as exc:
                 log.warning("vramscope: closing %s failed: %s", type(sink).__name__, exc)
+        self.writing = None
 
     def __enter__(self) -> Sampler:
         return self.start()
@@ -184,6 +189,7 @@ class Sampler:
             self.history.append(sample)
             self.samples_taken += 1
             for sink in self.sinks:
+                self.writing = sink
                 try:
                     sink.write(sample)
                 except Exception as exc:
@@ -195,6 +201,7 @@ class Sampler:
                             getattr(sink, "path", type(sink).__name__),
                             exc,
                         )
+            self.writing = None
             if self._on_sample is not None:
                 try:
                     self._on_sample(sample)

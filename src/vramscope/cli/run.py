@@ -1,12 +1,22 @@
-"""``vramscope run [--log FILE] [--interval S] [--quiet] -- CMD ARGS...``"""
+"""``vramscope run [--log FILE] [--interval S] [--quiet] [--json] -- CMD ARGS...``
+
+What it prints: the command's own output, untouched; warnings on stderr; and, when the command has
+ended, the summary: for people on stderr, or with ``--json`` one JSON object on stdout (its last
+line; ``schema_version`` 1) instead. Whatever happens to vramscope's own stdout or stderr (a closed
+pipe, a full disk), it exits the way the command did.
+"""
 
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
+import json
 import os
 import shlex
 import sys
+import time
+from typing import Any, TextIO
 
 from vramscope.cli.common import (
     CommandError,
@@ -16,10 +26,12 @@ from vramscope.cli.common import (
     log_megabytes,
     open_exporters_from_args,
 )
-from vramscope.runner import ProgramNotFoundError, RunResult, run_monitored
+from vramscope.runner import ProgramNotFoundError, RunResult, exit_like, run_monitored
 from vramscope.sampler import DEFAULT_INTERVAL_S
-from vramscope.sinks.base import LogPathError
+from vramscope.sinks.base import LogPathError, existing_log_files, free_log_name
 from vramscope.units import gib
+
+SUMMARY_SCHEMA_VERSION = 1
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +40,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds between samples, at least 0.05 (default {DEFAULT_INTERVAL_S})")
     parser.add_argument("--gpus", type=gpu_list, metavar="0,1", help="only these GPUs (NVML indices)")
     parser.add_argument("--quiet", action="store_true", help="print nothing unless something goes wrong")
+    parser.add_argument("--json", action="store_true",
+                        help="print the end summary as one JSON object on stdout instead of the text on stderr")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a log (and its step log) that already exists; without it, that is refused")
     parser.add_argument("--fsync", action="store_true", help="force every row to disk (slower; survives power loss)")
     parser.add_argument("--max-log-mb", dest="max_log_bytes", type=log_megabytes, metavar="MIB",
                         help="start a new log file (FILE.1, FILE.2, ...) before one passes this size; keeps every row")
@@ -51,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no command to run; put it after '--', e.g. vramscope run --log mem.csv -- python train.py")
     if args.max_log_bytes is not None and args.log is None:
         raise UsageError("--max-log-mb limits the log's files; add --log FILE")
+    if args.log is not None and not args.overwrite:
+        _refuse_existing_logs(args.log, steps=args.inject)
     env = dict(os.environ)
     if args.inject:
         env.update(_injection_env(args))
@@ -62,20 +80,66 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     # Before the command starts: a port in use must not cost a run.
-    exporters = open_exporters_from_args(args, announce=not args.quiet)
+    exporters = open_exporters_from_args(args, announce=False)
+    if not args.quiet:
+        for sink in exporters:
+            _say(f"vramscope: {getattr(sink, 'where', type(sink).__name__)}", sys.stderr)
+    started = time.time()
     try:
+        # run_monitored closes the exporters, within its bounded clean-up time.
         result = run_monitored(command, log_path=args.log, interval=args.interval, gpus=args.gpus, env=env,
-                               fsync=args.fsync, extra_sinks=exporters, max_log_bytes=args.max_log_bytes)
+                               fsync=args.fsync, extra_sinks=exporters, max_log_bytes=args.max_log_bytes,
+                               overwrite=args.overwrite)
     except ProgramNotFoundError as exc:
         raise CommandError(str(exc), exit_code=127) from None
     except LogPathError as exc:
         raise UsageError(str(exc)) from None
-    finally:
-        for sink in exporters:  # the sampler closes them too; closing is idempotent
-            sink.close()
-    if not args.quiet:
-        print(format_summary(result), file=sys.stderr)
-    return result.exit_code
+    files = files_written(result, started, args.oom_snapshot)
+    if args.json:
+        _say(json.dumps(summary_json(result, files), separators=(",", ":")), sys.stdout)
+    elif not args.quiet:
+        _say(format_summary(result, files), sys.stderr)
+    return exit_like(result)
+
+
+def _refuse_existing_logs(log: str, steps: bool) -> None:
+    """An existing log (or, with injection, the step log beside it) is refused, with a free name to use."""
+
+    def taken(path: str) -> list[str]:
+        found = existing_log_files(path)
+        if steps:
+            from vramscope.integrations.inject import steps_log_path
+
+            found += existing_log_files(steps_log_path(path))
+        return found
+
+    existing = taken(log)
+    if not existing:
+        return
+    others = [p for p in existing if os.path.abspath(p) != os.path.abspath(log)]
+    if len(others) < len(existing):
+        what = f"log {log} already exists" + (f" (and {len(others)} more of its files)" if others else "")
+    else:
+        what = f"{existing[0]} (written beside log {log}) already exists"
+    free = free_log_name(log, taken=lambda name: bool(taken(name)))
+    raise UsageError(f"{what}; give a new name, e.g. --log {free}, or add --overwrite to replace it")
+
+
+def _say(text: str, stream: TextIO) -> None:
+    """Print for people or programs; a stream that fails (closed pipe, full disk) is muted, never fatal.
+
+    The command's exit code must win over vramscope's own output: after a failure the stream's file
+    descriptor points at /dev/null, so that nothing later (logging, the flush at exit) fails again.
+    """
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
 
 
 def _injection_env(args: argparse.Namespace) -> dict[str, str]:
@@ -88,20 +152,86 @@ def _injection_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def format_summary(result: RunResult) -> str:
+def files_written(result: RunResult, started: float, oom_dir: str | None = None) -> list[str]:
+    """The files this run wrote: the log (every rotated part), then what the command's HF Trainers wrote
+    beside it (``mem.steps.csv``, its analysis and warnings, other ranks' and trainers' logs)."""
+    files = list(result.log_files)
+    if result.log_path is not None:
+        from vramscope.integrations.inject import steps_log_path
+
+        steps = steps_log_path(result.log_path)
+        stem = steps[: -len(os.path.splitext(steps)[1])]
+        for path in sorted(glob.glob(glob.escape(stem) + "*")):
+            try:
+                if os.path.isfile(path) and os.stat(path).st_mtime >= started - 1:
+                    files.append(os.path.relpath(path) if not os.path.isabs(result.log_path) else path)
+            except OSError:
+                continue
+    if oom_dir and os.path.isdir(oom_dir):
+        files.append(oom_dir)
+    return files
+
+
+def _used_gpus(result: RunResult) -> list[Any]:
+    """The GPUs the command's processes used (memory on them at some sample), by index."""
+    return [g for g in sorted(result.peaks.gpus.values(), key=lambda g: g.index) if g.process_bytes]
+
+
+def summary_json(result: RunResult, files: list[str]) -> dict[str, Any]:
+    """The end summary as data (``vramscope run --json``); bytes are integers, None is unknown."""
     peaks = result.peaks
-    lines = [f"vramscope: {shlex.join(result.command)} exited with {result.exit_code} after {result.duration_s:.1f} s"]
+    return {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "command": result.command,
+        "exit_code": result.exit_code,
+        "signal": result.signal,
+        "duration_s": round(result.duration_s, 3),
+        "samples": peaks.samples,
+        "files": files,
+        "gpus_watched": len(peaks.gpus),
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "total_bytes": g.total_bytes,
+                "process_peak_bytes": g.process_bytes,
+                "process_peak_at_s": g.process_peak_elapsed_s,
+                "device_used_peak_bytes": g.device_used_bytes,
+            }
+            for g in _used_gpus(result)
+        ],
+        "tree_gpu_peak_bytes": peaks.tree_gpu_bytes,
+        "host_rss_peak_bytes": peaks.host_rss_bytes,
+        "gpu_error": result.gpu_error,
+        "still_running": [{"pid": pid, "name": name} for pid, name in result.still_running],
+        "left_behind": result.left_behind,
+    }
+
+
+def format_summary(result: RunResult, files: list[str] | None = None) -> str:
+    peaks = result.peaks
+    how = f"was killed by signal {result.signal}" if result.signal is not None else f"exited with {result.exit_code}"
+    lines = [f"vramscope: {shlex.join(result.command)} {how} after {result.duration_s:.1f} s"]
+    used = _used_gpus(result)
     if not peaks.gpus:
         why = f" ({result.gpu_error})" if result.gpu_error else ""
         lines.append(f"  no NVIDIA GPU seen{why}; host memory only")
-    for gpu in sorted(peaks.gpus.values(), key=lambda g: g.index):
+    elif not used:
+        lines.append(f"  the command used no GPU memory ({len(peaks.gpus)} GPU{'s' * (len(peaks.gpus) > 1)} watched)")
+    for gpu in used:
         at = f" at {gpu.process_peak_elapsed_s:.1f} s" if gpu.process_peak_elapsed_s is not None else ""
         lines.append(
             f"  GPU {gpu.index} {gpu.name or ''}: peak of this command {gib(gpu.process_bytes)}{at}, "
             f"device used peak {gib(gpu.device_used_bytes)} of {gib(gpu.total_bytes)}"
         )
-    if len(peaks.gpus) > 1:
+    if len(used) > 1:
         lines.append(f"  all GPUs together: peak {gib(peaks.tree_gpu_bytes)}")
     lines.append(f"  host RSS peak (process tree): {gib(peaks.host_rss_bytes)}")
+    written = files if files is not None else result.log_files
     lines.append(f"  samples: {peaks.samples}" + (f", log: {result.log_path}" if result.log_path else ""))
+    if written:
+        lines.append("  wrote: " + ", ".join(written))
+    if result.still_running:
+        pids = ", ".join(str(pid) for pid, _ in result.still_running[:10])
+        lines.append(f"  still running, started by the command: pid {pids} (not measured after it exited)")
     return "\n".join(lines)

@@ -18,12 +18,15 @@ MLflow) with no other code. ``vramscope run`` attaches it to every Trainer by it
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import importlib.util
 import inspect
 import logging
 import os
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from vramscope.integrations.loop import MemoryMonitor
 
@@ -46,6 +49,36 @@ SHORT_SEQUENCE_HINT = (
     "tokens: transformers 5 loads a Qwen2 checkpoint's tokenizer as Qwen2Tokenizer, which makes every word of "
     "a word-level vocabulary nothing, leaving only the EOS token"
 )
+
+_Event = TypeVar("_Event", bound=Callable[..., Any])
+
+
+def _never_stops_training(event: _Event) -> _Event:
+    """Guard a callback event: the monitor's failure is never the training's failure.
+
+    The first exception (a step log that cannot be created, a full disk, a hook that breaks) is
+    reported in one warning; the callback then closes its monitor and does nothing more, and the
+    Trainer goes on as if it had never been added.
+    """
+
+    @functools.wraps(event)
+    def guarded(self: MemoryMonitorCallback, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "_failed", False):
+            return None
+        try:
+            return event(self, *args, **kwargs)
+        except Exception as exc:
+            self._failed = True
+            log.warning("vramscope: the memory callback stopped (%s: %s); training goes on without it",
+                        type(exc).__name__, exc)
+            with contextlib.suppress(Exception):
+                self.monitor.close()
+            return None
+
+    return guarded  # type: ignore[return-value]
+
+
+_GUARD_CODE = _never_stops_training(lambda: None).__code__  # the guard's frames, to look past them
 
 
 def prometheus_address(port: int | str | None) -> str | None:
@@ -113,6 +146,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         self._rows_at_last_log = 0
         self._run_peaks: dict[str, float] = {}  # the largest peak figure of the run, per key
         self._batch_checked = False
+        self._failed = False  # set by the failure guard: the callback has stepped aside
 
     # -- setup ----------------------------------------------------------------------------------------
     def _ensure_started(self, args: Any, state: Any, model: Any) -> MemoryMonitor:
@@ -144,6 +178,8 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         frame = inspect.currentframe()
         try:
             caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+            if caller is not None and caller.f_code is _GUARD_CODE:
+                caller = caller.f_back  # the failure guard's frame sits between the event and its caller
             handler = caller.f_locals.get("self") if caller is not None else None
             callbacks = getattr(handler, "callbacks", None)
             if type(handler).__name__ == "CallbackHandler" and isinstance(callbacks, list) and self in callbacks:
@@ -154,10 +190,12 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
             del frame
 
     # -- events -----------------------------------------------------------------------------------------
+    @_never_stops_training
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._move_to_front()
         self._ensure_started(args, state, model).note_strategy(model, args)
 
+    @_never_stops_training
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         mon = self._ensure_started(args, state, model)
         mon.watch_optimizer(kwargs.get("optimizer"))  # for the memory breakdown: its states by category
@@ -167,16 +205,19 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         if not self._batch_checked and mon.current_phase == "train":
             self._check_first_batch(mon, int(state.global_step))
 
+    @_never_stops_training
     def on_prediction_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         # The forward hook normally entered the phase already; this covers models without hooks.
         mon = self._ensure_started(args, state, model)
         if mon.current_phase != "eval":
             mon.enter_phase("eval")
 
+    @_never_stops_training
     def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         mon = self._ensure_started(args, state, model)
         mon.exit_phase("eval")
 
+    @_never_stops_training
     def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         self.monitor.exit_phase("eval")
 
@@ -192,6 +233,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
             hint = SHORT_SEQUENCE_HINT.format(n=SHORT_SEQUENCE_TOKENS)
             mon.alerts.warn("short_sequences", f"the first training batch is {batch} tokens: {hint}", step)
 
+    @_never_stops_training
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
         mon = self.monitor
@@ -218,6 +260,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         if history and history[-1].get("step") == state.global_step:
             history[-1].update(figures)
 
+    @_never_stops_training
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         mon = self.monitor
         if not mon.started:

@@ -49,14 +49,20 @@ def child_env(log_path: str | None, environ: Mapping[str, str] | None = None) ->
             existing ``PYTHONPATH`` is kept after the hook's folder.
 
     Returns:
-        Variables to add to the child's environment.
+        Variables to add to the child's environment. The user's ``PYTHONPATH`` follows the hook's
+        folder exactly as it was, character for character: an empty entry (``PYTHONPATH=:``, a
+        leading or trailing ``:``) means the current directory to Python and must stay.
     """
     base = os.environ if environ is None else environ
-    existing = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if SITE_DIR not in existing:
-        existing.insert(0, SITE_DIR)
+    theirs = base.get("PYTHONPATH", "")
+    if theirs == SITE_DIR or theirs.startswith(SITE_DIR + os.pathsep):  # vramscope run inside vramscope run
+        python_path = theirs
+    elif theirs:
+        python_path = SITE_DIR + os.pathsep + theirs
+    else:  # unset or empty (which Python ignores): adding a separator would add the current directory
+        python_path = SITE_DIR
     env = {
-        "PYTHONPATH": os.pathsep.join(existing),
+        "PYTHONPATH": python_path,
         ENV_INJECT: "1",
         # Lets a child interpreter without vramscope installed import this copy of it.
         ENV_PACKAGE_PARENT: str(Path(__file__).resolve().parents[2]),

@@ -4,20 +4,44 @@ from __future__ import annotations
 
 import os
 
-from vramscope.sinks.base import LogPathError, Sink, log_parts, open_log, part_path
+from vramscope.sinks.base import (
+    LogExistsError,
+    LogLockedError,
+    LogPathError,
+    Sink,
+    existing_log_files,
+    free_log_name,
+    log_parts,
+    open_log,
+    part_path,
+)
 from vramscope.sinks.csvlog import CsvSink
 from vramscope.sinks.jsonl import JsonlSink
 
-__all__ = ["CsvSink", "JsonlSink", "LogPathError", "Sink", "log_parts", "log_sink", "open_log", "part_path"]
+__all__ = [
+    "CsvSink",
+    "JsonlSink",
+    "LogExistsError",
+    "LogLockedError",
+    "LogPathError",
+    "Sink",
+    "existing_log_files",
+    "free_log_name",
+    "log_parts",
+    "log_sink",
+    "open_log",
+    "part_path",
+]
 
 
 def log_sink(
-    path: str | os.PathLike[str], fsync: bool = False, max_bytes: int | None = None
+    path: str | os.PathLike[str], fsync: bool = False, max_bytes: int | None = None, overwrite: bool = True
 ) -> CsvSink | JsonlSink:
     """A file sink chosen by extension: ``.jsonl``/``.ndjson`` give JSON Lines, anything else CSV.
 
-    ``max_bytes`` rotates the log into ``path``, ``path.1``, ``path.2``... (see :class:`CsvSink`).
+    ``max_bytes`` rotates the log into ``path``, ``path.1``, ``path.2``... (see :class:`CsvSink`);
+    ``overwrite=False`` refuses a log that already holds data.
     """
     if os.fspath(path).endswith((".jsonl", ".ndjson")):
-        return JsonlSink(path, fsync=fsync, max_bytes=max_bytes)
-    return CsvSink(path, fsync=fsync, max_bytes=max_bytes)
+        return JsonlSink(path, fsync=fsync, max_bytes=max_bytes, overwrite=overwrite)
+    return CsvSink(path, fsync=fsync, max_bytes=max_bytes, overwrite=overwrite)

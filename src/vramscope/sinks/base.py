@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 
@@ -25,6 +28,47 @@ class Sink(Protocol):
 
 class LogPathError(ValueError):
     """A log file cannot be created where the user asked."""
+
+
+class LogExistsError(LogPathError):
+    """The log already exists and overwriting it was not asked for (``--overwrite``)."""
+
+
+class LogLockedError(LogPathError):
+    """Another process is writing the same log (it holds the file's lock)."""
+
+
+def free_log_name(path: str | os.PathLike[str], taken: Callable[[str], bool] | None = None) -> str:
+    """A name beside ``path`` that nothing uses yet: ``mem.csv`` -> ``mem-2.csv``, ``mem-3.csv``...
+
+    ``taken`` says whether a candidate is in use (default: it, or a rotated part of it, exists).
+    """
+    is_taken = taken or (lambda name: any(os.path.lexists(p) for p in (name, part_path(name, 1))))
+    base = os.fspath(path)
+    folder, name = os.path.split(base)
+    stem, dot, suffix = name.partition(".")
+    for number in range(2, 10_000):
+        candidate = os.path.join(folder, f"{stem}-{number}{dot}{suffix}")
+        if not is_taken(candidate):
+            return candidate
+    return os.path.join(folder, f"{stem}-{os.getpid()}{dot}{suffix}")
+
+
+def existing_log_files(path: str | os.PathLike[str]) -> list[str]:
+    """The files a new log at ``path`` would replace: ``path`` and its rotated parts, if not empty.
+
+    An empty regular file holds nothing to lose (``mktemp`` makes one), and a FIFO, a terminal or
+    ``/dev/stdout`` is not truncated by writing to it, so neither counts.
+    """
+    found = []
+    for candidate in log_parts(path):
+        try:
+            status = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISREG(status.st_mode) and status.st_size > 0:
+            found.append(candidate)
+    return found
 
 
 def open_log(path: str | os.PathLike[str], append: bool = False) -> IO[str]:
@@ -72,21 +116,33 @@ class LogFile:
       ``mem.csv``, ``mem.csv.1``, ``mem.csv.2``... each starting with ``header``. A sample's rows are
       never split over two parts. Nothing is ever deleted, so rotation loses no row.
 
+    * The log is locked (``flock`` on its first part, held until :meth:`close`): a second writer of
+      the same log is refused before it writes or truncates anything, instead of interleaving rows.
+
     Opening truncates ``path`` and removes the parts of an earlier log of the same name (which a
-    reader would otherwise take for a continuation), like opening a file for writing does.
+    reader would otherwise take for a continuation), like opening a file for writing does; with
+    ``overwrite=False`` a log that already holds data is refused instead (:class:`LogExistsError`).
 
     Args:
         path: the log (part 0).
         header: written at the start of every part ("" for none).
         max_bytes: start a new part before one would exceed this; None for a single file.
         fsync: force every append to the disk.
+        overwrite: replace a log that exists and holds data (False: refuse it).
 
     Raises:
         LogPathError: the log cannot be created or its header written, with what to do.
+        LogExistsError: ``overwrite`` is False and the log holds data.
+        LogLockedError: another process is writing this log.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], header: str = "", max_bytes: int | None = None, fsync: bool = False
+        self,
+        path: str | os.PathLike[str],
+        header: str = "",
+        max_bytes: int | None = None,
+        fsync: bool = False,
+        overwrite: bool = True,
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
@@ -98,8 +154,13 @@ class LogFile:
         self._told_unrecoverable = False
         self._header = header.encode("utf-8")
         self._fd: int | None = None
+        self._lock_fd: int | None = None  # part 0, open while we write any part: it holds the lock
         _check_folder(Path(self.path))
-        self._fd = self._create(self.path)
+        if not overwrite:
+            existing = existing_log_files(self.path)
+            if existing:
+                raise LogExistsError(_exists_message(self.path, existing))
+        self._fd = self._create(self.path, first=True)
         self._remove_stale_parts()
 
     @property
@@ -107,8 +168,9 @@ class LogFile:
         """The part being written now."""
         return part_path(self.path, self.part)
 
-    def _create(self, path: str) -> int:
-        flags = os.O_CREAT | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+    def _create(self, path: str, first: bool = False) -> int:
+        # Not O_TRUNC: the lock is taken first, so that a second writer truncates nothing.
+        flags = os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         try:
             try:
                 # Readable too, so that a log deleted under us can be copied back (see _recreate).
@@ -118,14 +180,29 @@ class LogFile:
         except OSError as exc:
             raise LogPathError(f"cannot write log {path}: {exc.strerror or exc}; choose a writable path") from exc
         try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+            if first and regular:
+                _lock(fd, path)
+                self._lock_fd = os.dup(fd)
+            if regular:
+                os.ftruncate(fd, 0)
+        except OSError as exc:
+            os.close(fd)
+            raise LogPathError(f"cannot write log {path}: {exc.strerror or exc}; choose a writable path") from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
             if self._header:
                 _write_all(fd, self._header)
             if self.fsync:
                 os.fsync(fd)
                 _fsync_folder(path)  # a new file's name is only durable once its folder is
         except OSError as exc:
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
             os.close(fd)
+            if first and self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
             if regular:  # no half-made log left behind; never unlink a device (/dev/full) or a pipe
                 with contextlib.suppress(OSError):
                     os.unlink(path)
@@ -209,6 +286,11 @@ class LogFile:
             raise OSError(exc.errno, f"cannot re-create deleted log {path}: {exc.strerror}") from exc
         os.close(fd)
         self._fd = new_fd
+        if self.part == 0 and self._lock_fd is not None:  # the lock moves to the file now at the path
+            with contextlib.suppress(OSError):
+                fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.close(self._lock_fd)
+                self._lock_fd = os.dup(new_fd)
         self.recovered += 1
         log.warning("vramscope: log %s was deleted while being written; re-created it with every row so far",
                     path)
@@ -221,10 +303,34 @@ class LogFile:
                 if self.fsync:
                     os.fsync(fd)
                 os.close(fd)
+        lock_fd, self._lock_fd = self._lock_fd, None
+        if lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(lock_fd)  # releases the lock
 
     @property
     def closed(self) -> bool:
         return self._fd is None
+
+
+def _lock(fd: int, path: str) -> None:
+    """Take the log's writer lock, or raise :class:`LogLockedError` when another process holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise LogLockedError(
+                f"log {path} is being written by another process (it holds the log's lock); "
+                f"give this run its own log, e.g. --log {free_log_name(path)}"
+            ) from None
+        # A file system without locks (some network mounts): write unlocked rather than not at all.
+        log.debug("vramscope: cannot lock %s (%s); writing it unlocked", path, exc)
+
+
+def _exists_message(path: str, existing: list[str]) -> str:
+    more = f" (and {len(existing) - 1} rotated part{'s' if len(existing) > 2 else ''})" if len(existing) > 1 else ""
+    return (f"log {path} already exists{more}; give a new name, e.g. --log {free_log_name(path)}, "
+            "or add --overwrite to replace it")
 
 
 def _check_folder(target: Path) -> None:

@@ -26,9 +26,11 @@ class CsvSink:
         extra_columns: more columns after the standard ones (values come from ``Sample.extra``).
         fsync: force every sample's rows to the disk, for those who cannot lose a row to a power cut.
         max_bytes: rotate to ``path.1``, ``path.2``, ... before a file would grow past this.
+        overwrite: replace a log that exists and holds data (False: refuse it with ``LogExistsError``).
 
     Raises:
-        LogPathError: the file cannot be created, with what to do.
+        LogPathError: the file cannot be created, is another process's log, or (``overwrite=False``)
+            exists; with what to do.
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class CsvSink:
         extra_columns: Sequence[str] = (),
         fsync: bool = False,
         max_bytes: int | None = None,
+        overwrite: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         self.columns = list(COLUMNS) + [c for c in extra_columns if c not in COLUMNS]
@@ -45,7 +48,8 @@ class CsvSink:
         self._buffer = io.StringIO()
         self._writer = csv.DictWriter(self._buffer, fieldnames=self.columns, extrasaction="ignore")
         self._writer.writeheader()
-        self._log = LogFile(self.path, header=self._take(), max_bytes=max_bytes, fsync=fsync)
+        self._log = LogFile(self.path, header=self._take(), max_bytes=max_bytes, fsync=fsync,
+                            overwrite=overwrite)
 
     @property
     def parts(self) -> int:

@@ -20,14 +20,21 @@ class JsonlSink:
         path: the file; created (or truncated) on construction.
         fsync: force every sample's rows to the disk.
         max_bytes: rotate to ``path.1``, ``path.2``, ... before a file would grow past this.
+        overwrite: replace a log that exists and holds data (False: refuse it with ``LogExistsError``).
 
     Raises:
         LogPathError: the file cannot be created, with what to do.
     """
 
-    def __init__(self, path: str | os.PathLike[str], fsync: bool = False, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        fsync: bool = False,
+        max_bytes: int | None = None,
+        overwrite: bool = True,
+    ) -> None:
         self.path = os.fspath(path)
-        self._log = LogFile(self.path, max_bytes=max_bytes, fsync=fsync)
+        self._log = LogFile(self.path, max_bytes=max_bytes, fsync=fsync, overwrite=overwrite)
 
     @property
     def parts(self) -> int:
