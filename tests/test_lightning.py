@@ -220,3 +220,14 @@ def test_batch_tokens_come_from_token_ids_only() -> None:
     assert lightning_batch_tokens((torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long))) == (None, None)
     assert lightning_batch_tokens({"pixel_values": torch.zeros(4, 3, 8, 8)}) == (None, None)
     assert lightning_batch_tokens([]) == (None, None)
+
+
+def test_a_log_that_cannot_be_created_never_stops_the_fit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "mem.csv").mkdir()  # a folder where the log should go: the monitor cannot start
+    callback = MemoryMonitorCallback(log=tmp_path / "mem.csv", warn=False)
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False, enable_model_summary=False, callbacks=[callback])
+    with caplog.at_level("WARNING", logger="vramscope"):
+        trainer.fit(TinyLM(), loader([8] * 12, 2))
+    assert trainer.global_step == 3  # all steps trained
+    assert sum("memory callback stopped" in r.getMessage() for r in caplog.records) == 1

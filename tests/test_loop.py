@@ -309,3 +309,27 @@ def test_warnings_are_throttled_per_kind_repeated_when_worse_and_saved(tmp_path:
     expected = [("oom", 10), ("leak", 20), ("oom", 30), ("leak", 40), ("oom", 41)]
     assert [(r["kind"], r["step"]) for r in saved] == expected
     assert path == str(tmp_path / "mem.warnings.jsonl")
+
+
+class TakesAnything(torch.nn.Module):
+    """A model whose forward accepts inputs the batch hook cannot measure (a nested tensor has no sizes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x: object) -> object:
+        return self.w * 2
+
+
+def test_a_batch_the_hook_cannot_read_never_reaches_the_users_forward(caplog: pytest.LogCaptureFixture) -> None:
+    model = TakesAnything()
+    ragged = torch.nested.nested_tensor([torch.zeros(3, dtype=torch.long), torch.zeros(5, dtype=torch.long)])
+    with MemoryMonitor(warn=False) as mon:
+        mon.watch_model(model)
+        with caplog.at_level("WARNING", logger="vramscope"):
+            for step in (1, 2):
+                assert float(model(ragged)) == 2.0  # type: ignore[arg-type]  # the forward ran, twice
+                mon.step(step)
+    warned = [r for r in caplog.records if "batch hook failed" in r.getMessage()]
+    assert len(warned) == 1  # once, not per step

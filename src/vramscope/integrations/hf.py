@@ -18,16 +18,14 @@ MLflow) with no other code. ``vramscope run`` attaches it to every Trainer by it
 from __future__ import annotations
 
 import atexit
-import contextlib
-import functools
 import importlib.util
 import inspect
 import logging
 import os
 import weakref
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
+from vramscope.integrations.guard import never_stops_training
 from vramscope.integrations.loop import MemoryMonitor
 
 log = logging.getLogger(__name__)
@@ -50,32 +48,7 @@ SHORT_SEQUENCE_HINT = (
     "a word-level vocabulary nothing, leaving only the EOS token"
 )
 
-_Event = TypeVar("_Event", bound=Callable[..., Any])
-
-
-def _never_stops_training(event: _Event) -> _Event:
-    """Guard a callback event: the monitor's failure is never the training's failure.
-
-    The first exception (a step log that cannot be created, a full disk, a hook that breaks) is
-    reported in one warning; the callback then closes its monitor and does nothing more, and the
-    Trainer goes on as if it had never been added.
-    """
-
-    @functools.wraps(event)
-    def guarded(self: MemoryMonitorCallback, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "_failed", False):
-            return None
-        try:
-            return event(self, *args, **kwargs)
-        except Exception as exc:
-            self._failed = True
-            log.warning("vramscope: the memory callback stopped (%s: %s); training goes on without it",
-                        type(exc).__name__, exc)
-            with contextlib.suppress(Exception):
-                self.monitor.close()
-            return None
-
-    return guarded  # type: ignore[return-value]
+_never_stops_training = never_stops_training
 
 
 _GUARD_CODE = _never_stops_training(lambda: None).__code__  # the guard's frames, to look past them

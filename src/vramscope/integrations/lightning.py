@@ -25,6 +25,7 @@ import importlib.util
 import os
 from typing import Any
 
+from vramscope.integrations.guard import never_stops_training
 from vramscope.integrations.loop import MemoryMonitor, batch_tokens
 
 if importlib.util.find_spec("lightning") is not None:
@@ -130,12 +131,15 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         return mon
 
     # -- fit ------------------------------------------------------------------------------------------
+    @never_stops_training
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._ensure_started(trainer)
 
+    @never_stops_training
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._ensure_started(trainer).observe_batch(*lightning_batch_tokens(batch))
 
+    @never_stops_training
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         mon = self._ensure_started(trainer)
         step = int(trainer.global_step)
@@ -164,17 +168,21 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
             for logger in loggers:
                 logger.log_metrics(dict(figures), step=step)
 
+    @never_stops_training
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._ensure_started(trainer).enter_phase("eval")
 
+    @never_stops_training
     def on_validation_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self.monitor.observe_batch(*lightning_batch_tokens(batch))
 
+    @never_stops_training
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self.monitor.exit_phase("eval")
 
+    @never_stops_training
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         mon = self.monitor
         mon.flush()
@@ -182,5 +190,6 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
             self._write_figures(trainer, max(0, int(trainer.global_step) - 1))
         mon.close()
 
+    @never_stops_training
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.monitor.close()  # the rows so far and the analysis are kept

@@ -262,6 +262,7 @@ class MemoryMonitor:
         self._current_shape: tuple[int, ...] | None = None
         self._hooks: list[Any] = []
         self._breakdown = BreakdownTracker()
+        self._hook_failed = False
         self._since_analysis = 0
         self._last_analysis_at = -math.inf
         self._analysis_cost_s = 0.0
@@ -549,9 +550,16 @@ class MemoryMonitor:
         """
 
         def pre_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if phase_from_mode and not getattr(module, "training", True) and not self._phases:
-                self.enter_phase("eval")
-            self.observe_batch(*batch_tokens(args, kwargs))
+            # Runs inside the user's forward: whatever goes wrong here must not reach it.
+            try:
+                if phase_from_mode and not getattr(module, "training", True) and not self._phases:
+                    self.enter_phase("eval")
+                self.observe_batch(*batch_tokens(args, kwargs))
+            except Exception as exc:
+                if not self._hook_failed:
+                    self._hook_failed = True
+                    log.warning("vramscope: the batch hook failed (%s: %s); steps are logged without tokens",
+                                type(exc).__name__, exc)
 
         self._breakdown.watch_model(model)
         register = getattr(model, "register_forward_pre_hook", None)
