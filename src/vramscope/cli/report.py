@@ -11,10 +11,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from vramscope.atomicfile import write_atomically
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.logfile import LogFormatError
 from vramscope.planner import PlanInputError, load_config_file
@@ -152,22 +152,7 @@ def _check_output(flag: str, path: str, logs: list[str]) -> None:
 
 def _write(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` whole or not at all (temporary file beside it, then rename)."""
-    target = Path(path)
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o777)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be shared
-        os.replace(tmp, target)
-        tmp = None
+        write_atomically(path, data)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}; choose a writable path") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
