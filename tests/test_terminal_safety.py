@@ -110,3 +110,15 @@ def test_inert_makes_every_string_of_a_summary_printable() -> None:
     summary = {"phase\n": ["a\x1bb", {"k": "\u202e"}], "n": 3, "none": None}
     assert inert(summary) == {"phase\\n": ["a\\x1bb", {"k": "\\u202e"}], "n": 3, "none": None}
     assert printable("plain text, ünïcode ok") == "plain text, ünïcode ok"
+
+
+def test_an_error_about_a_hostile_file_name_stays_one_inert_line(tmp_path: Path) -> None:
+    # `vramscope report runs/*.csv` hands over whatever names another user made in runs/.
+    name = tmp_path / "x\x1b[2J\nvramscope: all fine.csv"
+    name.write_text("not,a,log\n")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    result = subprocess.run([PYTHON, "-m", "vramscope", "report", str(name)], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 2
+    assert "\x1b" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "\\x1b[2J\\nvramscope: all fine.csv" in result.stderr

@@ -25,6 +25,7 @@ from vramscope.report.html import render_html
 from vramscope.report.load import report_file
 from vramscope.report.model import EmptyLogError, LogReport
 from vramscope.report.plan_check import PlanFileError, check, read_plan, strategy_beside
+from vramscope.safetext import printable
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         print_report(reports, Console(highlight=False))
     for path in written:
-        print(f"vramscope: wrote {path}", file=sys.stderr)
+        print(f"vramscope: wrote {printable(path)}", file=sys.stderr)
     return 0
 
 
