@@ -349,3 +349,18 @@ def test_an_analysis_that_cannot_be_written_at_all_leaves_nothing(small_disk: Pa
         assert monitor.save_analysis() is None
     assert not (small_disk / "m.steps.analysis.json").exists()
     assert not [p for p in small_disk.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_plan_config_refuses_a_device_a_fifo_and_a_huge_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    assert "FIFO" in assert_one_line_usage_error(vramscope("plan", "--config", str(fifo), "--batch-size", "1",
+                                                           "--seq-len", "8", timeout=30))
+    if os.path.exists("/dev/zero"):
+        assert "character device" in assert_one_line_usage_error(
+            vramscope("plan", "--config", "/dev/zero", "--batch-size", "1", "--seq-len", "8", timeout=30))
+    huge = tmp_path / "big.json"
+    with huge.open("wb") as out:
+        out.truncate(17 << 20)  # a sparse 17 MiB file: nothing is read past the limit
+    assert "more than" in assert_one_line_usage_error(vramscope("plan", "--config", str(huge), "--batch-size", "1",
+                                                                "--seq-len", "8", timeout=30))

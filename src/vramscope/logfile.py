@@ -22,7 +22,6 @@ import io
 import json
 import os
 import re
-import stat
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,9 +31,9 @@ from functools import partial
 from itertools import repeat
 from math import isfinite
 from operator import add, eq, itemgetter, methodcaller, sub, truediv
-from pathlib import Path
 from typing import Protocol
 
+from vramscope.inputfile import NotRegularFileError, read_regular_file
 from vramscope.schema import COLUMNS
 from vramscope.sinks.base import log_parts
 
@@ -321,7 +320,9 @@ def _concat(tables: list[LogTable]) -> LogTable:
 def _read_one(name: str) -> LogTable:
     try:
         # Bytes, decoded in one go: text mode's newline translation would cost as much as the split.
-        data = _read_regular_file(name)
+        data = read_regular_file(name, "a log written by vramscope or nvidia-smi")
+    except NotRegularFileError as exc:  # /dev/zero would be read until memory ran out; a FIFO blocks
+        raise LogFormatError(str(exc)) from None
     except FileNotFoundError:
         raise LogFormatError(f"log {name} does not exist; check the path") from None
     except IsADirectoryError:
@@ -348,36 +349,6 @@ def _read_one(name: str) -> LogTable:
         "use a file from 'vramscope run --log' or "
         "'nvidia-smi --query-gpu=timestamp,name,memory.used,memory.total --format=csv'"
     )
-
-
-def _read_regular_file(name: str) -> bytes:
-    """The file's bytes, when it is a regular file; LogFormatError for a FIFO, a device or a socket.
-
-    A log is a file of known size, so reading it costs at most that much. A character device (/dev/zero,
-    /dev/urandom) never ends and would be read until memory runs out; a FIFO without a writer blocks
-    forever. The file is opened without blocking (a FIFO's open would wait for a writer) and checked on
-    the open descriptor, so that what is read is what was checked.
-    """
-    path = os.fspath(Path(name))  # "" is "." to pathlib (a folder), as reading it always said
-    _check_regular(name, os.stat(path).st_mode)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with open(fd, "rb") as handle:
-        _check_regular(name, os.fstat(fd).st_mode)
-        return handle.read()
-
-
-def _check_regular(name: str, mode: int) -> None:
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(name)
-    if not stat.S_ISREG(mode):
-        raise LogFormatError(_not_regular(name, mode))
-
-
-def _not_regular(name: str, mode: int) -> str:
-    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
-            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "not a regular file")
-    return f"{name} is {kind}, not a log file; give the path of a log written by vramscope or nvidia-smi"
 
 
 def _located(data: bytes) -> CellSource | None:
