@@ -213,6 +213,9 @@ def test_cells_in_other_scripts_or_not_finite_are_unknown(tmp_path: Path) -> Non
     ["watch", "--gpus", "0," + "9" * 400],
     ["watch", "--max-log-mb", "1" + "0" * 400, "--csv", "x.csv"],
     ["report", "x.csv", "--batch-size", "9" * 4000, "--model", "Llama-2-7B"],
+    ["run", "--prometheus", "9" * 400, "--", "true"],
+    ["run", "--prometheus", "\u0669\u0664\u0660\u0660", "--", "true"],
+    ["run", "--interval", "\u0661", "--", "true"],
 ])
 def test_numeric_flags_are_bounded_with_one_line(args: list[str], tmp_path: Path) -> None:
     line = assert_one_line_usage_error(vramscope(*args))

@@ -144,8 +144,10 @@ def parse_address(text: str) -> tuple[str, int]:
         raise PrometheusAddressError(
             f"no host before ':' in {text!r}; give just the port (binds 127.0.0.1) or 0.0.0.0:PORT for every interface"
         )
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise PrometheusAddressError(f"cannot read {text!r} as [HOST:]PORT; write e.g. 9400 or 0.0.0.0:9400")
+    # ASCII digits only, as every number vramscope reads ("٩٤٠٠".isdigit() is true too), and short.
+    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5) or int(port_text) > 65535:
+        shown = repr(text) if len(text) <= 60 else f"{text[:60]!r}... ({len(text)} characters)"
+        raise PrometheusAddressError(f"cannot read {shown} as [HOST:]PORT; write e.g. 9400 or 0.0.0.0:9400")
     return host, int(port_text)
 
 
