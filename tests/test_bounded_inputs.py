@@ -367,3 +367,10 @@ def test_plan_config_refuses_a_device_a_fifo_and_a_huge_file(tmp_path: Path) -> 
         out.truncate(17 << 20)  # a sparse 17 MiB file: nothing is read past the limit
     assert "more than" in assert_one_line_usage_error(vramscope("plan", "--config", str(huge), "--batch-size", "1",
                                                                 "--seq-len", "8", timeout=30))
+
+
+def test_a_key_met_only_as_null_is_still_an_empty_column(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"time": "t0", "gpu": 0, "allocated_bytes": 1, "only_null": None}) + "\n")
+    table = read_log(path)
+    assert "only_null" in table.columns and table.raw["only_null"] == [""] and not table.has("only_null")
