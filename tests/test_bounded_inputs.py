@@ -374,3 +374,17 @@ def test_a_key_met_only_as_null_is_still_an_empty_column(tmp_path: Path) -> None
     path.write_text(json.dumps({"time": "t0", "gpu": 0, "allocated_bytes": 1, "only_null": None}) + "\n")
     table = read_log(path)
     assert "only_null" in table.columns and table.raw["only_null"] == [""] and not table.has("only_null")
+
+
+def test_report_plan_and_the_strategy_beside_the_log_are_bounded(tmp_path: Path) -> None:
+    log = write_csv(tmp_path / "m.csv", 30)
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    line = assert_one_line_usage_error(vramscope("report", str(log), "--plan", str(fifo), timeout=30))
+    assert "FIFO" in line and "--plan" in line
+    if os.path.exists("/dev/zero"):
+        assert "character device" in assert_one_line_usage_error(
+            vramscope("report", str(log), "--plan", "/dev/zero", timeout=30))
+    os.mkfifo(tmp_path / "m.strategy.json")  # the monitor's side file, as a FIFO: passed over, not waited on
+    result = vramscope("report", str(log), timeout=30)
+    assert result.returncode == 0, result.stderr
