@@ -57,12 +57,16 @@ _TEXT_WINDOW = 256
 
 
 class ByteColumns:
-    """A plain CSV's cells located in its bytes: ``ends[j][r]`` is where cell j of line r ends (line 0: header)."""
+    """A plain CSV's cells located in its bytes: cell j of line r (line 0: the header) ends at
+    ``line_starts[r] + ends[j][r]``, its offset within its line."""
 
-    def __init__(self, data: bytes, ends: Any, header: list[str], crlf: bool) -> None:
+    def __init__(self, data: bytes, line_starts: Any, ends: Any, header: list[str], crlf: bool) -> None:
         self._bytes = np.frombuffer(data, dtype=np.uint8)
         self._data = data
-        self._ends = ends  # column-major: each column's ends are contiguous, read once per conversion
+        self._line_starts = line_starts  # int64, one per line
+        # Column-major, each cell's end within its line (uint16): 2 bytes a cell rather than 8, so the
+        # index of a file past 2 GiB (whose offsets need int64) costs a fifth of the file, not most of it.
+        self._ends = ends
         self._carriage = 1 if crlf else 0  # a "\r" before each line's "\n" ends the last cell early
         self.header = header
         self.rows = ends.shape[1] - 1
@@ -70,10 +74,11 @@ class ByteColumns:
     def _bounds(self, j: int) -> tuple[Any, Any]:
         """Start and end (exclusive) offsets of column j's cells, one per data row (int64)."""
         last = len(self.header) - 1
-        ends = self._ends[j, 1:].astype(np.int64) - (self._carriage if j == last else 0)
-        # Cell j starts after the line's previous comma; the first cell after the line above's newline.
-        before = self._ends[j - 1, 1:] if j > 0 else self._ends[last, :-1]
-        return before.astype(np.int64) + 1, ends
+        line_starts = self._line_starts[1:]
+        ends = line_starts + self._ends[j, 1:] - (self._carriage if j == last else 0)
+        # Cell j starts after the line's previous comma; the first cell where its line starts.
+        starts = line_starts + self._ends[j - 1, 1:] + 1 if j > 0 else line_starts.copy()
+        return starts, ends
 
     def filled(self, j: int) -> bool:
         """True when at least one cell of column j is not empty."""
@@ -94,7 +99,7 @@ class ByteColumns:
         # Every cell with the byte after it made a comma, packed in order: "c0,c1,...,cn," splits in C.
         chars[np.arange(self.rows), lengths] = _COMMA
         packed: bytes = chars[np.arange(width)[None, :] <= lengths[:, None]].tobytes()
-        return packed.decode("ascii").split(",")[:-1]
+        return _shared(packed.decode("ascii").split(",")[:-1])
 
     def _rows_of_bytes(self, firsts: Any, width: int) -> Any | None:
         """A (rows, width) copy of the bytes from each of ``firsts``; None if that is too big or runs off the file."""
@@ -123,7 +128,11 @@ class ByteColumns:
             values += high
         if not digits_only.all():
             return None
-        return _with_gaps(values.view(np.int64), lengths > 0)
+        filled = lengths > 0
+        if filled.all() and (values == values[0]).all():
+            # A constant column (a GPU's total, the rank): one int object for every row, not a million.
+            return [int(values[0])] * len(values)
+        return _with_gaps(values.view(np.int64), filled)
 
     def _eight_digits(self, at: Any, keep: Any) -> tuple[Any, Any]:
         """The number in the last ``keep`` of the 8 bytes at each ``at`` (the rest read as '0'); whether all are digits.
@@ -280,10 +289,24 @@ def tick_positions(millis: Any) -> list[str]:
     return list(map(names.__getitem__, positions))
 
 
+def _shared(cells: list[str]) -> list[str]:
+    """The cells with equal ones sharing one string, when the first rows show few distinct ones (a phase,
+    a GPU's UUID): a day of rows then holds a handful of strings instead of a million copies."""
+    if len(set(cells[:64])) > 8:
+        return cells
+    seen: dict[str, str] = {}
+    return list(map(seen.setdefault, cells, cells))
+
+
 def _number(digits: Any, keep: Any) -> Any:
     """Each row's kept digits read as one base-10 number (int64): a matrix-vector product with the powers of ten."""
+    # Column by column: an int64 copy of the whole (rows x width) window would be 8x the window's bytes.
     width = digits.shape[1]
-    return np.where(keep, digits, 0).astype(np.int64) @ _POW10[width - 1 :: -1]
+    total = np.zeros(len(digits), dtype=np.int64)
+    for k in range(width):
+        total *= 10
+        total += np.where(keep[:, k], digits[:, k], 0)
+    return total
 
 
 def _with_gaps(values: Any, filled: Any) -> list[Any]:
@@ -292,6 +315,12 @@ def _with_gaps(values: Any, filled: Any) -> list[Any]:
     out = np.full(len(values), None, dtype=object)
     out[filled] = values[filled].tolist()
     return out.tolist()  # type: ignore[no-any-return]
+
+
+# The file is scanned this many bytes at a time (whole lines): the masks and offsets of a scan are
+# temporary, so reading a large log costs the file and its index, not several times the file.
+_CHUNK_BYTES = 1 << 22
+_MAX_LINE_BYTES = (1 << 16) - 1  # cell ends within a line are uint16; a longer line goes to the general reader
 
 
 def locate(data: bytes) -> ByteColumns | None:
@@ -307,26 +336,53 @@ def locate(data: bytes) -> ByteColumns | None:
     width = len(header)
     if width < 2:
         return None  # one column: the general reader's handling of blank lines applies
+    lines = data.count(b"\n", 0, end + 1)
     body = np.frombuffer(data, dtype=np.uint8, count=end + 1)
-    # Two reused masks: a fresh 200 MB array per comparison would cost as much as the comparison.
-    is_delim = np.equal(body, _NEWLINE)
+    line_starts = np.empty(lines, dtype=np.int64)
+    ends = np.empty((width, lines), dtype=np.uint16)
+    done = 0  # lines located so far
+    at = 0
+    while at <= end:
+        stop = data.rfind(b"\n", at, min(at + _CHUNK_BYTES, end + 1)) + 1  # the chunk ends on a line end
+        if stop <= at:
+            return None  # a line longer than a chunk: not a log line
+        found = _locate_lines(body[at:stop], width, crlf)
+        if found is None:
+            return None
+        starts, cell_ends = found
+        line_starts[done : done + len(starts)] = starts + at
+        ends[:, done : done + len(starts)] = cell_ends.T
+        done += len(starts)
+        at = stop
+    return ByteColumns(data, line_starts, ends, header, crlf)
+
+
+def _locate_lines(chunk: Any, width: int, crlf: bool) -> tuple[Any, Any] | None:
+    """Each line's start and its cells' ends within the line (lines x width), for a chunk of whole lines; None
+    when a line is not ``width`` plain cells or is too long."""
+    is_delim = np.equal(chunk, _NEWLINE)
     lines = int(np.count_nonzero(is_delim))
-    other = np.equal(body, _CARRIAGE)
+    other = np.equal(chunk, _CARRIAGE)
     carriages = int(np.count_nonzero(other))
-    np.equal(body, _COMMA, out=other)
+    np.equal(chunk, _COMMA, out=other)
     is_delim |= other
     del other
     delims = np.flatnonzero(is_delim)
     del is_delim
     if len(delims) != lines * width:
         return None
-    # int32 offsets where they fit: half the memory, and each column's ends are read in one sweep.
-    offsets = delims.astype(np.int32) if end < 2**31 else delims
-    ends = np.ascontiguousarray(offsets.reshape(lines, width).T)
+    cells = delims.reshape(lines, width)
+    newlines = cells[:, -1]
     # Each line's last delimiter is its newline, and there are no others: every line is `width` cells.
-    if not (body[ends[-1]] == _NEWLINE).all():
+    if not (chunk[newlines] == _NEWLINE).all():
         return None
     # Line ends all "\n" or all "\r\n": a carriage return anywhere else is in a cell (the csv module's business).
-    if carriages != (lines if crlf else 0) or (crlf and not (body[ends[-1] - 1] == _CARRIAGE).all()):
+    if carriages != (lines if crlf else 0) or (crlf and not (chunk[newlines - 1] == _CARRIAGE).all()):
         return None
-    return ByteColumns(data, ends, header, crlf)
+    starts = np.empty(lines, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = newlines[:-1] + 1
+    within = cells - starts[:, None]
+    if int(within[:, -1].max()) > _MAX_LINE_BYTES:
+        return None
+    return starts, within.astype(np.uint16)

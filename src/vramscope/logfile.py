@@ -22,15 +22,18 @@ import io
 import json
 import os
 import re
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from itertools import repeat
+from math import isfinite
 from operator import add, eq, itemgetter, methodcaller, sub, truediv
-from pathlib import Path
 from typing import Protocol
 
+from vramscope.inputfile import NotRegularFileError, read_regular_file
 from vramscope.schema import COLUMNS
 from vramscope.sinks.base import log_parts
 
@@ -215,6 +218,13 @@ def _by_distinct(raw: list[str], convert: Callable[[str], object]) -> list[objec
         return None
 
 
+# A cell is a number vramscope can compute with only when it is ASCII and within int64: a 400-digit cell
+# (a damaged or hostile log) would overflow every float the analysis makes of it, and int() and float()
+# also read other scripts' digits ("٤"), which no writer of these logs produces. Such cells are unknown.
+MAX_CELL_INT = 2**63 - 1
+_SAFE_INT_CHARS = 18  # any run of 18 digits (or a sign and 17) is within int64
+
+
 def _convert(
     raw: list[str] | None, n: int, fast: type[int] | type[float], slow: Callable[[str], object]
 ) -> list[object]:
@@ -224,10 +234,15 @@ def _convert(
     converted = _by_distinct(raw, slow)
     if converted is not None:
         return converted
+    if (fast is int and max(map(len, raw)) > _SAFE_INT_CHARS) or not "".join(raw).isascii():
+        return [slow(v) for v in raw]  # a long or non-ASCII cell: only the per-cell checks bound it
     try:
-        return list(map(fast, raw))  # every cell known and clean: one C loop
+        values: list[object] = list(map(fast, raw))  # every cell known and clean: one C loop
     except ValueError:
         pass
+    else:
+        finite = fast is int or all(map(isfinite, values))  # type: ignore[arg-type]
+        return values if finite else [slow(v) for v in raw]
     try:
         return [fast(v) if v else None for v in raw]  # gaps ('' = unknown)
     except ValueError:
@@ -239,26 +254,29 @@ def _text_or_none(text: str) -> str | None:
 
 
 def _to_int(text: str) -> int | None:
-    if not text:
+    if not text or not text.isascii() or len(text) > 64:
         return None
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
-        pass
-    try:
-        value = float(text)  # "1.2e9" or "1024.0" from another writer
-    except ValueError:
-        return None  # a damaged cell is unknown, not a failed report
-    return int(value) if value == value and abs(value) != float("inf") else None
+        try:
+            value = float(text)  # "1.2e9" or "1024.0" from another writer
+        except ValueError:
+            return None  # a damaged cell is unknown, not a failed report
+        if not isfinite(value) or abs(value) > MAX_CELL_INT:
+            return None
+        number = int(value)
+    return number if abs(number) <= MAX_CELL_INT else None
 
 
 def _to_float(text: str) -> float | None:
-    if not text:
+    if not text or not text.isascii() or len(text) > 64:
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         return None
+    return value if isfinite(value) else None
 
 
 def read_log(path: str | os.PathLike[str]) -> LogTable:
@@ -287,18 +305,24 @@ def read_log(path: str | os.PathLike[str]) -> LogTable:
 
 def _concat(tables: list[LogTable]) -> LogTable:
     columns = list(dict.fromkeys(c for t in tables for c in t.columns))
-    raw: dict[str, list[str]] = {c: [] for c in columns}
-    for table in tables:
-        n = len(table)
-        for column, values in raw.items():
+    sizes = [len(t) for t in tables]
+
+    def joined(column: str) -> list[str]:
+        values: list[str] = []
+        for table, n in zip(tables, sizes, strict=True):
             values.extend(table.raw.get(column) or [""] * n)
-    return LogTable(tables[0].path, raw, tables[0].kind)
+        return values
+
+    # Joined on first use, as one part's columns are: a report asks for a few of many columns.
+    return LogTable(tables[0].path, _MadeOnUse({c: partial(joined, c) for c in columns}), tables[0].kind)
 
 
 def _read_one(name: str) -> LogTable:
     try:
         # Bytes, decoded in one go: text mode's newline translation would cost as much as the split.
-        data = Path(name).read_bytes()
+        data = read_regular_file(name, "a log written by vramscope or nvidia-smi")
+    except NotRegularFileError as exc:  # /dev/zero would be read until memory ran out; a FIFO blocks
+        raise LogFormatError(str(exc)) from None
     except FileNotFoundError:
         raise LogFormatError(f"log {name} does not exist; check the path") from None
     except IsADirectoryError:
@@ -428,7 +452,11 @@ def gc_paused() -> Iterator[None]:
 
 
 def _read_jsonl(name: str, text: str) -> LogTable:
-    raw: dict[str, list[str]] = {c: [] for c in COLUMNS}
+    # Each key's cells are kept as they come (with their rows once a row lacks the key), never padded per
+    # row: padding every known column for every row made a log whose rows each bring a new key cost
+    # rows x keys cells (a 2.6 MiB file took 2.2 GiB). Now memory follows the cells in the file, and a
+    # column is made whole only when the report asks for it.
+    columns: dict[str, _SparseColumn] = {c: _SparseColumn() for c in COLUMNS}
     count = 0
     for line in _complete_lines(text).splitlines():
         if not line.strip():
@@ -439,16 +467,65 @@ def _read_jsonl(name: str, text: str) -> LogTable:
             continue  # a torn or foreign line in the middle of the file (two writers); skip it
         if not isinstance(row, dict):
             continue
-        for key in row:
-            if key not in raw:
-                raw[key] = [""] * count
-        for key, values in raw.items():
-            value = row.get(key)
-            values.append("" if value is None else str(value))
+        for key, value in row.items():
+            column = columns.get(key)
+            if column is None:  # a key first met here (even as null) is a column, as it always was
+                column = columns[key] = _SparseColumn()
+            if value is not None:
+                column.add(count, str(value))
         count += 1
     if count == 0:
         raise LogFormatError(f"{name} holds no complete JSON row; is it a vramscope .jsonl log?")
-    return LogTable(name, raw, kind="jsonl")
+    return LogTable(name, _MadeOnUse({key: partial(column.cells, count) for key, column in columns.items()}),
+                    kind="jsonl")
+
+
+class _SparseColumn:
+    """One key's cells in order of their rows; the rows themselves only once some row lacked the key."""
+
+    __slots__ = ("rows", "values")
+
+    def __init__(self) -> None:
+        self.values: list[str] = []
+        self.rows: array[int] | None = None  # None: the cells are rows 0, 1, 2, ... (no gap yet)
+
+    def add(self, row: int, value: str) -> None:
+        if self.rows is None:
+            if len(self.values) == row:
+                self.values.append(value)
+                return
+            self.rows = array("q", range(len(self.values)))
+        self.rows.append(row)
+        self.values.append(value)
+
+    def cells(self, count: int) -> list[str]:
+        """The whole column, '' where a row lacked the key."""
+        if self.rows is None and len(self.values) == count:
+            return self.values
+        out = [""] * count
+        for row, value in zip(self.rows if self.rows is not None else range(len(self.values)), self.values,
+                              strict=True):
+            out[row] = value
+        return out
+
+
+class _MadeOnUse(Mapping[str, list[str]]):
+    """Column name -> its cells, made by a function on first use and kept (JSON Lines, a rotated set)."""
+
+    def __init__(self, makers: dict[str, Callable[[], list[str]]]) -> None:
+        self._makers = makers
+        self._made: dict[str, list[str]] = {}
+
+    def __getitem__(self, name: str) -> list[str]:
+        if name not in self._made:
+            self._made[name] = self._makers[name]()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
 
 
 _SMI_NUMBER = re.compile(r"([0-9.]+)")

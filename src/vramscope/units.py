@@ -23,22 +23,30 @@ _UNITS = {
     "tb": 1000**4,
     "tib": 1024**4,
 }
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$", re.ASCII)
+# The largest size accepted: an exbibyte is a million times any GPU, and keeps every size an exact int64.
+MAX_BYTES = 1024**6
+_MAX_SIZE_CHARS = 40  # checked before the regex and float(): a 400-digit size is refused, not inf
 
 
 def parse_bytes(text: str) -> int:
     """``"24GiB"`` -> 25769803776; ``"80GB"`` -> 80e9; a bare number is bytes.
 
     Raises:
-        ValueError: with a message that shows the accepted forms.
+        ValueError: with a message that shows the accepted forms; also for a size above :data:`MAX_BYTES`, a
+            text over 40 characters, or digits of other scripts ("٢٤GiB": ASCII only, as every number flag).
     """
-    match = _SIZE.match(text)
+    shown = repr(text) if len(text) <= _MAX_SIZE_CHARS else f"{text[:_MAX_SIZE_CHARS]!r}... ({len(text)} characters)"
+    match = _SIZE.match(text) if len(text) <= _MAX_SIZE_CHARS else None
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a memory size; write it like 24GiB, 80GB or 16384MiB")
+        why = "too long" if len(text) > _MAX_SIZE_CHARS else "cannot read"
+        raise ValueError(f"{why} {shown} as a memory size; write it like 24GiB, 80GB or 16384MiB (ASCII digits)")
     value = float(match.group(1)) * _UNITS[unit]
     if value <= 0:
-        raise ValueError(f"memory size must be positive, got {text!r}")
+        raise ValueError(f"memory size must be positive, got {shown}")
+    if value > MAX_BYTES:
+        raise ValueError(f"memory size must be at most 1024 PiB, got {shown}")
     return int(value)
 
 

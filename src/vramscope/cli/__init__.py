@@ -15,6 +15,7 @@ from importlib import import_module
 
 from vramscope import __version__
 from vramscope.cli.common import CommandError, UsageError
+from vramscope.safetext import printable
 
 # Subcommand modules, in the order --help lists them. Imported lazily so that `vramscope watch`
 # never pays for the planner or the report's imports.
@@ -71,10 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(args._run(args))
     except UsageError as exc:
-        print(f"vramscope: error: {exc}", file=sys.stderr)
+        print(f"vramscope: error: {printable(str(exc))}", file=sys.stderr)  # file names from a glob, say
         return 2
     except CommandError as exc:
-        print(f"vramscope: error: {exc}", file=sys.stderr)
+        print(f"vramscope: error: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -87,5 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        print(f"vramscope: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
+        print(f"vramscope: error: {type(exc).__name__}: {printable(str(exc))} (run with --debug for the traceback)",
+              file=sys.stderr)
         return 1

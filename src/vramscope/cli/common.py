@@ -21,49 +21,89 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
+# Numbers on the command line are ASCII and short. Python's int() and float() also read other scripts'
+# digits ("٤" is 4), but a size (parse_bytes), a log cell (logfile) and every tool that reads our output
+# do not; refusing them everywhere keeps one rule, and a look-alike digit in a script is then an error
+# rather than a silent number. A length cap keeps int() of 4,000 digits (and float() of 400, which is
+# inf) from ever reaching arithmetic: every flag has a bound far below these lengths anyway.
+MAX_NUMBER_CHARS = 32
+# Counts (a batch, a sequence, a rank, a number of readings): a trillion is beyond any real run, and keeps
+# the planner's arithmetic exact in floats and its divisor search under a second (planner/api.py).
+MAX_COUNT = 10**12
+
+
+def shown(text: str, limit: int = 40) -> str:
+    """``repr`` of a user's text for an error line, cut short so a 4,000-character argument stays one line."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def plain_number(text: str, what: str) -> str:
+    """The text stripped, when it is a short ASCII number; else ArgumentTypeError saying why."""
+    stripped = text.strip()
+    if not stripped.isascii():
+        raise argparse.ArgumentTypeError(f"{what} must be written with ASCII digits 0-9, got {shown(text)}")
+    if len(stripped) > MAX_NUMBER_CHARS:
+        raise argparse.ArgumentTypeError(f"{what} must be at most {MAX_NUMBER_CHARS} characters, got {shown(text)}")
+    return stripped
+
+
 def interval(text: str) -> float:
     """argparse type for a sampling interval in seconds."""
     try:
-        value = float(text)
+        value = float(plain_number(text, "interval"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"interval must be a number of seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"interval must be a number of seconds, got {shown(text)}") from None
     if not value >= MIN_INTERVAL_S or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"interval must be at least {MIN_INTERVAL_S} s, got {text!r}")
+        raise argparse.ArgumentTypeError(f"interval must be at least {MIN_INTERVAL_S} s, got {shown(text)}")
     if value > MAX_INTERVAL_S:
-        raise argparse.ArgumentTypeError(f"interval must be at most {MAX_INTERVAL_S:g} s (a day), got {text!r}")
+        raise argparse.ArgumentTypeError(f"interval must be at most {MAX_INTERVAL_S:g} s (a day), got {shown(text)}")
     return value
 
 
 def log_megabytes(text: str) -> int:
     """argparse type for ``--max-log-mb``: MiB per log file, returned in bytes."""
     try:
-        value = float(text)
+        value = float(plain_number(text, "--max-log-mb"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--max-log-mb takes a size in MiB such as 100, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--max-log-mb takes a size in MiB such as 100, got {shown(text)}") from None
     # A part must hold at least a header and a sample; more than a TiB per file is not a limit.
     if not 0.001 <= value <= 1024 * 1024:
-        raise argparse.ArgumentTypeError(f"--max-log-mb must be between 0.001 and 1048576 MiB, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--max-log-mb must be between 0.001 and 1048576 MiB, got {shown(text)}")
     return int(value * 1024 * 1024)
 
 
 def gpu_list(text: str) -> list[int]:
     """argparse type for ``--gpus 0,1``."""
     try:
-        gpus = [int(part) for part in text.split(",") if part.strip()]
+        gpus = [int(plain_number(part, "a GPU index")) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1; got {text!r}") from None
-    if not gpus or any(g < 0 for g in gpus):
-        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1; got {text!r}")
+        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1; got {shown(text)}") from None
+    if not gpus or any(not 0 <= g < 1024 for g in gpus):
+        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1; got {shown(text)}")
     return gpus
 
 
 def positive_int(text: str) -> int:
+    """argparse type for a count: a whole number from 1 to :data:`MAX_COUNT`."""
     try:
-        value = int(text)
+        value = int(plain_number(text, "a number"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {shown(text)}") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {shown(text)}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected a number up to {MAX_COUNT:,}, got {shown(text)}")
+    return value
+
+
+def index(text: str) -> int:
+    """argparse type for a device index: 0 to 1023."""
+    try:
+        value = int(plain_number(text, "an index"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a device index like 0, got {shown(text)}") from None
+    if not 0 <= value < 1024:
+        raise argparse.ArgumentTypeError(f"expected a device index from 0 to 1023, got {shown(text)}")
     return value
 
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from vramscope.cli.common import positive_int
+from vramscope.cli.common import plain_number, positive_int, shown
 from vramscope.recipe import OPTIMIZERS, QLoraSpec
 
 
 def _dropout(text: str) -> float:
     try:
-        value = float(text)
+        value = float(plain_number(text, "--lora-dropout"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--lora-dropout is a probability like 0.05, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--lora-dropout is a probability like 0.05, got {shown(text)}") from None
     if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"--lora-dropout must be in [0, 1), got {text!r}")
+        raise argparse.ArgumentTypeError(f"--lora-dropout must be in [0, 1), got {shown(text)}")
     return value
 
 

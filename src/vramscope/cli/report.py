@@ -11,10 +11,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from vramscope.atomicfile import write_atomically
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.logfile import LogFormatError
 from vramscope.planner import PlanInputError, load_config_file
@@ -25,6 +25,7 @@ from vramscope.report.html import render_html
 from vramscope.report.load import report_file
 from vramscope.report.model import EmptyLogError, LogReport
 from vramscope.report.plan_check import PlanFileError, check, read_plan, strategy_beside
+from vramscope.safetext import printable
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         print_report(reports, Console(highlight=False))
     for path in written:
-        print(f"vramscope: wrote {path}", file=sys.stderr)
+        print(f"vramscope: wrote {printable(path)}", file=sys.stderr)
     return 0
 
 
@@ -152,22 +153,7 @@ def _check_output(flag: str, path: str, logs: list[str]) -> None:
 
 def _write(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` whole or not at all (temporary file beside it, then rename)."""
-    target = Path(path)
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o777)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be shared
-        os.replace(tmp, target)
-        tmp = None
+        write_atomically(path, data)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}; choose a writable path") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vramscope.cli.common import CommandError, UsageError, positive_int
+from vramscope.cli.common import CommandError, UsageError, index, plain_number, positive_int, shown
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.units import gib, parse_bytes
 
@@ -83,18 +83,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="real steps at most (default 5; usually 3 are needed)",
     )
-    parser.add_argument("--device", type=int, default=0, metavar="I", help="CUDA device index (default 0)")
+    parser.add_argument("--device", type=index, default=0, metavar="I", help="CUDA device index (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_recipe_arguments(parser)
 
 
 def _fraction(text: str) -> float:
     try:
-        value = float(text)
+        value = float(plain_number(text, "--margin"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--margin is a fraction like 0.05, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--margin is a fraction like 0.05, got {shown(text)}") from None
     if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"--margin must be at least 0 and below 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--margin must be at least 0 and below 1, got {shown(text)}")
     return value
 
 

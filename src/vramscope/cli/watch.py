@@ -1,8 +1,9 @@
-"""``vramscope watch [--interval S] [--gpus 0,1] [--csv FILE] [--once]``"""
+"""``vramscope watch [--interval S] [--gpus 0,1] [--csv FILE] [--once] [--json]``"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -19,6 +20,7 @@ from vramscope.cli.common import (
 from vramscope.sampler import Collector, Sampler
 from vramscope.sinks import CsvSink
 from vramscope.sinks.base import LogPathError, Sink
+from vramscope.tui.snapshot import snapshot_dict
 from vramscope.tui.text import host_line, snapshot_lines
 from vramscope.types import Sample
 
@@ -34,6 +36,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="start a new --csv file (FILE.1, FILE.2, ...) before one passes this size")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N readings")
+    parser.add_argument("--json", action="store_true",
+                        help="print each reading as one JSON object on one line (with --once: one object)")
     parser.add_argument(
         "--prometheus",
         metavar="[HOST:]PORT",
@@ -66,12 +70,12 @@ def run(args: argparse.Namespace) -> int:
         if not first.gpus:
             why = nvml.init_error or ("no GPU matches --gpus" if args.gpus else "no GPU found")
             print(f"vramscope: no NVIDIA GPU to watch ({why}); host memory only", file=sys.stderr)
-            print(host_line(first.host))
+            print(_json_line(first, why) if args.json else host_line(first.host))
             return 0
         if args.once or args.count == 1:
-            print("\n".join(snapshot_lines(first)))
+            print(_json_line(first) if args.json else "\n".join(snapshot_lines(first)))
             return 0
-        if sys.stdout.isatty():
+        if sys.stdout.isatty() and not args.json:
             _live(sampler, args)
         else:
             _plain(sampler, first, args)
@@ -88,12 +92,20 @@ def _ticks(args: argparse.Namespace) -> int | None:
 
 
 def _plain(sampler: Sampler, first: Sample, args: argparse.Namespace) -> None:
-    print("\n".join(snapshot_lines(first)), flush=True)
+    def show(sample: Sample) -> str:
+        return _json_line(sample) if args.json else "\n".join(snapshot_lines(sample))
+
+    print(show(first), flush=True)
     left = _ticks(args)
     while left is None or left > 0:
         time.sleep(args.interval)
-        print("\n".join(snapshot_lines(sampler.sample_now())), flush=True)
+        print(show(sampler.sample_now()), flush=True)
         left = None if left is None else left - 1
+
+
+def _json_line(sample: Sample, nvml_error: str | None = None) -> str:
+    # One line per reading (JSON Lines); ensure_ascii keeps other users' command lines inert in a terminal.
+    return json.dumps(snapshot_dict(sample, nvml_error), allow_nan=False)
 
 
 def _live(sampler: Sampler, args: argparse.Namespace) -> None:

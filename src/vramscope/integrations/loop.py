@@ -54,6 +54,7 @@ from typing import Any, TextIO
 from vramscope.analysis.alerts import Alerts, warnings_path
 from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
 from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, analyze_columns
+from vramscope.atomicfile import write_atomically
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.integrations.breakdown import BreakdownTracker
@@ -375,7 +376,8 @@ class MemoryMonitor:
             if self.log_path is None or self.last_analysis is None:
                 return None
             path = beside(self.log_path, ".analysis.json")
-            Path(path).write_text(json.dumps(self.last_analysis, indent=1, default=str), encoding="utf-8")
+            # Atomically: on a full disk the old analysis (or none) stays, never a 0-byte file.
+            write_atomically(path, json.dumps(self.last_analysis, indent=1, default=str).encode("utf-8"))
             return path
         except Exception as exc:
             log.warning("vramscope: the analysis failed: %s", exc)

@@ -16,7 +16,7 @@ from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lo
 from vramscope.planner.nofit import explain
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
-from vramscope.units import parse_bytes
+from vramscope.units import MAX_BYTES, parse_bytes
 
 ModelRef = str | Mapping[str, Any] | ModelShape
 MAX_BATCH = 1 << 16
@@ -114,10 +114,34 @@ def resolve_model(model: ModelRef) -> tuple[str, ModelShape]:
     raise PlanInputError(f"model must be a registry name or a config dict, got {type(model).__name__}")
 
 
-def _positive(name: str, value: Any) -> int:
+# Batch sizes, lengths and targets above a trillion are refused: no run has them, and below it every search
+# here is bounded (the divisor search takes at most a million steps).
+MAX_COUNT = 10**12
+
+
+def _positive(name: str, value: Any, most: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PlanInputError(f"{name} must be a positive whole number, got {value!r}")
+        raise PlanInputError(f"{name} must be a positive whole number, got {value!r}"[:200])
+    if most is not None and value > most:
+        raise PlanInputError(f"{name} must be at most {most:,}, got {value:.3g}")
     return value
+
+
+def _largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit`` (1 at least), by trial division up to sqrt(n).
+
+    A divisor pairs with its cofactor, so sqrt(n) steps find them all: a batch of 10**12 takes 10**6 steps,
+    where trying every d up to the limit took hours.
+    """
+    best = 1
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            for candidate in (d, n // d):
+                if best < candidate <= limit:
+                    best = candidate
+        d += 1
+    return best
 
 
 def capacity_of(gpu_memory: int | str | None = None, gpu: str | None = None) -> tuple[int | None, Hardware]:
@@ -135,7 +159,7 @@ def capacity_of(gpu_memory: int | str | None = None, gpu: str | None = None) -> 
             except ValueError as exc:
                 raise PlanInputError(str(exc)) from None
         else:
-            cap = _positive("GPU memory", gpu_memory)
+            cap = _positive("GPU memory", gpu_memory, MAX_BYTES)
     return cap, hw
 
 
@@ -193,7 +217,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
         if capacity is not None and deficit is not None and deficit > 0:
             # the largest micro-batch that fits, judged against the measured peak's excess over the model
             limit = min(limit, max(1, max_batch_size(shape, spec, seq, capacity - (peak - base), hw)))
-        micro = max(d for d in range(1, limit + 1) if batch % d == 0)
+        micro = _largest_divisor(batch, limit)
         accum = batch // micro
         add("micro_batch", spec, micro, seq,
             f"micro-batch {micro} with gradient accumulation {accum} (same effective batch {batch}): "
@@ -262,12 +286,13 @@ def recommend(
     """
     spec = spec or QLoraSpec()
     _, shape = resolve_model(model)
-    batch_size, seq_len = _positive("batch size", batch_size), _positive("sequence length", seq_len)
+    batch_size = _positive("batch size", batch_size, MAX_COUNT)
+    seq_len = _positive("sequence length", seq_len, MAX_COUNT)
     cap, hw = capacity_of(None, gpu)
     if capacity_bytes is not None:
-        cap = _positive("capacity", capacity_bytes)
+        cap = _positive("capacity", capacity_bytes, MAX_BYTES)
     current = estimate(shape, spec, batch_size, seq_len, hw)
-    peak = current.device_bytes if peak_bytes is None else _positive("peak", peak_bytes)
+    peak = current.device_bytes if peak_bytes is None else _positive("peak", peak_bytes, MAX_BYTES)
     return _recommendations(shape, spec, batch_size, seq_len, hw, current, peak, cap)
 
 
@@ -304,12 +329,13 @@ def plan(
     """
     spec = spec or QLoraSpec()
     name, shape = resolve_model(model)
-    batch_size, seq_len = _positive("batch size", batch_size), _positive("sequence length", seq_len)
+    batch_size = _positive("batch size", batch_size, MAX_COUNT)
+    seq_len = _positive("sequence length", seq_len, MAX_COUNT)
     cap, hw = capacity_of(gpu_memory, gpu)
     if hardware is not None:
         hw = hardware
     if target_batch is not None:
-        _positive("target batch", target_batch)
+        _positive("target batch", target_batch, MAX_COUNT)
     est = estimate(shape, spec, batch_size, seq_len, hw)
     notes: list[str] = []
     if est.breakdown.optimizer_states_paged:
@@ -330,7 +356,7 @@ def plan(
         if target_batch is not None:
             if mb:
                 # The largest micro-batch that fits and divides the target keeps the effective batch exact.
-                micro = max(d for d in range(1, min(mb, target_batch) + 1) if target_batch % d == 0)
+                micro = _largest_divisor(target_batch, min(mb, target_batch))
                 accum = target_batch // micro
             else:
                 notes.append(f"no batch fits in {cap / 2**30:.1f} GiB at {seq_len} tokens, so target batch "

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramscope.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
 from vramscope.planner.errors import PlanInputError
 
 # model_type -> how its decoder layer is built. Anything else is read as a LLaMA-style layer.
+CONFIG_LIMIT = 16 << 20  # bytes of a config.json read at most; real ones are a few kB
 _FUSED_QKV = {"phi3", "falcon", "gpt_neox"}
 _FUSED_GATE_UP = {"phi3"}
 _PLAIN_MLP = {"falcon", "gpt_neox"}  # up -> GELU -> down, no gate
@@ -118,7 +120,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        # A regular file of at most 16 MiB (a config.json is a few kB): /dev/zero or a FIFO is refused at once.
+        data = json.loads(read_regular_file(p, "a Hugging Face config.json", limit=CONFIG_LIMIT).decode("utf-8"))
+    except (NotRegularFileError, FileTooLargeError) as exc:
+        raise PlanInputError(str(exc)) from None
     except FileNotFoundError:
         raise PlanInputError(f"config file {str(p)!r} not found; pass the path of a Hugging Face config.json") from None
     except (OSError, UnicodeDecodeError) as exc:

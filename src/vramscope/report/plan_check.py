@@ -13,6 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vramscope.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
+
+SIDE_FILE_LIMIT = 16 << 20  # a plan or a strategy file is a few kB; 16 MiB is not one
 STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
                   "zero": "ZeRO", "split": "split", "single": "one process"}
 
@@ -27,7 +30,8 @@ def strategy_beside(log_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = Path(os.fspath(log_path))
     candidate = path.with_name(path.stem + ".strategy.json") if path.suffix else Path(f"{path}.strategy.json")
     try:
-        data = json.loads(candidate.read_text(encoding="utf-8"))
+        # Bounded like every input: a FIFO or device of that name is passed over, never read or waited on.
+        data = json.loads(read_regular_file(candidate, "a strategy file", limit=SIDE_FILE_LIMIT).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("strategy"), str) else None
@@ -43,7 +47,10 @@ def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     hint = "save one with: vramscope plan ... --gpus N --strategy S --json > plan.json"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_file(path, "a plan from 'vramscope plan ... --json'",
+                                            limit=SIDE_FILE_LIMIT).decode("utf-8"))
+    except (NotRegularFileError, FileTooLargeError) as exc:  # /dev/zero, a FIFO, a huge file
+        raise PlanFileError(f"--plan: {exc}") from None
     except FileNotFoundError:
         raise PlanFileError(f"--plan {path}: no such file; {hint}") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -7,6 +7,7 @@ by itself, and ``--json`` is there for machines.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console, Group
@@ -16,6 +17,7 @@ from rich.text import Text
 
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.model import METRICS, LogReport, duration
+from vramscope.safetext import inert, printable
 from vramscope.types import MemoryBreakdown
 
 GIB = 1024**3
@@ -24,7 +26,12 @@ PEAK_ORDER = ("device_used_bytes", "reserved_bytes", "peak_allocated_bytes", "al
 
 
 def print_report(reports: Sequence[LogReport], console: Console) -> None:
-    """Print one log's summary, or several logs compared side by side and then each one's advice."""
+    """Print one log's summary, or several logs compared side by side and then each one's advice.
+
+    Every string that came from a log (phase names, the file name, verdicts that quote them) is made
+    printable first: the terminal shows an escape sequence or a newline from a log as ``\x1b``, ``\n``.
+    """
+    reports = [replace(r, path=printable(r.path), summary=inert(r.summary)) for r in reports]
     if len(reports) > 1:
         console.print(comparison_table(reports))
         for report in reports:
@@ -205,11 +212,13 @@ def comparison_table(reports: Sequence[LogReport]) -> Table:
 
 def breakdown_table(b: MemoryBreakdown) -> Table:
     """What held memory, by category (the monitor's breakdown file beside the log)."""
-    table = Table(title=f"what held memory on {b.device} at the run's peak", title_justify="left", box=None)
+    # The breakdown is read from a file beside the log: its text is as untrusted as the log's.
+    device = escape(printable(str(b.device)))
+    table = Table(title=f"what held memory on {device} at the run's peak", title_justify="left", box=None)
     table.add_column("part")
     table.add_column("memory", justify="right")
     for label, value in b.rows():
-        table.add_row(label, "unknown" if value is None else _gib(value))
+        table.add_row(escape(printable(label)), "unknown" if value is None else _gib(value))
     return table
 
 

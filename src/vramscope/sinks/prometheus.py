@@ -31,13 +31,12 @@ import errno
 import logging
 import re
 import socket
-import socketserver
 import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from vramscope.sinks.metrics_http import MetricsServer
 from vramscope.types import Sample
 
 if TYPE_CHECKING:
@@ -145,8 +144,10 @@ def parse_address(text: str) -> tuple[str, int]:
         raise PrometheusAddressError(
             f"no host before ':' in {text!r}; give just the port (binds 127.0.0.1) or 0.0.0.0:PORT for every interface"
         )
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise PrometheusAddressError(f"cannot read {text!r} as [HOST:]PORT; write e.g. 9400 or 0.0.0.0:9400")
+    # ASCII digits only, as every number vramscope reads ("٩٤٠٠".isdigit() is true too), and short.
+    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5) or int(port_text) > 65535:
+        shown = repr(text) if len(text) <= 60 else f"{text[:60]!r}... ({len(text)} characters)"
+        raise PrometheusAddressError(f"cannot read {shown} as [HOST:]PORT; write e.g. 9400 or 0.0.0.0:9400")
     return host, int(port_text)
 
 
@@ -407,19 +408,35 @@ class PrometheusSink(_Exporter):
     ) -> None:
         host, port = parse_address(address)
         super().__init__(labels, registry)
-        client = _prometheus_client()
         try:
-            self._server = _serve(host, port, client.make_wsgi_app(self.registry))
+            self._server = _serve(host, port, self._render)
         except PrometheusBindError:
             self._unregister()
             raise
         self.host = host
         self.port: int = self._server.server_port
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="vramscope-prometheus", daemon=True
-        )
-        self._thread.start()
         log.info("vramscope: serving Prometheus metrics at %s", self.url)
+        if self.every_interface:
+            log.warning("vramscope: warning: %s", self.exposure)
+
+    @property
+    def every_interface(self) -> bool:
+        """True when bound to every interface (0.0.0.0 or ::): reachable from the network."""
+        return self.host in ("0.0.0.0", "::", "")
+
+    @property
+    def exposure(self) -> str:
+        """The one-line warning for a server open to the network."""
+        return (f"the metrics on port {self.port} can be read by anyone who can reach this machine (host name, "
+                "GPUs, process ids); give just the port to keep them on 127.0.0.1")
+
+    def _render(self, accept: str, query: str) -> tuple[bytes, str]:
+        """A scrape's answer, as prometheus_client's own server gives it (format by Accept, ``name[]`` filters)."""
+        encoder, content_type = _prometheus_client().exposition.choose_encoder(accept)
+        names = urllib.parse.parse_qs(query).get("name[]")
+        registry = self.registry.restricted_registry(names) if names else self.registry
+        body: bytes = encoder(registry)
+        return body, content_type
 
     @property
     def url(self) -> str:
@@ -437,33 +454,19 @@ class PrometheusSink(_Exporter):
         if self._closed:
             return
         self._closed = True
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5.0)
+        self._server.close()
         self._unregister()
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """A request handler that does not print a line per scrape to stderr."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def _serve(host: str, port: int, app: Any) -> WSGIServer:
-    """A threaded WSGI server bound to ``host:port``, with bind failures turned into one clear line."""
+def _serve(host: str, port: int, render: Any) -> MetricsServer:
+    """The bounded metrics server (sinks/metrics_http.py) on ``host:port``, bind failures as one clear line."""
     where = f"{host}:{port}"
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as exc:
         raise PrometheusBindError(f"cannot listen on {where}: unknown host ({exc.strerror}); check the name") from None
-
-    class Server(socketserver.ThreadingMixIn, WSGIServer):
-        daemon_threads = True  # a slow scraper must not keep the process alive
-        address_family = family
-
     try:
-        return make_server(host, port, app, server_class=Server, handler_class=_QuietHandler)
+        return MetricsServer(host, port, family, render)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             why = f"port {port} on {host} is already in use; choose another port (or stop what listens there)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vramscope.safetext import printable
 from vramscope.schema import iso_time
 from vramscope.types import GpuReading, HostReading, Sample
 from vramscope.units import gib, human
@@ -27,18 +28,6 @@ def sparkline(values: Sequence[float | None], width: int = 30, top: float | None
         else:
             out.append(SPARK[min(len(SPARK) - 1, max(0, int(v / ceiling * (len(SPARK) - 1) + 0.5)))])
     return "".join(out)
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print to a terminal: control and format characters shown as escapes (``\\x1b``).
-
-    Process names and command lines come from any user's process on the GPU; printed raw, an escape
-    sequence in one would drive the watcher's terminal (retitle it, clear it), a newline would forge a
-    line of output, and a right-to-left override would reorder what is shown.
-    """
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def gpu_line(gpu: GpuReading) -> str:
