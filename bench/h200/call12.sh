@@ -6,7 +6,7 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD/.site:$PWD/src PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
 mkdir -p $OUT
-(sleep 75; python3 -m vramscope watch --once --json > $OUT/watch-once.json 2> $OUT/watch-once.err) &
+(sleep 75; python3 -m vramscope watch --once --json > $OUT/watch-once.json) &
 timeout -k 10 250 python3 bench/framework_measure.py --out $OUT --held-out --jobs 6 --budget-s 200 \
   --point-timeout-s 150 2>&1 | tee $OUT/run.log | grep -E "checkpoint|: (ok|oom|error|no-data|not-run)|points ok"
 wait
