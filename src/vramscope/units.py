@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 GIB = 1024**3
@@ -69,3 +70,18 @@ def human(n: int | float | None) -> str:
     if size >= 1024:
         return f"{n / 1024:.0f} KiB"
     return f"{int(n)} B"
+
+
+def human_precise(n: int | float | None) -> str:
+    """Like :func:`human`, with three significant digits so that small amounts keep their size:
+    ``"40 B"``, ``"1.50 KiB"``, ``"256 KiB"``, ``"3.00 MiB"``, ``"12.3 GiB"``."""
+    if n is None:
+        return "?"
+    unit, scale = next(((u, s) for u, s in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)) if abs(n) >= s), ("B", 1))
+    if scale == 1:
+        return f"{n:.0f} B"
+    value = n / scale
+    text = f"{value:.{2 if abs(value) < 10 else 1 if abs(value) < 100 else 0}f}"
+    if abs(float(text)) >= 1024 and unit != "GiB":  # 1023.6 KiB rounds to 1024: that is 1.00 MiB
+        return human_precise(math.copysign(scale * 1024, n))
+    return f"{text} {unit}"

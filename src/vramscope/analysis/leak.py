@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vramscope.units import human_precise
+
 MIB = 1024 * 1024
 
 
@@ -452,13 +454,16 @@ def detect_leak(
 def _rate(bytes_per: float) -> str:
     if abs(bytes_per) >= MIB:
         return f"{bytes_per / MIB:.2f} MiB"
-    return f"{bytes_per / 1024:.1f} KiB"
+    # Three significant digits below a MiB: a 40-byte-per-step leak is "40 B", not "0.0 KiB".
+    return human_precise(bytes_per)
 
 
 def _size(n: float) -> str:
     if abs(n) >= 1024 * MIB:
         return f"{n / (1024 * MIB):.2f} GiB"
-    return f"{n / MIB:.0f} MiB"
+    if abs(n) >= MIB:
+        return f"{n / MIB:.0f} MiB"
+    return human_precise(n)  # "+0 MiB so far" would hide a small leak's growth
 
 
 def _max_known(values: Sequence[int | None]) -> int | None:

@@ -26,6 +26,7 @@ from vramscope.report.load import report_file
 from vramscope.report.model import EmptyLogError, LogReport
 from vramscope.report.plan_check import PlanFileError, check, read_plan, strategy_beside
 from vramscope.safetext import printable
+from vramscope.units import parse_bytes
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML page with the charts here")
     parser.add_argument("--png", metavar="OUT", help="write the charts as a PNG here (needs vramscope[plot])")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+    parser.add_argument("--capacity", metavar="SIZE",
+                        help="the memory each GPU is held against (e.g. 24GiB, 80GB): the headroom and the OOM "
+                             "forecast use it in place of the log's GPU total (needed for a log without one)")
     planner = parser.add_argument_group(
         "what ran (optional)", "with --model and --batch-size, the planner adds its ranked changes with predicted "
         "savings, judged against the measured peak")
@@ -64,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
         plan = read_plan(args.plan) if args.plan else None
     except PlanFileError as exc:
         raise UsageError(str(exc)) from None
+    capacity = capacity_option(args.capacity)
     reports: list[LogReport] = []
     for path in args.logs:
         try:
-            reports.append(report_file(path, settings=settings))
+            reports.append(report_file(path, settings=settings, capacity_bytes=capacity))
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
     for path, report in zip(args.logs, reports, strict=True):
@@ -127,6 +132,25 @@ def _run_settings(args: argparse.Namespace) -> RunSettings | None:
     if args.optim:
         spec = spec.with_(optim=args.optim)
     return RunSettings(model=model, batch_size=args.batch_size, seq_len=args.seq_len, spec=spec)
+
+
+# Smaller than any GPU's memory: a size this small is a unit left out or mistyped.
+MIN_CAPACITY = 256 * 1024**2
+
+
+def capacity_option(text: str | None) -> int | None:
+    """``--capacity SIZE`` in bytes; a size without a unit is refused (24 would be 24 bytes)."""
+    if text is None:
+        return None
+    if text.strip().replace(".", "", 1).isdigit():
+        raise UsageError(f"--capacity {text}: give a unit, e.g. --capacity {text.strip()}GiB or {text.strip()}GB")
+    try:
+        value = parse_bytes(text)
+    except ValueError as exc:
+        raise UsageError(f"--capacity: {exc}") from None
+    if value < MIN_CAPACITY:
+        raise UsageError(f"--capacity {text} is smaller than any GPU's memory; write it like 24GiB or 80GB")
+    return value
 
 
 def _check_output(flag: str, path: str, logs: list[str]) -> None:

@@ -53,7 +53,7 @@ def planner_advice(summary: dict[str, Any], settings: RunSettings) -> list[dict[
     """
     from vramscope.planner import PlanInputError
 
-    devices = list((summary.get("devices") or {}).values())
+    devices = [d for d in (summary.get("devices") or {}).values() if not d.get("idle")]
     seq_len = settings.seq_len
     if seq_len is None:
         tokens = [b["tokens"] for d in devices for b in d.get("longest_batches") or [] if b.get("tokens")]
@@ -109,6 +109,8 @@ def advise(summary: dict[str, Any]) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     leak = summary.get("leak") or {}
     for key, dev in (summary.get("devices") or {}).items():
+        if dev.get("idle"):  # the run did not use this GPU: nothing to change there
+            continue
         where = dev.get("title") or key
         items.extend(_leak_advice(key, where, (leak.get("devices") or {}).get(key) or {}, summary))
         items.extend(_eval_advice(key, where, dev))

@@ -13,8 +13,9 @@ from typing import Any
 
 from vramscope import __version__
 from vramscope.report.compare import change_tone, compare, format_change, format_value
-from vramscope.report.model import METRICS, Chart, LogReport, duration
+from vramscope.report.model import METRICS, Chart, LogReport
 from vramscope.report.svg import chart_svg
+from vramscope.report.verdicts import duration
 from vramscope.types import MemoryBreakdown
 
 GIB = 1024**3
@@ -123,6 +124,9 @@ def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
     out = [f'<section class="log"><h2>{escape(report.path)}</h2>', f'<p class="sub">{escape(" · ".join(facts))}</p>']
     out.append(_cards(s))
     for dev in report.devices:
+        if dev.idle:  # nothing of this run's to draw: say so in a line
+            out.append(f'<h3>{escape(dev.title)} (idle)</h3><p class="note idle">{escape(dev.idle)}.</p>')
+            continue
         out.append(f"<h3>{escape(dev.title)}</h3>")
         out.append(_figure(dev.timeline, y_max.get((dev.key, "time"))))
         if dev.steps is not None:
@@ -145,15 +149,16 @@ def _figure(chart: Chart, y_max: float | None) -> str:
     return f"<figure>{chart_svg(chart, y_max_bytes=y_max)}{caption}</figure>"
 
 
-def _card(label: str, value: str, detail: str = "", tone: str = "") -> str:
+def _card(label: str, value: str, detail: str = "", tone: str = "", level: str = "") -> str:
     cls = f"card {tone}".strip()
-    return (f'<div class="{cls}"><div class="k">{escape(label)}</div><div class="v">{escape(value)}</div>'
+    data = f' data-severity="{escape(level)}"' if level else ""
+    return (f'<div class="{cls}"{data}><div class="k">{escape(label)}</div><div class="v">{escape(value)}</div>'
             f'<div class="d">{escape(detail)}</div></div>')
 
 
 def _cards(s: dict[str, Any]) -> str:
     cards = []
-    devices = list(s["devices"].values())
+    devices = [d for d in s["devices"].values() if not d.get("idle")]
     peak = max(devices, key=lambda d: _peak_bytes(d) or 0, default=None)
     if peak is not None and _peak_bytes(peak) is not None:
         metric, where = _peak_metric(peak)
@@ -183,7 +188,10 @@ def _cards(s: dict[str, Any]) -> str:
         when = f"~{forecast['steps_to_oom']:,.0f} steps"
         seconds = forecast.get("seconds_to_oom")
         detail = f"in about {duration(seconds)}" if seconds is not None else ""
-        cards.append(_card("OOM forecast", when, detail, "bad"))
+        severity = s.get("oom_severity") or {}
+        # The colour says how soon, not that an OOM was named: red within hours, amber within a day.
+        tone = {"high": "bad", "medium": "warn"}.get(str(severity.get("level")), "")
+        cards.append(_card("OOM forecast", when, detail, tone, level=str(severity.get("level") or "")))
     elif forecast:
         lb = forecast.get("longest_batch") or {}
         tone = "bad" if lb.get("at_risk") else ""
@@ -234,12 +242,14 @@ def _device_tables(d: dict[str, Any]) -> str:
     if batches:
         lines = "".join(
             f'<tr><td class="n">{escape(str(b.get("step")))}</td><td class="n">{b.get("tokens"):,}</td>'
-            f'<td class="n">{escape(_gib(b.get("peak_allocated_bytes")))}</td>'
+            f'<td class="n">{escape(_gib(b.get("peak_allocated_bytes"), "unknown"))}</td>'
             f"<td>{escape(str(b.get('phase')))}</td></tr>"
             for b in batches
         )
+        note = d.get("longest_batches_note")
+        why = f'<p class="note">{escape(str(note))}.</p>' if note else ""
         out.append("<table><caption>longest batches</caption><tr><th>step</th><th>tokens</th><th>peak allocated</th>"
-                   f"<th>phase</th></tr>{lines}</table>")
+                   f"<th>phase</th></tr>{lines}</table>{why}")
     return f'<div class="scroll">{"".join(out)}</div>'
 
 
@@ -263,5 +273,5 @@ def _advice(s: dict[str, Any]) -> str:
     return f'<h3>Recommendations</h3><ol class="advice">{"".join(lis)}</ol>'
 
 
-def _gib(n: float | None) -> str:
-    return "?" if n is None else f"{n / GIB:.2f} GiB"
+def _gib(n: float | None, unknown: str = "?") -> str:
+    return unknown if n is None else f"{n / GIB:.2f} GiB"

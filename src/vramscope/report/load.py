@@ -17,17 +17,19 @@ BREAKDOWN_SUFFIX = ".breakdown.json"
 MAX_BREAKDOWN_BYTES = 1 << 20
 
 
-def report_file(path: str | os.PathLike[str], settings: RunSettings | None = None) -> LogReport:
+def report_file(path: str | os.PathLike[str], settings: RunSettings | None = None,
+                capacity_bytes: int | None = None) -> LogReport:
     """Read the log at ``path`` and build its report (see :func:`vramscope.logfile.gc_paused` for why the GC pauses).
 
     A memory breakdown beside the log (``<stem>.breakdown.json``) is added as ``summary["breakdown"]``.
+    ``capacity_bytes`` (``--capacity``) replaces the log's GPU total: see :func:`build_report`.
 
     Raises:
         LogFormatError: the file cannot be read as a log.
         EmptyLogError: the log holds no memory readings.
     """
     with gc_paused():
-        report = build_report(read_log(path), settings=settings)
+        report = build_report(read_log(path), settings=settings, capacity_bytes=capacity_bytes)
     found = read_breakdown(path)
     if found is None:
         return report

@@ -29,6 +29,15 @@ from vramscope.analysis.summary import analyze
 from vramscope.logfile import LogTable
 from vramscope.report.advice import RunSettings, advise, planner_advice
 from vramscope.report.downsample import DEFAULT_BUCKETS, bucket_cuts, minmax_from_stretches, minmax_indices
+from vramscope.report.hover import Hover, hover_buckets
+from vramscope.report.verdicts import (
+    batch_peak_note,
+    capacity_source,
+    duration,
+    forecast_limit_note,
+    idle_reason,
+    oom_severity,
+)
 from vramscope.types import MemoryBreakdown
 
 # Memory columns a report looks at, with the names people read.
@@ -72,11 +81,21 @@ class Line:
 
 @dataclass
 class Span:
-    """A stretch of one phase (eval, say) along the x axis."""
+    """A stretch of one phase (eval, say) along the x axis.
+
+    A row is written when its phase's work is done, so a stretch runs from the row before it (the end
+    of the previous phase) to its last row: ``start_s``/``end_s`` in seconds since the log began and
+    ``first_step``/``last_step`` (the training step the phase came after) say when it really was.
+    """
 
     start: float
     end: float
     phase: str
+    rows: int = 0
+    start_s: float | None = None
+    end_s: float | None = None
+    first_step: int | None = None
+    last_step: int | None = None
 
 
 @dataclass
@@ -99,7 +118,9 @@ class Chart:
     spans: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     capacity_bytes: int | None = None
+    capacity_source: str | None = None  # "GPU total, NVML", "--capacity": the same on every chart of a device
     note: str | None = None  # the OOM forecast or the leak verdict, printed on the chart
+    hover: list[Hover] = field(default_factory=list)  # the values under the pointer, per stretch of x
 
     @property
     def empty(self) -> bool:
@@ -114,6 +135,7 @@ class DeviceView:
     title: str
     timeline: Chart
     steps: Chart | None
+    idle: str | None = None  # why this run counts the GPU as idle (then nothing is drawn and nothing advised)
 
 
 @dataclass
@@ -130,13 +152,16 @@ class EmptyLogError(ValueError):
     """The log has a header but no rows to report on."""
 
 
-def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunSettings | None = None) -> LogReport:
+def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunSettings | None = None,
+                 capacity_bytes: int | None = None) -> LogReport:
     """Analyse one log and prepare everything the renderers show.
 
     Args:
         table: a log from :func:`vramscope.logfile.read_log`.
         buckets: min/max buckets per drawn series (two points each).
         settings: what ran (model, batch); adds the planner's recommendations with predicted savings.
+        capacity_bytes: the memory each GPU is held against (``--capacity``), in place of the log's
+            GPU total: the headroom, the OOM forecast and the charts' capacity line use it.
 
     Raises:
         EmptyLogError: the log has no rows, or no memory column with a value.
@@ -149,10 +174,12 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
         raise EmptyLogError(f"log {table.path} has no memory readings in any row; is it a memory log?")
     cols = _Columns(table)
     facts = ColumnFacts()
-    per_device = [_Device(key, sel, cols, buckets, facts) for key, sel in _device_rows(cols.gpu).items()]
+    per_device = [_Device(key, sel, cols, buckets, facts, capacity_bytes)
+                  for key, sel in _device_rows(cols.gpu).items()]
     for dev in per_device:
         dev.read()  # before the analysis, which then finds what it asks of these columns known
-    analysis = analyze(table, facts=facts)
+    analysis = analyze(table, facts=facts, capacity_bytes=capacity_bytes)
+    _name_the_capacity_flag(analysis)
     devices: list[DeviceView] = []
     device_summaries: dict[str, dict[str, Any]] = {}
     for dev in per_device:
@@ -176,6 +203,7 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
         "peak": analysis["peak"],
         "forecast": analysis["forecast"],
         "warnings": analysis.get("warnings", []),
+        "oom_severity": oom_severity(analysis["forecast"], _steps_logged(analysis)),
     }
     ranks = _rank_peaks(cols)
     if ranks is not None:
@@ -188,6 +216,20 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
         advice = urgent + planner_advice(summary, settings) + [a for a in advice if not a["urgent"]]
     summary["recommendations"] = advice
     return LogReport(table.path, _json_safe(summary), devices)
+
+
+def _name_the_capacity_flag(analysis: dict[str, Any]) -> None:
+    """The analysis says the capacity is unknown; the report can be told it: name the option."""
+    forecast = analysis.get("forecast") or {}
+    for fc in [forecast, *(forecast.get("devices") or {}).values()]:
+        if str(fc.get("reason") or "").startswith("capacity unknown"):
+            fc["reason"] = "capacity unknown (no GPU total in the log): give it with --capacity, e.g. --capacity 24GiB"
+
+
+def _steps_logged(analysis: dict[str, Any]) -> int | None:
+    steps = analysis.get("steps") or {}
+    first, last = steps.get("first"), steps.get("last")
+    return None if first is None or last is None else max(1, last - first + 1)
 
 
 # -- columns -----------------------------------------------------------------------------------------
@@ -345,7 +387,8 @@ def _argmax(values: Sequence[int | None]) -> tuple[int, int] | None:
 
 
 class _Device:
-    def __init__(self, key: str, sel: Selector, cols: _Columns, buckets: int, facts: ColumnFacts) -> None:
+    def __init__(self, key: str, sel: Selector, cols: _Columns, buckets: int, facts: ColumnFacts,
+                 capacity_bytes: int | None = None) -> None:
         self.key = key
         self.sel = sel
         self.cols = cols
@@ -361,7 +404,10 @@ class _Device:
         self.tokens = _pick(cols.ints("tokens"), sel) if cols.filled("tokens") else []
         self.n = len(self.step)
         self.title = "host (no GPU in the log)" if key == "host" else f"GPU {key}"
-        self.capacity = next((t for t in reversed(self.total) if t is not None), None)
+        logged_total = next((t for t in reversed(self.total) if t is not None), None)
+        # One capacity per device, said with its source, on every chart and in the headroom.
+        self.capacity = capacity_bytes if capacity_bytes is not None else logged_total
+        self.capacity_source = capacity_source(capacity_bytes is not None, cols.table.kind, logged_total is not None)
         facts.rising(self.step)  # as a rule: then the first and the last step are the range, with no pass
         top = facts.top(self.step)
         self.step_gap = facts.gap(self.step)  # known from that same pass
@@ -623,11 +669,15 @@ class _Device:
             return [max(part) for part in _buckets(self.values[metric], buckets)]  # type: ignore[type-var]
         return [combine(part)[2] for part in regroup(scan, cuts, bucket_cuts(self.n, buckets))]  # type: ignore[index]
 
+    def _peak_metric(self) -> str | None:
+        """The column a batch's peak is read from: the per-step peak, else what was allocated."""
+        return next((m for m in ("peak_allocated_bytes", "allocated_bytes") if self.values[m]), None)
+
     def longest_batches(self) -> list[dict[str, Any]]:
         """The batches with the most tokens (one row per step), the highest peak first among equals."""
         if not self.tokens or self.facts.top(self.tokens) is None:
             return []
-        peak_metric = next((m for m in ("peak_allocated_bytes", "allocated_bytes") if self.values[m]), None)
+        peak_metric = self._peak_metric()
         peak = self.values[peak_metric] if peak_metric else [None] * self.n
         ranked = self._rank_longest(peak_metric) if peak_metric else None
         if ranked is None:
@@ -722,20 +772,31 @@ class _Device:
         peaks = self.peaks()
         self._peaks = peaks
         self._batches = self.longest_batches()
+        self._idle = idle_reason(self.key, peaks, self.step_range is not None)
+        forecast = ((analysis.get("forecast") or {}).get("devices") or {}).get(self.key) or {}
         return {
             "title": self.title,
             "gpu": None if self.key == "host" else int(self.key),
             "rows": self.n,
+            "idle": self._idle,
             "peaks": peaks,
             "phases": self.phase_peaks(),
             **self.headroom(peaks),
+            "capacity_source": self.capacity_source,
+            "oom_severity": oom_severity(forecast, _steps_logged(analysis)),
             "fragmentation": self.fragmentation(),
             "longest_batches": self._batches,
+            "longest_batches_note": batch_peak_note(self._peak_metric(), self._batches),
         }
 
     # ---- what is drawn ----
     def view(self, analysis: dict[str, Any], buckets: int) -> DeviceView:
-        return DeviceView(self.key, self.title, self._timeline(buckets), self._step_chart(analysis, buckets))
+        charts = [self._timeline(buckets), self._step_chart(analysis, buckets)]
+        for chart in charts:
+            if chart is not None:
+                chart.capacity_source = self.capacity_source
+                chart.hover = hover_buckets(chart.lines, chart.spans)
+        return DeviceView(self.key, self.title, charts[0], charts[1], idle=self._idle)  # type: ignore[arg-type]
 
     def _timeline(self, buckets: int) -> Chart:
         chart = Chart(title=f"{self.title}: memory over time", x_label="time", capacity_bytes=self.capacity)
@@ -788,7 +849,7 @@ class _Device:
     def _add_trend(self, chart: Chart, analysis: dict[str, Any], rows: Sequence[int]) -> None:
         leak = ((analysis.get("leak") or {}).get("devices") or {}).get(self.key) or {}
         forecast = ((analysis.get("forecast") or {}).get("devices") or {}).get(self.key) or {}
-        chart.capacity_bytes = forecast.get("capacity_bytes") or self.capacity
+        chart.capacity_bytes = self.capacity  # the forecast's own limit (torch's reach) is said in the note
         slope = leak.get("slope_bytes_per_step")
         start = leak.get("start_step")
         signal = leak.get("signal")
@@ -816,6 +877,9 @@ class _Device:
             if steps_to_oom <= 2 * span:  # a projection far beyond the run would squash the chart
                 chart.lines.append(Line("forecast", "OOM forecast", [float(last_step), last_step + steps_to_oom],
                                         [float(current), float(capacity)], dashed=True))
+            limit = forecast_limit_note(capacity, self.capacity)
+            if limit:
+                notes.append(limit)
         elif forecast.get("reason"):
             notes.append(f"OOM forecast: {forecast['reason']}")
         lb = forecast.get("longest_batch") or {}
@@ -846,18 +910,26 @@ class _Device:
         return self._runs
 
     def _spans(self, x_of: Callable[[int], float | None]) -> list[Span]:
-        """Runs of rows of a phase other than training, along x (eval bands)."""
+        """Runs of rows of a phase other than training, along x (eval bands), from the row before each run
+        (when its work began) to its last row."""
         if not any(self.phase):
             return []
         spans: list[Span] = []
         for label, start, end in self.runs():
             if label not in (TRAIN, "run"):
-                a, b = x_of(start), x_of(end - 1)
+                begin = start - 1 if start > 0 else start
+                a, b = x_of(begin), x_of(end - 1)
+                if a is None:
+                    a, begin = x_of(start), start
                 if a is not None and b is not None:
+                    t0, t1 = self._x_time(begin), self._x_time(end - 1)
                     if spans and spans[-1].phase == label and a - spans[-1].end <= 0:
-                        spans[-1].end = b
+                        last = spans[-1]
+                        last.end, last.end_s, last.rows = b, t1, last.rows + end - start
+                        last.last_step = self.step[end - 1]
                     else:
-                        spans.append(Span(a, b, label))
+                        spans.append(Span(a, b, label, rows=end - start, start_s=t0, end_s=t1,
+                                          first_step=self.step[start], last_step=self.step[end - 1]))
         return spans
 
 
@@ -936,17 +1008,6 @@ def _fragmentation_verdict(f: dict[str, Any]) -> str:
 
 def _gib(n: float) -> str:
     return f"{n / 1024**3:.2f} GiB"
-
-
-def duration(seconds: float) -> str:
-    """A span of time for people: ``45 s``, ``18 min``, ``5.2 h``, ``3.1 days``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
 
 
 def _median(values: list[float]) -> float:

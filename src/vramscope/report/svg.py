@@ -9,12 +9,18 @@ Values on hover come from SVG ``<title>`` elements, which browsers show without 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 
-from vramscope.report.model import Chart, Line
+from vramscope.report.hover import Hover
+from vramscope.report.model import Chart, Line, Span
+from vramscope.report.verdicts import duration
+from vramscope.units import human_precise
 
 GIB = 1024**3
+MIN_BAND_PX = 4.0  # an eval of one row is a band of no width: drawn this wide, centred on when it was
+CHAR_PX = 6.7  # width of a character of the 12 px font, to keep labels from covering each other
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1 of a label on the page
 
 COLORS: dict[str, str] = {
     "device_used_bytes": "#4e79a7",
@@ -125,10 +131,13 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
     phases = [s.phase for s in chart.spans]
     for span in chart.spans:
         x0, x1 = sx(span.start), sx(span.end)
+        if x1 - x0 < MIN_BAND_PX:  # widened about its middle, kept inside the plot
+            middle = min(max((x0 + x1) / 2, left + MIN_BAND_PX / 2), left + pw - MIN_BAND_PX / 2)
+            x0, x1 = middle - MIN_BAND_PX / 2, middle + MIN_BAND_PX / 2
         out.append(
-            f'<rect class="band" x="{x0:.1f}" y="{top}" width="{max(1.0, x1 - x0):.1f}" height="{ph}" '
-            f'fill="{phase_color(span.phase, phases)}" fill-opacity="0.35"><title>{escape(span.phase)}: '
-            f"{escape(_x_text(chart, span.start))} to {escape(_x_text(chart, span.end))}</title></rect>"
+            f'<rect class="band" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="{ph}" '
+            f'fill="{phase_color(span.phase, phases)}" fill-opacity="0.35"><title>{escape(span_text(span))}'
+            "</title></rect>"
         )
     # Grid and axes.
     y_step_gib = nice_step(top_value / GIB, 5)
@@ -152,16 +161,24 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
     axis_name = "elapsed time (h:mm:ss)" if chart.x_label == "time" else "training step"
     out.append(f'<text x="{left + pw / 2:.0f}" y="{height - 4}" text-anchor="middle" fill="#555">{axis_name}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>')
-    # Capacity: the line the peak must stay under.
-    if show_capacity and capacity is not None:
-        y = sy(capacity)
-        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="{CAPACITY_COLOR}" '
-                   f'stroke-width="1.5"/>')
-        out.append(f'<text x="{left + pw - 4}" y="{y - 5:.1f}" text-anchor="end" fill="{CAPACITY_COLOR}">'
-                   f"capacity {capacity / GIB:.1f} GiB</text>")
-    elif capacity is not None:
-        out.append(f'<text x="{left + pw - 4}" y="{top + 14}" text-anchor="end" fill="{CAPACITY_COLOR}">'
-                   f"capacity {capacity / GIB:.1f} GiB (above the chart)</text>")
+    # Capacity: the line the peak must stay under, named with where its number comes from.
+    taken: list[Box] = []  # labels placed so far: none is drawn over another
+    plot: Box = (left, top, left + pw, top + ph)
+    if capacity is not None:
+        name = f"capacity {capacity / GIB:.1f} GiB"
+        if chart.capacity_source:
+            name += f" ({chart.capacity_source})"
+        if show_capacity:
+            y = sy(capacity)
+            out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="{CAPACITY_COLOR}" '
+                       f'stroke-width="1.5"/>')
+            # At the left: memory grows to the right, and the forecast runs to the line there.
+            spot = _place(name, [(left + 4, y - 5, "start"), (left + 4, y + 15, "start")], taken, plot)
+            taken.append((left, y - 1.5, left + pw, y + 1.5))  # the line itself: no label across it
+        else:  # named in the title's row, right-aligned: over the plot it would sit on the highest line
+            name += ", above the chart"
+            spot = (left + pw, 18.0, "end")
+        out.append(_label(spot, name, CAPACITY_COLOR))
     # The series.
     for line in lines:
         points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(line.xs, line.ys, strict=False))
@@ -170,6 +187,8 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
         out.append(f'<polyline class="series" data-metric="{escape(line.metric)}" fill="none" '
                    f'stroke="{color_of(line)}" stroke-width="{width_px}"{dash} stroke-linejoin="round" '
                    f'points="{points}"><title>{escape(line.label)}</title></polyline>')
+    # Values on hover: a transparent column per stretch of x, over the lines and under the marks.
+    out.extend(_hover_columns(chart, chart.hover, sx, top, ph, left, left + pw))
     # Marks: the peak, the longest batches.
     for mark in chart.marks:
         x, y = sx(mark.x), sy(mark.y)
@@ -177,10 +196,14 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
         if mark.kind == "peak":
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="#fff" stroke="#c0392b" stroke-width="2">'
                        f"<title>{escape(tip)}</title></circle>")
-            anchor = "end" if x > left + pw * 0.8 else "start"
-            dx = -8 if anchor == "end" else 8
-            out.append(f'<text x="{x + dx:.1f}" y="{max(top + 12, y - 6):.1f}" text-anchor="{anchor}" fill="#c0392b" '
-                       f'style="font-weight:600">{escape(f"{mark.label} {mark.y / GIB:.2f} GiB")}</text>')
+            taken.append((x - 6, y - 6, x + 6, y + 6))
+            text = f"{mark.label} {mark.y / GIB:.2f} GiB"
+            # Beside the point, above it first; the first spot that covers no other label and stays in the plot.
+            spots = [(x + dx, y + dy, anchor) for dy in (-8, 18, -24, 34, -40)
+                     for dx, anchor in ((-9, "end"), (9, "start"))]
+            if x < left + pw * 0.5:
+                spots = [(sx_, sy_, a) for sx_, sy_, a in spots if a == "start"] + spots
+            out.append(_label(_place(text, spots, taken, plot, bold=True), text, "#c0392b", bold=True))
         else:
             out.append(f'<path d="M{x:.1f},{y - 9:.1f} l-5,-8 h10 z" fill="#7b3294">'
                        f"<title>{escape(tip)}</title></path>")
@@ -205,3 +228,90 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
 
 def _x_text(chart: Chart, x: float) -> str:
     return format_seconds(x) if chart.x_label == "time" else f"step {x:,.0f}"
+
+
+def clock(s: float) -> str:
+    """Elapsed time with tenths of a second under an hour: ``0:19.6``, ``12:30.0``, ``3:05:00``."""
+    if abs(s) >= 3600:
+        return format_seconds(s)
+    minutes, seconds = divmod(abs(s), 60)
+    if round(seconds, 1) >= 60:
+        minutes, seconds = minutes + 1, 0.0
+    return f"{'-' if s < 0 else ''}{minutes:.0f}:{seconds:04.1f}"
+
+
+def span_text(span: Span) -> str:
+    """A band's tooltip: when the phase ran, for how long, after which steps, how many rows."""
+    parts = [span.phase]
+    if span.start_s is not None and span.end_s is not None:
+        parts.append(f"{clock(span.start_s)} to {clock(span.end_s)} ({_length(span.end_s - span.start_s)})")
+    if span.first_step is not None:
+        steps = (f"after step {span.first_step:,}" if span.last_step in (None, span.first_step)
+                 else f"steps {span.first_step:,} to {span.last_step:,}")
+        parts.append(steps)
+    parts.append(f"{span.rows:,} row{'s' if span.rows != 1 else ''}")
+    return ": ".join(parts[:1]) + ": " + ", ".join(parts[1:])
+
+
+def _length(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else duration(seconds)
+
+
+def _hover_columns(chart: Chart, hovers: Sequence[Hover], sx: Callable[[float], float], top: float, ph: float,
+                   lo: float, hi: float) -> list[str]:
+    out: list[str] = []
+    for h in hovers:
+        x0, x1 = max(lo, sx(h.x0)), min(hi, sx(h.x1))
+        if x1 <= x0:
+            continue
+        if chart.x_label == "time":
+            lines = [f"{clock(h.x0)} to {clock(h.x1)}"]
+        else:
+            a, b = math.ceil(h.x0), math.ceil(h.x1) - 1
+            lines = [f"step {a:,}" if b <= a else f"steps {a:,} to {b:,}"]
+        for label, low, high in h.values:
+            value = _amount(high) if _amount(high) == _amount(low) else f"{_amount(low)} to {_amount(high)}"
+            lines.append(f"{label}: {value}")
+        lines += [span_text(chart.spans[k]) for k in h.spans]
+        out.append(f'<rect class="hover" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="{ph}" fill="#000" '
+                   f'fill-opacity="0"><title>{escape(chr(10).join(lines))}</title></rect>')
+    return out
+
+
+def _amount(n: float) -> str:
+    """Bytes as the page's tables write them (GiB with two decimals), keeping small amounts readable."""
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else human_precise(n)
+
+
+def _place(text: str, spots: Sequence[tuple[float, float, str]], taken: list[Box], plot: Box,
+           bold: bool = False) -> tuple[float, float, str]:
+    """The first spot (x, baseline y, anchor) where ``text`` fits in the plot over no label placed so far
+    (the first spot when none does); its box is added to ``taken``."""
+    width = len(text) * CHAR_PX * (1.15 if bold else 1.0)
+    chosen, box = spots[0], _box(spots[0], width)
+    for spot in spots:
+        candidate = _box(spot, width)
+        inside = (candidate[0] >= plot[0] and candidate[2] <= plot[2] and candidate[1] >= plot[1]
+                  and candidate[3] <= plot[3])
+        if inside and not any(_overlap(candidate, other) for other in taken):
+            chosen, box = spot, candidate
+            break
+    taken.append(box)
+    return chosen
+
+
+def _box(spot: tuple[float, float, str], width: float) -> Box:
+    x, y, anchor = spot
+    x0 = x - width if anchor == "end" else x
+    return (x0, y - 11, x0 + width, y + 3)
+
+
+def _overlap(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _label(spot: tuple[float, float, str], text: str, color: str, bold: bool = False) -> str:
+    x, y, anchor = spot
+    weight = ' style="font-weight:600"' if bold else ""
+    return (f'<text class="label" x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{color}"{weight}>'
+            f"{escape(text)}</text>")

@@ -16,7 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from vramscope.report.compare import change_tone, compare, format_change, format_value
-from vramscope.report.model import METRICS, LogReport, duration
+from vramscope.report.model import METRICS, LogReport
+from vramscope.report.verdicts import duration
 from vramscope.safetext import inert, printable
 from vramscope.types import MemoryBreakdown
 
@@ -45,6 +46,8 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
     for key, dev in report.summary["devices"].items():
         console.print()
         console.print(device_heading(key, dev))
+        if dev.get("idle"):  # the run did not use it: the heading says so, nothing else to show
+            continue
         console.print(device_table(key, dev))
         phases = phase_table(dev)
         if phases is not None:
@@ -54,9 +57,7 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
             console.print(Text.assemble(("allocator cache: ", "bold"), str(frag.get("verdict", ""))))
         batches = dev.get("longest_batches") or []
         if batches:
-            text = ", ".join(f"step {b['step']} ({b['tokens']:,} tokens, {_gib(b['peak_allocated_bytes'])})"
-                             for b in batches)
-            console.print(Text.assemble(("longest batches: ", "bold"), text))
+            console.print(Text.assemble(("longest batches: ", "bold"), batches_text(dev)))
     ranks = rank_table(report.summary)
     if ranks is not None:
         console.print()
@@ -82,11 +83,26 @@ def _header(report: LogReport) -> Text:
     return Text.assemble(("vramscope report ", "bold"), (report.path, "bold cyan"), f"  ({', '.join(parts)})")
 
 
+def batches_text(dev: dict[str, Any]) -> str:
+    """``step 1394 (8,192 tokens, 18.62 GiB), ...``; a peak the log lacks is left out and the reason said once."""
+    parts = []
+    for b in dev.get("longest_batches") or []:
+        peak = b.get("peak_allocated_bytes")
+        parts.append(f"step {b['step']} ({b['tokens']:,} tokens{'' if peak is None else ', ' + _gib(peak)})")
+    note = dev.get("longest_batches_note")
+    return ", ".join(parts) + (f" ({note})" if note else "")
+
+
 def device_heading(key: str, dev: dict[str, Any]) -> Text:
-    """``GPU 0 · capacity 24.00 GiB · headroom at the peak 3.90 GiB (16%)``, coloured by how tight it is."""
+    """``GPU 0 · capacity 24.00 GiB (GPU total, NVML) · headroom at the peak 3.90 GiB (16%)``, coloured by
+    how tight it is; ``GPU 1 · idle: ...`` for a GPU the run did not use."""
     text = Text(str(dev.get("title") or key), style="bold")
+    if dev.get("idle"):
+        text.append(f" · {dev['idle']}", style="dim")
+        return text
     if dev.get("capacity_bytes") is not None:
-        text.append(f" · capacity {_gib(dev['capacity_bytes'])}")
+        source = f" ({dev['capacity_source']})" if dev.get("capacity_source") else ""
+        text.append(f" · capacity {_gib(dev['capacity_bytes'])}{source}")
     if dev.get("headroom_bytes") is not None:
         fraction = dev.get("headroom_fraction") or 0.0
         style = "bold red" if fraction < 0.05 else "yellow" if fraction < 0.1 else "green"
@@ -233,7 +249,9 @@ def _print_verdicts(s: dict[str, Any], console: Console) -> None:
             when = f"~{forecast['steps_to_oom']:,.0f} steps"
             if forecast.get("seconds_to_oom") is not None:
                 when += f" (about {duration(forecast['seconds_to_oom'])})"
-            console.print(Text.assemble(("OOM forecast: ", "bold"), (f"out of memory in {when}", "bold red")))
+            level = str((s.get("oom_severity") or {}).get("level"))
+            style = {"high": "bold red", "medium": "yellow"}.get(level, "")  # how soon, not the word OOM
+            console.print(Text.assemble(("OOM forecast: ", "bold"), (f"out of memory in {when}", style)))
         else:
             console.print(Text.assemble(("OOM forecast: ", "bold"), str(forecast.get("reason") or "none")))
         lb = forecast.get("longest_batch") or {}

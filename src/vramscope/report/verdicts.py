@@ -1,0 +1,128 @@
+"""What the report judges from the analysis, as data the renderers only format.
+
+* :func:`capacity_source`: where a device's capacity comes from (``--capacity``, NVML's total,
+  nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and names it;
+* :func:`oom_severity`: how urgent an OOM forecast is, from the time left (not from the word "OOM"):
+  a forecast of four thousand days is not an alarm;
+* :func:`idle_reason`: a GPU this run did not use (no step, nothing beyond a CUDA context), which gets
+  no advice;
+* :func:`batch_peak_note`: why the longest batches have no peak, instead of a bare "?".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramscope.units import human_precise
+
+GIB = 1024**3
+MIB = 1024**2
+# A forecast closer than this is red: it can hit before anyone looks again (tonight's run).
+HIGH_SECONDS = 4 * 3600
+# Closer than this is amber: a run of a day or more reaches it.
+MEDIUM_SECONDS = 24 * 3600
+# Without a step time, the steps left are held against the steps logged so far.
+HIGH_RUN_RATIO = 1.0
+MEDIUM_RUN_RATIO = 10.0
+# What a CUDA context and the libraries' workspaces hold on a GPU that runs nothing (0.3-1.5 GiB
+# depending on the GPU and the libraries loaded): a run at or below it did no work there.
+IDLE_ALLOWANCE = 1536 * MIB
+# Memory of this run on a device, in the order the log knows it best.
+OWN_METRICS = ("process_bytes", "reserved_bytes", "peak_allocated_bytes", "allocated_bytes")
+
+SEVERITIES = ("high", "medium", "low")
+
+
+def capacity_source(given: bool, log_format: str, has_total: bool) -> str | None:
+    """Where the capacity a device is held against comes from, as people read it; None when unknown."""
+    if given:
+        return "--capacity"
+    if not has_total:
+        return None
+    if log_format == "nvidia-smi":
+        return "GPU total, nvidia-smi memory.total"
+    return "GPU total, NVML"
+
+
+def forecast_limit_note(limit_bytes: int | None, capacity_bytes: int | None) -> str | None:
+    """Why the forecast runs to a lower line than the capacity drawn, when it does.
+
+    The allocator cannot reach what the CUDA context and other processes hold, so a forecast of
+    torch's memory runs to the total less that (:func:`vramscope.analysis.forecast.allocator_capacity`).
+    """
+    if limit_bytes is None or capacity_bytes is None or limit_bytes >= capacity_bytes:
+        return None
+    held = capacity_bytes - limit_bytes
+    return (f"the forecast runs to the {limit_bytes / GIB:.1f} GiB torch can allocate: the "
+            f"{capacity_bytes / GIB:.1f} GiB capacity less {human_precise(held)} held outside torch's allocator "
+            "(CUDA context, libraries, other processes)")
+
+
+def oom_severity(forecast: dict[str, Any], steps_logged: int | None) -> dict[str, Any] | None:
+    """``{"level": "high"|"medium"|"low", "why": ...}`` for a forecast with a time to OOM; None without one.
+
+    From the seconds left when the log has a step time (red under HIGH_SECONDS, amber under
+    MEDIUM_SECONDS), else from the steps left against the steps logged so far.
+    """
+    steps = forecast.get("steps_to_oom")
+    seconds = forecast.get("seconds_to_oom")
+    if steps is None and seconds is None:
+        return None
+    if (steps is not None and steps <= 0) or (seconds is not None and seconds <= 0):
+        return {"level": "high", "why": "the peak is already at the capacity"}
+    if seconds is not None:
+        level = "high" if seconds < HIGH_SECONDS else "medium" if seconds < MEDIUM_SECONDS else "low"
+        return {"level": level, "why": f"about {duration(seconds)} left (red under {HIGH_SECONDS // 3600} h, "
+                f"amber under {MEDIUM_SECONDS // 3600} h)"}
+    if steps is None or not steps_logged:
+        return {"level": "medium", "why": "no step time in the log to tell how soon"}
+    ratio = steps / steps_logged
+    level = "high" if ratio <= HIGH_RUN_RATIO else "medium" if ratio <= MEDIUM_RUN_RATIO else "low"
+    return {"level": level, "why": f"{steps:,.0f} steps left, {ratio:.1f} times the {steps_logged:,} logged "
+            "(no step time in the log)"}
+
+
+def idle_reason(key: str, peaks: dict[str, Any], has_steps: bool) -> str | None:
+    """Why a GPU counts as idle for this run, or None when the run used it.
+
+    Idle: no training step logged on it, and this run held no more than a CUDA context there (its
+    processes' memory, or the allocator's, or, in a log with neither, the device's used memory).
+    """
+    if key == "host" or has_steps:
+        return None
+    used = (peaks.get("device_used_bytes") or {}).get("bytes")
+    own = [(peaks.get(m) or {}).get("bytes") for m in OWN_METRICS]
+    known = [v for v in own if v is not None]
+    mine = max(known) if known else used
+    if mine is None or mine > IDLE_ALLOWANCE:
+        return None
+    if not known:
+        return f"idle: no training step, and at most {human_precise(mine)} in use (a CUDA context at most)"
+    held = "no memory" if mine == 0 else f"at most {human_precise(mine)} (a CUDA context at most)"
+    text = f"idle: no training step, and this run held {held} on it"
+    if used is not None and used - mine >= GIB:
+        text += f"; the {human_precise(used)} in use there belong to other processes"
+    return text
+
+
+def batch_peak_note(peak_metric: str | None, batches: list[dict[str, Any]]) -> str | None:
+    """Why some of the longest batches have no peak; None when every one has it."""
+    if not batches or all(b.get("peak_allocated_bytes") is not None for b in batches):
+        return None
+    if peak_metric is None:
+        return ("peak unknown: the log has no allocator readings (no peak_allocated_bytes or allocated_bytes "
+                "column: a CPU run, or a log of NVML alone)")
+    return f"peak unknown where marked: no {peak_metric} was logged at that step"
+
+
+def duration(seconds: float) -> str:
+    """A span of time for people: ``45 s``, ``18 min``, ``5.2 h``, ``3.1 days``, ``6.9 years``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    if seconds < 365 * 86400:
+        return f"{seconds / 86400:.1f} days"
+    return f"{seconds / (365.25 * 86400):.1f} years"
