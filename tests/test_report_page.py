@@ -202,6 +202,9 @@ def test_oom_severity_follows_the_time_left(tmp_path: Path, capsys: pytest.Captu
         card = next(c for c in page.cards if c.get("data-severity"))
         assert card["data-severity"] == level
         assert card["class"].split()[1:] == ([tone] if tone else []), card
+    # A leak that runs out only in years is amber, not an alarm; the 18-minute one is red.
+    assert '<div class="card warn"><div class="k">leak</div>' in render(tmp_path, cases[2][0])[1]
+    assert '<div class="card bad"><div class="k">leak</div>' in render(tmp_path, leak_log)[1]
     # The years-away forecast is written as years, not thousands of days.
     assert re.search(r"about \d+\.\d years", terminal(capsys, tmp_path / "small.csv"))
 
@@ -286,3 +289,25 @@ def test_unknown_batch_peaks_are_explained(tmp_path: Path, capsys: pytest.Captur
     assert "no allocator readings" in data["devices"]["host"]["longest_batches_note"]
     _, text = render(tmp_path, log)
     assert "<td class=\"n\">unknown</td>" in text and "no allocator readings" in text
+
+
+@pytest.mark.slow
+def test_eval_bands_show_in_the_browser(tmp_path: Path) -> None:
+    """In headless Chromium the real H200 log's one-row evals are bands a person can see."""
+    from collections import Counter
+
+    from PIL import Image
+
+    from test_report_browser import run_chromium
+
+    render(tmp_path, H200 / "clean_eval.csv")
+    shot = tmp_path / "shot.png"
+    result = run_chromium(tmp_path, "--window-size=1400,2400", f"--screenshot={shot}",
+                          (tmp_path / "clean_eval.html").as_uri())
+    assert shot.exists(), result.stderr[-2000:]
+    with Image.open(shot) as image:
+        pixels = Counter({colour: n for n, colour in image.convert("RGB").getcolors(maxcolors=1400 * 2400) or []})
+    # #f6d55c at 35% over white; the 8 one-row evals (4 per chart) drawn 1 px wide made ~1,300 such pixels.
+    band = sum(n for colour, n in pixels.items()
+               if all(abs(a - b) <= 6 for a, b in zip(colour, (252, 240, 198), strict=True)))
+    assert band >= 8000, band

@@ -179,7 +179,9 @@ def _cards(s: dict[str, Any]) -> str:
     if leak:
         detected = bool(leak.get("detected"))
         value = "leak" if detected else ("caching" if leak.get("kind") in ("caching", "fragmentation") else "no leak")
-        tone = "bad" if detected else "warn" if value == "caching" else "good"
+        # A leak that runs out of memory only in days or years is amber: real, but no alarm.
+        far = str((s.get("oom_severity") or {}).get("level")) in ("medium", "low")
+        tone = ("warn" if far else "bad") if detected else "warn" if value == "caching" else "good"
         if leak.get("kind") == "insufficient":
             value, tone = "not enough data", ""
         cards.append(_card("leak", value, str(leak.get("verdict") or ""), tone))

@@ -16,6 +16,7 @@ from vramscope.report.model import Chart, LogReport
 from vramscope.report.svg import COLORS, PHASE_COLORS, format_seconds, time_step
 
 GIB = 1024**3
+MIN_BAND_SHARE = 0.004  # of the x range: about 4 px of a 1000 px chart, as the HTML draws them
 
 
 class PlotUnavailableError(RuntimeError):
@@ -42,6 +43,8 @@ def render_png(reports: Sequence[LogReport], dpi: int = 110) -> bytes:
     for report in reports:
         charts: list[Chart] = []
         for dev in report.devices:
+            if dev.idle:  # the run did not use it: the HTML and terminal reports say so in a line
+                continue
             charts.append(dev.timeline)
             if dev.steps is not None:
                 charts.append(dev.steps)
@@ -70,11 +73,14 @@ def _draw(ax: Any, chart: Chart, ticks: dict[str, Any]) -> None:
     ax.set_title(_plain(chart.title), fontsize=10, loc="left")
     phases = sorted({s.phase for s in chart.spans})
     labelled: set[str] = set()
+    xs = [x for line in chart.lines for x in (line.xs[:1] + line.xs[-1:])]
+    least = (max(xs) - min(xs)) * MIN_BAND_SHARE if xs else 0.0  # an eval of one row has no width of its own
     for span in chart.spans:
         color = PHASE_COLORS[phases.index(span.phase) % len(PHASE_COLORS)]
         label = _plain(span.phase) if span.phase not in labelled else None
         labelled.add(span.phase)
-        ax.axvspan(span.start, span.end, color=color, alpha=0.35, lw=0, label=label)
+        middle, half = (span.start + span.end) / 2, max(span.end - span.start, least) / 2
+        ax.axvspan(middle - half, middle + half, color=color, alpha=0.35, lw=0, label=label)
     data_max = 0.0
     for line in chart.lines:
         if not line.xs:
@@ -85,7 +91,8 @@ def _draw(ax: Any, chart: Chart, ticks: dict[str, Any]) -> None:
             data_max = max(data_max, max(line.ys))
     capacity = chart.capacity_bytes
     if capacity is not None and (capacity <= 2.2 * data_max or any(ln.metric == "forecast" for ln in chart.lines)):
-        ax.axhline(capacity / GIB, color="#c0392b", lw=1.2, label=f"capacity {capacity / GIB:.1f} GiB")
+        source = f" ({chart.capacity_source})" if chart.capacity_source else ""
+        ax.axhline(capacity / GIB, color="#c0392b", lw=1.2, label=_plain(f"capacity {capacity / GIB:.1f} GiB{source}"))
     for mark in chart.marks:
         if mark.kind == "peak":
             ax.plot([mark.x], [mark.y / GIB], "o", mfc="white", mec="#c0392b", mew=1.8, ms=6)

@@ -90,7 +90,7 @@ def batches_text(dev: dict[str, Any]) -> str:
         peak = b.get("peak_allocated_bytes")
         parts.append(f"step {b['step']} ({b['tokens']:,} tokens{'' if peak is None else ', ' + _gib(peak)})")
     note = dev.get("longest_batches_note")
-    return ", ".join(parts) + (f" ({note})" if note else "")
+    return ", ".join(parts) + (f"; {note}" if note else "")
 
 
 def device_heading(key: str, dev: dict[str, Any]) -> Text:

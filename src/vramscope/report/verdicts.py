@@ -110,9 +110,8 @@ def batch_peak_note(peak_metric: str | None, batches: list[dict[str, Any]]) -> s
     if not batches or all(b.get("peak_allocated_bytes") is not None for b in batches):
         return None
     if peak_metric is None:
-        return ("peak unknown: the log has no allocator readings (no peak_allocated_bytes or allocated_bytes "
-                "column: a CPU run, or a log of NVML alone)")
-    return f"peak unknown where marked: no {peak_metric} was logged at that step"
+        return "peaks unknown: the log has no allocator readings (a CPU run, or a log of NVML alone)"
+    return f"a peak is unknown where no {peak_metric} was logged at that step"
 
 
 def duration(seconds: float) -> str:
