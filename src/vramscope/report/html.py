@@ -87,6 +87,9 @@ def _shared_y_max(reports: Sequence[LogReport]) -> dict[tuple[str, str], float]:
                 if chart is None:
                     continue
                 top = max((max(line.ys) for line in chart.lines if line.ys and line.metric != "forecast"), default=0.0)
+                capacity = chart.capacity_bytes or 0
+                if capacity <= 2.2 * top or any(line.metric == "forecast" for line in chart.lines):
+                    top = max(top, capacity)  # the capacity drawn on each chart, as a chart alone draws it
                 key = (dev.key, kind)
                 tops[key] = max(tops.get(key, 0.0), top * 1.06)
     return tops

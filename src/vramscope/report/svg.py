@@ -109,6 +109,8 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
     show_capacity = capacity is not None and (capacity <= 2.2 * data_max or forecast)
     top_value = y_max_bytes if y_max_bytes else max(data_max, capacity if show_capacity and capacity else 0.0) * 1.06
     top_value = top_value or 1.0
+    # A y scale shared across logs can stop below the capacity: then the line would lie on the legend.
+    show_capacity = show_capacity and capacity is not None and capacity <= top_value
     x_lo = min(xs_all, default=0.0)
     x_hi = max(xs_all, default=1.0)
     for line in lines:  # the forecast may run past the log
