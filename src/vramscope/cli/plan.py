@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus
 from vramscope.cli.common import CommandError, UsageError, positive_int
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
@@ -37,7 +38,7 @@ _LABELS = {
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    model = parser.add_mutually_exclusive_group(required=True)
+    model = parser.add_mutually_exclusive_group()
     model.add_argument("--model", metavar="NAME", help="a registry name, e.g. Llama-2-7B (see --list-models)")
     model.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
     model.add_argument("--list-models", action="store_true", help="print the registry's model names and exit")
@@ -53,6 +54,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="run a few tiny real steps on this machine's GPU to fit the per-token terms")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     plan_gpus.add_arguments(parser)
+    training_command.add_command_argument(parser, "plan without running it")  # last: it tracks the flags above
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
         for name in registry.names():
             print(f"{name:16} {registry.source(name)}")
         return 0
+    argv = training_command.command_argv(args)
+    command = None if argv is None else training_command.read_command(args, argv)
+    if command is not None:
+        command = training_command.apply_to_plan_args(args, command)
+    elif args.model is None and args.config is None:
+        raise UsageError("one of the arguments --model --config --list-models or '-- COMMAND' is required")
     sizes = (("--batch-size", args.batch_size), ("--seq-len", args.seq_len))
     missing = [flag for flag, value in sizes if value is None]
     if missing:
@@ -67,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     multi = plan_gpus.wanted(args)
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
-        spec = spec_from_args(args)
+        spec = command.spec if command is not None else spec_from_args(args)
         hardware = None
         if args.calibrate:
             from vramscope.planner.calibrate import CalibrationError, calibrate
@@ -85,13 +93,21 @@ def run(args: argparse.Namespace) -> int:
     if multi:
         dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
         if args.json:
-            print(json.dumps({**result.to_dict(), "gpus": plan_gpus.to_dict(dist, table)}, indent=2))
+            extra = {} if command is None else {"command": command.to_dict()}
+            print(json.dumps({**result.to_dict(), "gpus": plan_gpus.to_dict(dist, table), **extra}, indent=2))
         else:
+            if command is not None:
+                print(training_command.format_command(command) + "\n")
             print(plan_gpus.format_gpus(result, dist, table))
         return 0
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        out = result.to_dict()
+        if command is not None:
+            out["command"] = command.to_dict()
+        print(json.dumps(out, indent=2))
     else:
+        if command is not None:
+            print(training_command.format_command(command) + "\n")
         print(format_plan(result))
     return 0
 

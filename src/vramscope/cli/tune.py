@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vramscope.cli.command import add_command_argument, command_argv
 from vramscope.cli.common import CommandError, UsageError, index, plain_number, positive_int, shown
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.units import gib, parse_bytes
@@ -22,7 +23,7 @@ from vramscope.units import gib, parse_bytes
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model-dir", required=True, metavar="DIR", help="a Hugging Face model folder (config.json and weights)"
+        "--model-dir", metavar="DIR", help="a Hugging Face model folder (config.json and weights); or give '-- COMMAND'"
     )
     parser.add_argument(
         "--seq-len",
@@ -81,11 +82,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=5,
         metavar="N",
-        help="real steps at most (default 5; usually 3 are needed)",
+        help="real steps at most (default 5, with a command 3; usually 3 are needed)",
     )
+    parser.add_argument("--trial-steps", type=positive_int, default=2, metavar="N",
+                        help="with a command: optimizer steps per trial child (default 2)")
+    parser.add_argument("--trial-timeout", type=positive_int, default=900, metavar="S",
+                        help="with a command: seconds a trial child may run (default 900)")
     parser.add_argument("--device", type=index, default=0, metavar="I", help="CUDA device index (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_recipe_arguments(parser)
+    add_command_argument(parser, "tune by running trial steps of it")  # last: it tracks the flags above
 
 
 def _fraction(text: str) -> float:
@@ -138,6 +144,13 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    argv = command_argv(args)
+    if argv is not None:
+        from vramscope.cli.tune_command import run_command
+
+        return run_command(args, argv)
+    if args.model_dir is None:
+        raise UsageError("give --model-dir DIR, or the training command after '--' (vramscope tune -- python ...)")
     config = _check(args)
     spec = spec_from_args(args)
     try:

@@ -117,9 +117,12 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         self._real.exec_module(module)
         try:
-            _attach_to_trainers(module, self._attach_name)
+            if os.environ.get("VRAMSCOPE_INJECT") == "1":
+                _attach_to_trainers(module, self._attach_name)
         except Exception as exc:
             _say(f"could not hook {module.__name__}.Trainer: {type(exc).__name__}: {exc}")
+        if module.__name__ == _TARGET:
+            _install_trial(module)
 
     def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
         return getattr(self._real, name)
@@ -148,15 +151,33 @@ class _Finder(importlib.abc.MetaPathFinder):
             self._busy = False
 
 
+def _install_trial(module: ModuleType) -> None:
+    """`vramscope tune -- CMD`: this process is a trial child (vramscope.integrations.trial)."""
+    if os.environ.get("VRAMSCOPE_TRIAL"):
+        try:
+            # The trial protocol is the tuner's own: use the copy of vramscope that started this child.
+            parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
+            if parent and "vramscope" not in sys.modules and parent not in sys.path:
+                sys.path.insert(0, parent)
+            from vramscope.integrations.trial import install
+
+            install(module)
+        except Exception as exc:
+            _say(f"could not set up the tuning trial: {type(exc).__name__}: {exc}")
+
+
 def _install() -> None:
-    if os.environ.get("VRAMSCOPE_INJECT") != "1":
+    if os.environ.get("VRAMSCOPE_INJECT") != "1" and not os.environ.get("VRAMSCOPE_TRIAL"):
         return
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
     for name, attach_name in _TARGETS.items():
         already = sys.modules.get(name)
         if already is not None:  # imported before us (unusual): patch it directly
-            _attach_to_trainers(already, attach_name)
+            if os.environ.get("VRAMSCOPE_INJECT") == "1":
+                _attach_to_trainers(already, attach_name)
+            if name == _TARGET:
+                _install_trial(already)
 
 
 _run_shadowed_sitecustomize()

@@ -1,0 +1,185 @@
+"""``vramscope plan ... -- <training command>`` and ``vramscope tune ... -- <training command>``: the CLI side.
+
+:func:`add_command_argument` gives a subcommand the trailing ``-- COMMAND`` and remembers which of its own
+flags were given explicitly (they override what the command says); :func:`read_command` parses the command
+(:func:`vramscope.planner.command.parse_command`) and merges those overrides; :func:`format_command`
+prints what was read. The plan and tune modules call these and stay thin.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from vramscope.cli.common import UsageError
+from vramscope.planner.command import ParsedCommand, parse_command
+from vramscope.planner.errors import PlanInputError
+from vramscope.recipe import QLoraSpec
+
+_EXPLICIT = "_vramscope_explicit"
+SPEC_FIELDS = tuple(f.name for f in fields(QLoraSpec))
+
+
+def add_command_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """The trailing ``-- COMMAND ...``; call it after every other flag of ``parser`` is added."""
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help=f"a training command to {what} (TRL, an HF Trainer script, axolotl), after '--'")
+    for action in parser._actions:  # argparse keeps no record of which flags were given; the actions do
+        if action.option_strings:
+            action.__class__ = _tracking(type(action))
+
+
+_TRACKING: dict[type[argparse.Action], type[argparse.Action]] = {}
+
+
+def _tracking(cls: type[argparse.Action]) -> type[argparse.Action]:
+    """A subclass of ``cls`` that notes its ``dest`` in the namespace when the flag is given."""
+    if getattr(cls, "_vramscope_tracks", False):
+        return cls
+    if cls in _TRACKING:
+        return _TRACKING[cls]
+
+    def __call__(self: argparse.Action, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        seen = set(getattr(namespace, _EXPLICIT, ()))
+        seen.add(self.dest)
+        setattr(namespace, _EXPLICIT, seen)
+        cls.__call__(self, parser, namespace, values, option_string)
+
+    tracked = type(cls.__name__, (cls,), {"__call__": __call__, "_vramscope_tracks": True})
+    _TRACKING[cls] = tracked
+    return tracked
+
+
+def explicit(args: argparse.Namespace) -> set[str]:
+    """The ``dest`` of every flag given on the command line (not left at its default)."""
+    return set(getattr(args, _EXPLICIT, ()))
+
+
+def command_argv(args: argparse.Namespace) -> list[str] | None:
+    """The training command after ``--``, or None when there is none."""
+    words = list(getattr(args, "command", None) or [])
+    if not words:
+        return None
+    if words[0] != "--":
+        raise UsageError(f"unexpected {words[0]!r}; put a training command after '--', "
+                         f"e.g. vramscope plan -- trl sft --model_name_or_path ...")
+    words = words[1:]
+    if not words:
+        raise UsageError("nothing after '--'; give the training command, e.g. -- python qlora.py ...")
+    return words
+
+
+@dataclass(frozen=True)
+class CommandInputs:
+    """The parsed command with vramscope's explicit flags applied on top."""
+
+    parsed: ParsedCommand
+    spec: QLoraSpec
+    overrides: tuple[str, ...]  # "--seq-len 2048": the vramscope flags that replaced the command's values
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.parsed.to_dict()
+        out["spec"] = self.spec.to_dict()
+        out["overridden_by_flags"] = list(self.overrides)
+        return out
+
+
+def read_command(args: argparse.Namespace, argv: Sequence[str]) -> CommandInputs:
+    """Parse ``argv`` and apply the explicit recipe flags of ``args`` over it (a one-line UsageError otherwise)."""
+    try:
+        parsed = parse_command(argv)
+    except PlanInputError as exc:
+        raise UsageError(str(exc)) from None
+    given = explicit(args)
+    spec = parsed.spec
+    overrides: list[str] = []
+    for name in SPEC_FIELDS:
+        if name in given and hasattr(args, name) and getattr(args, name) != getattr(spec, name):
+            spec = spec.with_(**{name: getattr(args, name)})
+            overrides.append(f"{_flag(name)} {_shown(getattr(args, name))}")
+    return CommandInputs(parsed=parsed, spec=spec, overrides=tuple(overrides))
+
+
+def apply_to_plan_args(args: argparse.Namespace, inputs: CommandInputs) -> CommandInputs:
+    """Fill ``plan``'s model, batch and length from the command where the flags did not give them.
+
+    Returns the inputs with those flags added to ``overrides``.
+    """
+    parsed = inputs.parsed
+    given = explicit(args)
+    extra: list[str] = []
+    if getattr(args, "model", None) is None and getattr(args, "config", None) is None:
+        if parsed.model is None:
+            raise UsageError("the command names no model (--model_name_or_path, base_model: ...); add it to the "
+                             "command, or pass --model NAME or --config PATH before '--'")
+        if parsed.model_config is not None:
+            args.config = parsed.model
+        else:
+            args.model = parsed.model
+    else:
+        extra.append("--model" if args.model is not None else "--config")
+    if args.batch_size is None:
+        args.batch_size = parsed.batch_size
+    else:
+        extra.append(f"--batch-size {args.batch_size}")
+    if args.seq_len is None:
+        if parsed.seq_len is None:
+            raise UsageError("the command sets no maximum sequence length; pass --seq-len S before '--'")
+        args.seq_len = parsed.seq_len
+    else:
+        extra.append(f"--seq-len {args.seq_len}")
+    if "framework" not in given and hasattr(args, "framework"):
+        args.framework = inputs.spec.framework
+    launch = parsed.launch
+    if hasattr(args, "gpus") and "gpus" not in given and launch.world_size is not None and launch.world_size > 1:
+        # Several processes: the per-GPU plan under the command's strategy (`plan --gpus N --strategy S`).
+        args.gpus = launch.world_size
+        if launch.strategy is not None and "strategy" not in given:
+            args.strategy = launch.strategy
+            if launch.offload and "offload" not in given:
+                args.offload = "params" if launch.strategy == "fsdp" else "optimizer"
+    return replace(inputs, overrides=(*extra, *inputs.overrides))
+
+
+def _flag(name: str) -> str:
+    return {"attn": "--attn", "double_quant": "--no-double-quant"}.get(name, "--" + name.replace("_", "-"))
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if value is None:
+        return "all-linear"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def format_command(inputs: CommandInputs) -> str:
+    """The short "read from the command" block that precedes the plan."""
+    p = inputs.parsed
+    launch = p.launch
+    world = "every visible GPU" if launch.world_size is None else f"{launch.world_size} process" + (
+        "es" if launch.world_size != 1 else "")
+    strategy = f", {launch.strategy}" + (" with offload" if launch.offload else "") if launch.strategy else ""
+    lines = [
+        f"read from the command ({_program_name(p)}; framework {inputs.spec.framework}):",
+        f"  model {p.model or '(none)'}, batch {p.batch_size} per device x {p.grad_accum} accumulation, "
+        f"{p.seq_len if p.seq_len is not None else 'no'} max tokens; {launch.launcher}, {world}{strategy}",
+    ]
+    if p.read:
+        lines.append("  read: " + ", ".join(f"{k} {v}" if not k.endswith(")") else f"{k}: {v}"
+                                           for k, v in p.read.items()))
+    if p.defaults:
+        lines.append(f"  {_program_name(p)} defaults: " + ", ".join(f"{k} {v}" for k, v in p.defaults.items()))
+    if inputs.overrides:
+        lines.append("  overridden by vramscope flags: " + ", ".join(inputs.overrides))
+    if p.unknown:
+        lines.append("  not understood (ignored): " + " ".join(p.unknown))
+    lines += [f"  note: {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+def _program_name(p: ParsedCommand) -> str:
+    return {"trl": "TRL sft", "qlora": "qlora.py", "hf": "HF Trainer script", "axolotl": "axolotl"}[p.program]

@@ -1,0 +1,110 @@
+"""``vramscope tune [--max-seq-len] -- <training command>``: tune the user's own command (see
+:mod:`vramscope.command_tuner`) and print the flag to set, in the command's own spelling."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from vramscope.cli.command import SPEC_FIELDS, explicit, read_command
+from vramscope.cli.common import CommandError, UsageError
+from vramscope.units import gib
+
+_NOT_WITH_A_COMMAND = ("model_dir", "target_batch", "device", *SPEC_FIELDS)
+
+
+def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    given = explicit(args)
+    clash = [name for name in _NOT_WITH_A_COMMAND if name in given]
+    if clash:
+        flags = ", ".join("--" + n.replace("_", "-") for n in clash)
+        raise UsageError(f"{flags} do not apply with a command: its own flags set the model and the recipe "
+                         "(edit the command instead)")
+    inputs = read_command(args, argv)
+    parsed = inputs.parsed
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("vramscope tune -- runs trial steps of the command on a CUDA GPU and needs torch; "
+                         "plan it without a GPU: vramscope plan -- <command>") from None
+    if not torch.cuda.is_available():
+        raise UsageError("vramscope tune -- runs trial steps of the command on a CUDA GPU and torch sees none; "
+                         "plan it without a GPU: vramscope plan -- <command>")
+    if args.memory_limit is not None:
+        total = int(torch.cuda.get_device_properties(0).total_memory)
+        if args.memory_limit > total:
+            raise UsageError(f"--memory-limit {gib(args.memory_limit)} is more than the GPU's {gib(total)}")
+
+    from vramscope.command_tuner import CommandTrial, TrialFailed, tune_command
+    from vramscope.tuner import NoSizeFitsError
+
+    noun = "length" if args.max_seq_len else "batch"
+
+    def say(text: str) -> None:
+        if not args.json:
+            print(text, file=sys.stderr, flush=True)
+
+    count = [0]
+
+    def progress(outcome: CommandTrial, size: int) -> None:
+        count[0] += 1
+        t = outcome.trial
+        if t.ok and t.peak_reserved_bytes is not None:
+            say(f"  trial {count[0]}: {noun} {size}: ok, peak reserved {gib(t.peak_reserved_bytes)} "
+                f"({t.seconds:.0f} s, a fresh run of the command)")
+        else:
+            say(f"  trial {count[0]}: {noun} {size}: out of memory ({t.error}) ({t.seconds:.0f} s)")
+
+    say(f"vramscope tune: trials of {' '.join(argv[:3])} ... ({parsed.program}, {args.trial_steps} steps each)")
+    max_trials = args.max_trials if "max_trials" in given else 3
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            result = tune_command(
+                parsed,
+                max_seq_len=args.max_seq_len,
+                batch_size=args.batch_size if "batch_size" in given else None,
+                seq_len=args.seq_len,
+                start=args.start,
+                max_size=args.max_len if args.max_seq_len else args.max_batch,
+                multiple_of=args.multiple_of,
+                margin=args.margin,
+                max_trials=max_trials,
+                trial_steps=args.trial_steps,
+                memory_limit_bytes=args.memory_limit,
+                timeout_s=float(args.trial_timeout),
+                on_trial=progress,
+            )
+    except TrialFailed as exc:
+        raise CommandError(str(exc)) from None
+    except NoSizeFitsError as exc:
+        raise CommandError(f"{exc}; lower the command's length or LoRA rank, or quantize the model") from None
+    out: dict[str, Any] = result.to_dict()
+    out["command"] = inputs.to_dict()
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(format_command_result(out))
+    return 0
+
+
+def format_command_result(out: dict[str, Any]) -> str:
+    seq_mode = out["unit"] == "seq_len"
+    what = "longest sequence" if seq_mode else "largest per-device batch"
+    at = f"at batch {out['batch_size']}" if seq_mode else (
+        f"at {out['seq_len']} tokens" if out.get("seq_len") else "at the data's own lengths")
+    peak = out.get("peak_reserved_bytes")
+    lines = [
+        f"{what} {at}: {out['size']}" + (f" (peak reserved {gib(peak)} of {gib(out['capacity_bytes'])})"
+                                         if peak is not None else ""),
+        f"  set: {out['setting']}",
+    ]
+    if out.get("keep_effective"):
+        lines.append(f"  to keep {out['keep_effective']}")
+    lines.append(f"  {len(out['trials'])} trials ({out['ooms']} out of memory), each a fresh run of the command; "
+                 f"margin kept {out['margin']:.0%}")
+    lines += [f"  note: {n}" for n in out.get("notes", ())]
+    return "\n".join(lines)

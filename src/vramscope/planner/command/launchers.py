@@ -1,0 +1,406 @@
+"""The launcher in front of a training program: ``python``, ``python -m``, ``accelerate launch``, ``torchrun``,
+``deepspeed``, ``trl sft``, ``axolotl train``; what it says about processes and strategy, and what it runs.
+
+:func:`split_launcher` peels the launcher off the argv and returns the program to read; the distributed
+reading (world size, ``ddp`` / ``fsdp`` / ``zero2`` / ``zero3``, offload) is accumulated in
+:class:`LaunchState` from the launcher's flags, accelerate's ``--config_file`` YAML, DeepSpeed's JSON and
+the program's own ``--fsdp`` / ``--deepspeed`` flags, then frozen into a :class:`~.types.Launch`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vramscope.planner.command.argv import Option, is_flag, normalise, to_bool
+from vramscope.planner.command.errors import HOW_INSTEAD, CommandReadError
+from vramscope.planner.command.files import load_json_or_text, load_yaml
+from vramscope.planner.command.types import Launch, Strategy
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
+_PYTHON_FLAGS_WITH_VALUE = {"-W", "-X"}
+_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+# accelerate launch's flags that take no value (accelerate 1.x `launch_command_parser`); every other takes one.
+ACCELERATE_BOOL = frozenset(normalise(f) for f in (
+    "--quiet", "--cpu", "--multi_gpu", "--tpu", "--enable_cpu_affinity", "--dynamo_use_fullgraph",
+    "--dynamo_use_dynamic", "--dynamo_use_regional_compilation", "--use_deepspeed", "--use_fsdp",
+    "--use_parallelism_config", "--use_megatron_lm", "--same_network", "--module", "--no_python", "--tpu_cluster",
+    "--no_tpu_cluster", "--tpu_use_sudo", "--downcast_bf16", "--fp8_use_autocast_during_eval", "--debug",
+))
+ACCELERATE_VALUED = frozenset(normalise(f) for f in (
+    "--config_file", "--mixed_precision", "--num_processes", "--num_machines", "--num_cpu_threads_per_process",
+    "--dynamo_backend", "--dynamo_mode", "--gpu_ids", "--machine_rank", "--main_process_ip", "--main_process_port",
+    "--tee", "--log_dir", "--role", "--rdzv_backend", "--rdzv_conf", "--max_restarts", "--monitor_interval",
+    "--main_training_function", "--deepspeed_config_file", "--zero_stage", "--offload_optimizer_device",
+    "--offload_param_device", "--zero3_init_flag", "--zero3_save_16bit_model", "--deepspeed_hostfile",
+    "--deepspeed_multinode_launcher", "--fsdp_version", "--fsdp_offload_params", "--fsdp_sharding_strategy",
+    "--fsdp_reshard_after_forward", "--fsdp_auto_wrap_policy", "--fsdp_transformer_layer_cls_to_wrap",
+    "--fsdp_backward_prefetch", "--fsdp_state_dict_type", "--fsdp_forward_prefetch", "--fsdp_use_orig_params",
+    "--fsdp_cpu_ram_efficient_loading", "--fsdp_sync_module_states", "--fsdp_activation_checkpointing",
+    "--fsdp_min_num_params", "--accelerate_config",
+))
+_TORCHRUN_BOOL = frozenset(normalise(f) for f in ("--standalone", "--module", "--no_python", "--run_path", "--use_env"))
+_DEEPSPEED_BOOL = frozenset(normalise(f) for f in (
+    "--no_python", "--module", "--no_local_rank", "--force_multi", "--save_pid", "--elastic_training",
+    "--bind_cores_to_rank", "--no_ssh", "--no_ssh_check", "--autotuning",
+))
+_SHORT = {"m": "module", "q": "quiet", "t": "tee", "H": "hostfile", "i": "include", "e": "exclude", "r": "redirects"}
+
+
+@dataclass
+class LaunchState:
+    """The distributed reading so far; later sources (the program's own flags) override earlier ones."""
+
+    launcher: str = "python"
+    per_node: int | None = 1  # None: one process per visible GPU, decided at start-up
+    nodes: int = 1
+    total: int | None = None  # accelerate's --num_processes counts all machines' processes
+    strategy: Strategy | None = None
+    offload: bool = False
+    zero_stage: int | None = None
+    config_file: str | None = None
+    read: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def deepspeed(self, config: Mapping[str, Any], source: str) -> None:
+        """A DeepSpeed config (``ds.json``, or accelerate's ``deepspeed_config``)."""
+        zero = config.get("zero_optimization")
+        stage: Any = zero.get("stage", 0) if isinstance(zero, Mapping) else config.get("zero_stage", 0)
+        try:
+            stage = int(stage)
+        except (TypeError, ValueError):
+            raise CommandReadError(f"{source}: ZeRO stage {stage!r} is not a number 0-3") from None
+        self.set_zero(stage, source)
+        if isinstance(zero, Mapping):
+            for key in ("offload_optimizer", "offload_param"):
+                part = zero.get(key)
+                device = part.get("device") if isinstance(part, Mapping) else None
+                if isinstance(device, str) and device.lower() not in ("none", ""):
+                    self.offload = True
+        for key in ("offload_optimizer_device", "offload_param_device"):
+            device = config.get(key)
+            if isinstance(device, str) and device.lower() not in ("none", ""):
+                self.offload = True
+
+    def set_zero(self, stage: int, source: str) -> None:
+        if not 0 <= stage <= 3:
+            raise CommandReadError(f"{source}: ZeRO stage {stage} is not 0-3")
+        self.zero_stage = stage
+        if stage >= 2:
+            self.strategy = "zero3" if stage == 3 else "zero2"
+        else:
+            self.strategy = "ddp"
+            if stage == 1:
+                self.notes.append("ZeRO stage 1 (sharded optimizer states) is planned as ddp, which errs high")
+
+    def freeze(self) -> Launch:
+        world = self.total if self.total is not None else None if self.per_node is None else self.per_node * self.nodes
+        strategy = self.strategy
+        if strategy is None and world is not None and world > 1:
+            strategy = "ddp"
+        return Launch(launcher=self.launcher, world_size=world, strategy=strategy, offload=self.offload,
+                      zero_stage=self.zero_stage, config_file=self.config_file, nodes=self.nodes)
+
+
+@dataclass
+class Target:
+    """What the launcher runs: ``kind`` is ``script``, ``module``, ``trl`` (``trl <sub>``) or ``axolotl``."""
+
+    kind: str
+    name: str
+    args: list[str]
+
+
+def _flag_options(tokens: Sequence[str], start: int, bools: frozenset[str],
+                  valued: frozenset[str] | None = None) -> tuple[list[Option], int]:
+    """A launcher's flags from ``tokens[start:]`` up to the program; returns them and the program's index."""
+    options: list[Option] = []
+    i = start
+    while i < len(tokens):
+        token = tokens[i]
+        if not is_flag(token):
+            break
+        if token == "--":
+            i += 1
+            break
+        written = token
+        if "=" in token and token.startswith("--"):
+            name, value = token.split("=", 1)
+            options.append(Option(normalise(name), [value], name))
+            i += 1
+            continue
+        name = normalise(token)
+        if not token.startswith("--"):
+            name = _SHORT.get(name, name)
+        i += 1
+        if name in bools:
+            options.append(Option(name, [], written))
+            continue
+        nxt = tokens[i] if i < len(tokens) else None
+        known = valued is None or name in valued
+        if nxt is not None and not is_flag(nxt) and (known or not nxt.endswith(".py")):
+            options.append(Option(name, [nxt], written))
+            i += 1
+        else:
+            options.append(Option(name, [], written))
+    return options, i
+
+
+def _int(option: Option, what: str) -> int | None:
+    value = option.values[0] if option.values else ""
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if value in ("gpu", "auto"):
+        return None
+    raise CommandReadError(f"{option.written} {value!r}: expected the number of {what}")
+
+
+def _record(state: LaunchState, option: Option) -> None:
+    state.read[option.written] = " ".join(option.values) if option.values else "true"
+
+
+def apply_accelerate(state: LaunchState, options: Sequence[Option], environ: Mapping[str, str],
+                     cwd: Path) -> list[Option]:
+    """accelerate launch's flags (and the ``--config_file`` they name) into ``state``; returns the others."""
+    by_name = {o.name: o for o in options}
+    config_option = by_name.get("config_file")
+    trl_named = by_name.get("accelerate_config")
+    config_path: Path | None = None
+    if trl_named is not None and trl_named.values:
+        config_path = _trl_accelerate_config(trl_named.values[0], cwd)
+        _record(state, trl_named)
+    if config_option is not None and config_option.values:
+        config_path = _resolve(config_option.values[0], cwd)
+        _record(state, config_option)
+    if config_path is None:
+        default = Path(environ.get("HF_HOME") or Path(environ.get("HOME", "~")).expanduser() / ".cache/huggingface")
+        candidate = default / "accelerate" / "default_config.yaml"
+        if candidate.is_file():
+            config_path = candidate
+            state.notes.append(f"accelerate's default config {candidate} applies (no --config_file)")
+    state.per_node = None  # accelerate launch without a count starts one process per visible GPU
+    if config_path is not None:
+        _accelerate_config(state, load_yaml(config_path, "accelerate config"), str(config_path), cwd)
+    rest: list[Option] = []
+    for o in options:
+        n = o.name
+        if n in ("config_file", "accelerate_config"):
+            continue
+        if n == "num_processes":
+            state.total = _int(o, "processes")
+        elif n == "num_machines":
+            state.nodes = _int(o, "machines") or 1
+        elif n == "multi_gpu":
+            state.strategy = state.strategy or "ddp"
+        elif n == "use_fsdp":
+            state.strategy = "fsdp"
+        elif n == "use_deepspeed":
+            if state.zero_stage is None:
+                state.set_zero(2, o.written)  # accelerate's default --zero_stage
+        elif n == "zero_stage":
+            state.set_zero(_int(o, "ZeRO stage") or 0, o.written)
+        elif n in ("offload_optimizer_device", "offload_param_device"):
+            if o.values and o.values[0].lower() != "none":
+                state.offload = True
+        elif n == "fsdp_offload_params":
+            state.offload = bool(to_bool(o.values[0])) if o.values else True
+        elif n == "deepspeed_config_file" and o.values:
+            state.deepspeed(load_json_or_text(str(_resolve(o.values[0], cwd)), "DeepSpeed config"), o.written)
+            state.config_file = o.values[0]
+        elif n == "gpu_ids" and o.values and o.values[0] != "all" and state.total is None:
+            state.total = len([g for g in o.values[0].split(",") if g.strip()])
+        elif n == "cpu":
+            state.notes.append("accelerate launch --cpu: the run uses no GPU")
+        elif n not in ACCELERATE_BOOL and n not in ACCELERATE_VALUED:
+            rest.append(o)
+            continue
+        _record(state, o)
+    if state.total is None and state.per_node is None:
+        state.notes.append("accelerate launch starts one process per visible GPU unless --num_processes says")
+    return rest
+
+
+def _accelerate_config(state: LaunchState, cfg: Mapping[str, Any], source: str, cwd: Path) -> None:
+    state.config_file = source
+    kind = str(cfg.get("distributed_type", "NO")).upper()
+    processes = cfg.get("num_processes")
+    machines = cfg.get("num_machines", 1)
+    if isinstance(machines, int) and machines > 0:
+        state.nodes = machines
+    if isinstance(processes, int) and processes > 0:
+        state.total = processes
+    if kind == "MULTI_GPU":
+        state.strategy = "ddp"
+    elif kind == "FSDP":
+        state.strategy = "fsdp"
+        fsdp = cfg.get("fsdp_config")
+        if isinstance(fsdp, Mapping) and to_bool(str(fsdp.get("fsdp_offload_params", False))):
+            state.offload = True
+    elif kind == "DEEPSPEED":
+        ds = cfg.get("deepspeed_config")
+        ds = ds if isinstance(ds, Mapping) else {}
+        file = ds.get("deepspeed_config_file")
+        if isinstance(file, str) and file.strip():
+            state.deepspeed(load_json_or_text(str(_resolve(file, cwd)), "DeepSpeed config"), source)
+        else:
+            state.deepspeed(ds, source)
+    elif kind not in ("NO", "NONE"):
+        state.notes.append(f"accelerate distributed_type {kind} is not planned; read as one process per GPU")
+    state.read[f"distributed_type ({Path(source).name})"] = kind
+
+
+def _trl_accelerate_config(value: str, cwd: Path) -> Path:
+    """``trl sft --accelerate_config zero2``: a file, or a config TRL ships under that name."""
+    path = _resolve(value, cwd)
+    if path.is_file():
+        return path
+    spec = importlib.util.find_spec("trl")  # finds the package without importing it
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            shipped = Path(folder) / "accelerate_configs" / f"{value}.yaml"
+            if shipped.is_file():
+                return shipped
+    raise CommandReadError(f"--accelerate_config {value!r} is neither a file nor a config TRL ships "
+                           "(fsdp1, fsdp2, multi_gpu, single_gpu, zero1, zero2, zero3)")
+
+
+def _resolve(value: str, cwd: Path) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else cwd / p
+
+
+def _torchrun(state: LaunchState, options: Sequence[Option]) -> None:
+    for o in options:
+        if o.name in ("nproc_per_node",):
+            state.per_node = _int(o, "processes per node")
+        elif o.name == "nnodes" and o.values:
+            nodes = o.values[0].split(":")[-1]
+            if not nodes.isdigit():
+                raise CommandReadError(f"{o.written} {o.values[0]!r}: expected a number of nodes")
+            state.nodes = max(1, int(nodes))
+        elif o.name == "standalone":
+            pass
+        else:
+            continue
+        _record(state, o)
+
+
+def _deepspeed_launcher(state: LaunchState, options: Sequence[Option]) -> None:
+    state.per_node = None  # every visible GPU unless --num_gpus / --include says
+    for o in options:
+        if o.name == "num_gpus":
+            state.per_node = _int(o, "GPUs")
+        elif o.name == "num_nodes":
+            state.nodes = _int(o, "nodes") or 1
+        elif o.name == "include" and o.values:
+            # localhost:0,1 (one host): the GPUs after the colon
+            hosts = o.values[0].split("@")
+            state.per_node = len(hosts[0].split(":", 1)[-1].split(","))
+        else:
+            continue
+        _record(state, o)
+
+
+def _program(tokens: Sequence[str], i: int, module: bool, what: str) -> Target:
+    if i >= len(tokens):
+        raise CommandReadError(f"{what} is not given a script or module to run; {HOW_INSTEAD}")
+    if module:
+        return Target("module", tokens[i], list(tokens[i + 1:]))
+    return Target("script", tokens[i], list(tokens[i + 1:]))
+
+
+def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -> tuple[LaunchState, Target]:
+    """The launcher's reading and the program it runs.
+
+    Raises:
+        CommandReadError: an empty command, an unknown launcher, ``python -c``, a launcher with no program.
+    """
+    tokens = list(argv)
+    state = LaunchState()
+    while tokens and (_ENV_ASSIGNMENT.match(tokens[0]) or tokens[0] == "env"):
+        if tokens[0] != "env":
+            state.read[tokens[0].split("=", 1)[0]] = tokens[0].split("=", 1)[1]
+        tokens.pop(0)
+    if not tokens:
+        raise CommandReadError(f"no training command after '--'; {HOW_INSTEAD}")
+    head = os.path.basename(tokens[0])
+    if _PYTHON.match(head):
+        return _after_python(tokens, state, environ, cwd)
+    if head == "accelerate":
+        if len(tokens) < 2 or tokens[1] != "launch":
+            raise CommandReadError(f"'accelerate {' '.join(tokens[1:2])}' does not train; vramscope reads "
+                                   f"'accelerate launch ...'; {HOW_INSTEAD}")
+        return _accelerate(tokens, 2, state, environ, cwd)
+    if head == "torchrun":
+        return _torchrun_target(tokens, 1, state)
+    if head == "deepspeed":
+        options, i = _flag_options(tokens, 1, _DEEPSPEED_BOOL)
+        state.launcher = "deepspeed"
+        _deepspeed_launcher(state, options)
+        return state, _program(tokens, i, any(o.name == "module" for o in options), "deepspeed")
+    if head == "trl":
+        if len(tokens) < 2:
+            raise CommandReadError(f"'trl' needs a command such as 'trl sft ...'; {HOW_INSTEAD}")
+        state.launcher = "trl"
+        return state, Target("trl", tokens[1], tokens[2:])
+    if head == "axolotl":
+        if len(tokens) < 2 or tokens[1] != "train":
+            raise CommandReadError(f"vramscope reads 'axolotl train config.yml', not 'axolotl "
+                                   f"{' '.join(tokens[1:2])}'; {HOW_INSTEAD}")
+        state.launcher = "axolotl"
+        state.per_node = None
+        state.notes.append("axolotl train starts accelerate launch: one process per visible GPU unless its "
+                           "accelerate config says otherwise")
+        return state, Target("axolotl", "axolotl.cli.train", tokens[2:])
+    if head.endswith(".py"):
+        return state, Target("script", tokens[0], tokens[1:])
+    raise CommandReadError(f"cannot read the command '{tokens[0]}': vramscope reads python, accelerate launch, "
+                           f"torchrun, deepspeed, trl sft and axolotl train commands; {HOW_INSTEAD}")
+
+
+def _after_python(tokens: list[str], state: LaunchState, environ: Mapping[str, str],
+                  cwd: Path) -> tuple[LaunchState, Target]:
+    i = 1
+    while i < len(tokens) and tokens[i].startswith("-") and tokens[i] != "-":
+        flag = tokens[i]
+        if flag == "-c":
+            raise CommandReadError(f"cannot read 'python -c ...': there is no script to read; {HOW_INSTEAD}")
+        if flag == "-m" or (flag.startswith("-m") and len(flag) > 2):
+            module = tokens[i + 1] if flag == "-m" and i + 1 < len(tokens) else flag[2:]
+            rest = tokens[i + 2:] if flag == "-m" else tokens[i + 1:]
+            if not module:
+                raise CommandReadError(f"'python -m' without a module; {HOW_INSTEAD}")
+            if module in ("torch.distributed.run", "torch.distributed.launch"):
+                return _torchrun_target([module, *rest], 1, state)
+            if module in ("accelerate.commands.launch", "accelerate.commands.accelerate_cli"):
+                start = 1 if rest[:1] == ["launch"] else 0
+                return _accelerate([module, *rest], 1 + start, state, environ, cwd)
+            state.launcher = "python -m"
+            return state, Target("module", module, list(rest))
+        i += 2 if flag in _PYTHON_FLAGS_WITH_VALUE else 1
+    if i >= len(tokens):
+        raise CommandReadError(f"'{' '.join(tokens)}' runs no script; {HOW_INSTEAD}")
+    return state, Target("script", tokens[i], tokens[i + 1:])
+
+
+def _accelerate(tokens: list[str], start: int, state: LaunchState, environ: Mapping[str, str],
+                cwd: Path) -> tuple[LaunchState, Target]:
+    options, i = _flag_options(tokens, start, ACCELERATE_BOOL, ACCELERATE_VALUED)
+    state.launcher = "accelerate"
+    rest = apply_accelerate(state, options, environ, cwd)
+    for o in rest:
+        state.notes.append(f"accelerate launch flag {o.written} is not one vramscope knows; ignored")
+    return state, _program(tokens, i, any(o.name == "module" for o in options), "accelerate launch")
+
+
+def _torchrun_target(tokens: list[str], start: int, state: LaunchState) -> tuple[LaunchState, Target]:
+    options, i = _flag_options(tokens, start, _TORCHRUN_BOOL)
+    state.launcher = "torchrun"
+    _torchrun(state, options)
+    return state, _program(tokens, i, any(o.name == "module" for o in options), "torchrun")

@@ -1,0 +1,373 @@
+"""The recipe a training program's flags describe, with that program's own defaults.
+
+Three readers over one :class:`~.argv.Reader`: TRL's ``sft`` script (TRL 1.16: ``ScriptArguments``,
+``SFTConfig`` and ``ModelConfig``), the QLoRA reference ``qlora.py`` (artidoro/qlora's argument
+dataclasses) and a generic script built on ``HfArgumentParser`` / ``TrainingArguments``. Each returns a
+:class:`Reading`; the defaults it applied are recorded, so the plan can say what it assumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramscope.planner.command.argv import Reader
+from vramscope.planner.command.errors import HOW_INSTEAD, CommandReadError
+from vramscope.planner.command.files import load_json_or_text
+from vramscope.planner.command.launchers import LaunchState
+
+# peft 0.21's default LoRA targets per model_type (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), used
+# when TRL's --lora_target_modules is not given. phi3 has none: peft then asks for target_modules.
+PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    **{t: ("q_proj", "v_proj") for t in (
+        "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+        "gemma3_text", "starcoder2", "stablelm", "olmo", "olmo2", "cohere", "granite", "deepseek_v2",
+    )},
+    "falcon": ("query_key_value",),
+    "gpt_neox": ("query_key_value",),
+    "bloom": ("query_key_value",),
+    "phi": ("q_proj", "v_proj", "fc1", "fc2"),
+    "gpt2": ("c_attn",),
+    "gptj": ("q_proj", "v_proj"),
+    "opt": ("q_proj", "v_proj"),
+}
+
+# HF optimizer names (transformers OptimizerNames) -> the planner's optimizer families.
+_OPTIMIZERS = {
+    "adamw_torch": "adamw_torch", "adamw_hf": "adamw_torch", "adamw": "adamw_torch", "adamw_torch_xla": "adamw_torch",
+    "adamw_apex_fused": "adamw_torch_fused", "adamw_torch_fused": "adamw_torch_fused",
+    "adamw_torch_npu_fused": "adamw_torch_fused", "adam": "adamw_torch",
+    "paged_adamw_32bit": "paged_adamw_32bit", "paged_adamw": "paged_adamw_32bit",
+    "paged_adam_32bit": "paged_adamw_32bit", "paged_adamw_8bit": "paged_adamw_8bit",
+    "paged_adam_8bit": "paged_adamw_8bit",
+    "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "adam8bit": "adamw_8bit",
+    "bnb_adamw_8bit": "adamw_8bit",
+    "sgd": "sgd",
+}
+
+# TrainingArguments / TRL / qlora.py fields that do not change a step's memory: read silently.
+IGNORED = frozenset("""
+output_dir overwrite_output_dir do_train do_eval do_predict eval_strategy evaluation_strategy eval_steps eval_delay
+save_strategy save_steps save_total_limit save_only_model save_safetensors logging_steps logging_strategy
+logging_dir logging_first_step logging_nan_inf_filter report_to run_name project trackio_space_id seed data_seed
+learning_rate lr_scheduler_type lr_scheduler_kwargs warmup_ratio warmup_steps weight_decay adam_beta1 adam_beta2
+adam_epsilon max_grad_norm num_train_epochs push_to_hub hub_model_id hub_token hub_strategy hub_private_repo
+dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers dataloader_prefetch_factor
+dataloader_drop_last remove_unused_columns group_by_length length_column_name load_best_model_at_end
+metric_for_best_model greater_is_better resume_from_checkpoint ddp_find_unused_parameters ddp_backend ddp_timeout
+tf32 per_device_eval_batch_size eval_accumulation_steps label_names disable_tqdm local_rank log_level
+log_level_replica include_num_input_tokens_seen neftune_noise_alpha ignore_data_skip full_determinism
+prediction_loss_only eval_on_start batch_eval_metrics use_cpu lr_scheduler_type
+restore_callback_states_from_checkpoint dataset_name dataset_config dataset_train_split dataset_test_split
+dataset_streaming dataset_text_field dataset_num_proc dataset_kwargs datasets eos_token pad_token chat_template_path
+trust_remote_code model_revision use_auth_token cache_dir eval_dataset_size max_train_samples max_eval_samples
+dataset dataset_format train_on_source mmlu_split mmlu_dataset do_mmlu_eval max_mmlu_samples mmlu_source_max_len
+max_memory_MB max_new_tokens min_new_tokens do_sample num_beams num_beam_groups penalty_alpha use_cache temperature
+top_k top_p typical_p diversity_penalty repetition_penalty length_penalty no_repeat_ngram_size predict_with_generate
+generation_max_length generation_num_beams sortish_sampler completion_only_loss assistant_only_loss loss_type
+truncation_mode packing_strategy eval_packing model_init_kwargs lora_task_type lora_modules_to_save use_rslora
+bnb_4bit_quant_storage torch_empty_cache_steps average_tokens_across_devices optim_args skip_memory_metrics
+ddp_bucket_cap_mb adam8bit
+""".split())  # noqa: SIM905 (a word list reads best as words)
+
+
+@dataclass
+class Reading:
+    """What a program reader found; merged into a :class:`~.types.ParsedCommand` by the caller."""
+
+    program: str
+    framework: str
+    model: str | None
+    spec: dict[str, Any]
+    batch_size: int
+    seq_len: int | None
+    grad_accum: int
+    max_steps: int | None
+    seq_flag: str | None
+    defaults: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def optimizer(name: str, notes: list[str]) -> str:
+    family = _OPTIMIZERS.get(name.lower())
+    if family is None:
+        notes.append(f"optimizer {name} is not modelled; planned as adamw_torch (two fp32 states per trainable "
+                     "parameter, which errs high for most others)")
+        return "adamw_torch"
+    return family
+
+
+def attention(name: str | None, notes: list[str]) -> str:
+    if name is None or name in ("sdpa", "eager", "flash_attention_2"):
+        return name or "sdpa"
+    if name.startswith("flash_attention") or "flash" in name:
+        notes.append(f"attention {name} planned as flash_attention_2")
+        return "flash_attention_2"
+    notes.append(f"attention {name} is not modelled; planned as sdpa")
+    return "sdpa"
+
+
+def default_targets(model_type: str | None, notes: list[str]) -> tuple[str, ...] | None:
+    """peft's default LoRA targets for the architecture (TRL and axolotl leave target_modules unset)."""
+    if model_type is not None and model_type in PEFT_DEFAULT_TARGETS:
+        return PEFT_DEFAULT_TARGETS[model_type]
+    if model_type is None:
+        notes.append("LoRA targets: peft's default for the architecture, which is unknown here; planned as "
+                     "q_proj,v_proj (pass --lora-targets to say)")
+        return ("q_proj", "v_proj")
+    notes.append(f"peft has no default LoRA targets for {model_type}; planned on every linear layer (errs high)")
+    return None
+
+
+def _targets(words: list[str] | None) -> tuple[str, ...] | None:
+    if not words or words in (["all-linear"], ["all_linear"]):
+        return None
+    return tuple(words)
+
+
+def _distributed(reader: Reader, state: LaunchState) -> None:
+    """TrainingArguments' --fsdp and --deepspeed, which override the launcher's reading."""
+    fsdp = reader.text("fsdp")
+    if fsdp is not None and fsdp.strip().lower() not in ("", "false", "none", "no"):
+        state.strategy = "fsdp"
+        if "offload" in fsdp:
+            state.offload = True
+    ds = reader.text("deepspeed")
+    if ds is not None:
+        state.deepspeed(load_json_or_text(ds, "--deepspeed config"), "--deepspeed")
+        state.config_file = ds if not ds.lstrip().startswith("{") else state.config_file
+
+
+def _training(reader: Reader, out: Reading, *, batch: int, accum: int, checkpointing: bool, optim: str,
+              bf16: bool, max_steps: int | None) -> tuple[bool, bool]:
+    """TrainingArguments' memory fields into ``out``; returns (bf16, fp16) as the run will use them."""
+    b = reader.integer("per_device_train_batch_size", "per_gpu_train_batch_size")
+    out.batch_size = b if b is not None else batch
+    if b is None:
+        out.defaults["per_device_train_batch_size"] = str(batch)
+    g = reader.integer("gradient_accumulation_steps")
+    out.grad_accum = g if g is not None else accum
+    gc = reader.boolean("gradient_checkpointing")
+    out.spec["gradient_checkpointing"] = checkpointing if gc is None else gc
+    if gc is None:
+        out.defaults["gradient_checkpointing"] = str(checkpointing).lower()
+    name = reader.text("optim")
+    out.spec["optim"] = optimizer(name if name is not None else optim, out.notes)
+    if name is None:
+        out.defaults["optim"] = optim
+    steps = reader.integer("max_steps")
+    out.max_steps = steps if steps is not None and steps > 0 else max_steps
+    fp16 = bool(reader.boolean("fp16"))
+    use_bf16 = reader.boolean("bf16")
+    if use_bf16 is None:
+        use_bf16 = bf16 and not fp16
+    kwargs = reader.text("gradient_checkpointing_kwargs")
+    if kwargs is not None and "use_reentrant" in kwargs:
+        out.notes.append(f"gradient_checkpointing_kwargs {kwargs} read but not modelled")
+    for flag in ("torch_compile", "use_liger_kernel", "activation_offloading"):
+        if reader.boolean(flag):
+            out.notes.append(f"--{flag} changes memory in ways the plan does not model")
+    return use_bf16, fp16
+
+
+def _dtype_word(word: str | None) -> str | None:
+    if word is None:
+        return None
+    w = word.lower().replace("torch.", "")
+    return {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
+            "float32": "fp32", "fp32": "fp32", "float": "fp32", "auto": "auto"}.get(w, w)
+
+
+ModelTypeOf = Callable[[str | None], "str | None"]
+"""The architecture (config.json ``model_type``) of the model the command names, when it can be known."""
+
+
+def read_trl(reader: Reader, state: LaunchState, model_type_of_name: ModelTypeOf) -> Reading:
+    """TRL's sft script (``python -m trl.scripts.sft`` / ``trl sft``), TRL 1.16 defaults."""
+    out = Reading("trl", "trl", reader.text("model_name_or_path"), {}, 8, None, 1, None, "--max_length")
+    use_bf16, fp16 = _training(reader, out, batch=8, accum=1, checkpointing=True, optim="adamw_torch_fused",
+                               bf16=True, max_steps=None)
+    use_peft = reader.boolean("use_peft")
+    if not use_peft:
+        raise CommandReadError("the command trains every parameter (TRL without --use_peft); vramscope plans LoRA "
+                               f"and QLoRA runs: add --use_peft, or {HOW_INSTEAD}")
+    four, eight = reader.boolean("load_in_4bit"), reader.boolean("load_in_8bit")
+    out.spec["bits"] = 4 if four else 8 if eight else 16
+    out.spec["quant_type"] = reader.text("bnb_4bit_quant_type") or "nf4"
+    nested = reader.boolean("use_bnb_nested_quant")
+    out.spec["double_quant"] = bool(nested)
+    if four and nested is None:
+        out.defaults["use_bnb_nested_quant"] = "false"
+    dtype = _dtype_word(reader.text("dtype", "torch_dtype"))
+    if dtype is None:
+        out.defaults["dtype"] = "float32"
+        dtype = "fp32"
+    if dtype in ("fp32", "auto"):
+        out.notes.append(f"TRL loads the model in {'float32' if dtype == 'fp32' else 'its checkpoint dtype'} "
+                         "(--dtype); the plan assumes bf16 weights and compute, which is low for a float32 "
+                         "model: pass --dtype bfloat16 to the command to match")
+    out.spec["compute_dtype"] = "fp16" if dtype == "fp16" or (dtype in ("fp32", "auto") and fp16 and not use_bf16) \
+        else "bf16"
+    r = reader.integer("lora_r")
+    out.spec["lora_r"] = 16 if r is None else r
+    a = reader.number("lora_alpha")
+    out.spec["lora_alpha"] = 32 if a is None else round(a)
+    d = reader.number("lora_dropout")
+    out.spec["lora_dropout"] = 0.05 if d is None else d
+    if r is None:
+        out.defaults.update(lora_r="16", lora_alpha="32" if a is None else str(out.spec["lora_alpha"]))
+    targets = reader.words("lora_target_modules")
+    if targets is None:
+        out.spec["lora_targets"] = default_targets(model_type_of_name(out.model), out.notes)
+        out.defaults["lora_target_modules"] = "peft's default: " + ",".join(out.spec["lora_targets"] or ("all-linear",))
+    else:
+        out.spec["lora_targets"] = _targets(targets)
+    if reader.boolean("use_dora"):
+        out.notes.append("DoRA (--use_dora) adds a weight-norm pass the plan does not model")
+    out.spec["attn"] = attention(reader.text("attn_implementation"), out.notes)
+    length = reader.text("max_length", "max_seq_length")
+    if length is None:
+        out.seq_len = 1024
+        out.defaults["max_length"] = "1024"
+    elif length.lower() in ("none", "null"):
+        out.seq_len = None
+        out.notes.append("--max_length None: TRL does not truncate, so the longest example sets the length")
+    else:
+        out.seq_len = reader_int(length, "--max_length")
+    if reader.boolean("packing"):
+        out.notes.append("packing: every row is filled to max_length tokens, so the plan's length is the real one")
+    if reader.boolean("padding_free"):
+        out.notes.append("padding_free: a batch is one row of its real tokens (at most batch x max_length)")
+    _distributed(reader, state)
+    return out
+
+
+def reader_int(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise CommandReadError(f"{flag} {text!r} is not a whole number") from None
+    if value <= 0:
+        raise CommandReadError(f"{flag} must be positive, got {value}")
+    return value
+
+
+def read_qlora(reader: Reader, state: LaunchState) -> Reading:
+    """The QLoRA reference ``qlora.py`` (artidoro/qlora), with its dataclasses' defaults."""
+    model = reader.text("model_name_or_path")
+    out = Reading("qlora", "hf", model or "EleutherAI/pythia-12b", {}, 1, None, 16, None, "--source_max_len")
+    if model is None:
+        out.defaults["model_name_or_path"] = "EleutherAI/pythia-12b"
+    use_bf16, fp16 = _training(reader, out, batch=1, accum=16, checkpointing=True, optim="paged_adamw_32bit",
+                               bf16=False, max_steps=10000)
+    if reader.boolean("full_finetune"):
+        raise CommandReadError(f"qlora.py --full_finetune trains every parameter; vramscope plans LoRA and QLoRA "
+                               f"runs: drop it, or {HOW_INSTEAD}")
+    bits = reader.integer("bits")
+    if bits is None:
+        out.defaults["bits"] = "4"
+        bits = 4
+    if bits not in (4, 8, 16, 32):
+        raise CommandReadError(f"--bits {bits}: qlora.py takes 4, 8, 16 or 32")
+    if bits == 32:
+        out.notes.append("--bits 32 (an fp32 base) is planned as 16-bit, which is low")
+    out.spec["bits"] = min(bits, 16)
+    dq = reader.boolean("double_quant")
+    out.spec["double_quant"] = True if dq is None else dq
+    out.spec["quant_type"] = reader.text("quant_type") or "nf4"
+    if not use_bf16 and not fp16:
+        out.notes.append("qlora.py without --bf16 or --fp16 computes in fp32; planned as bf16, which is low")
+    out.spec["compute_dtype"] = "fp16" if fp16 and not use_bf16 else "bf16"
+    r = reader.integer("lora_r")
+    out.spec["lora_r"] = 64 if r is None else r
+    a = reader.number("lora_alpha")
+    out.spec["lora_alpha"] = 16 if a is None else round(a)
+    d = reader.number("lora_dropout")
+    out.spec["lora_dropout"] = 0.0 if d is None else d
+    if d is None:
+        out.defaults["lora_dropout"] = "0.0"
+    out.spec["lora_targets"] = None  # find_all_linear_names: every linear layer but lm_head
+    out.spec["attn"] = "sdpa"
+    source = reader.integer("source_max_len")
+    target = reader.integer("target_max_len")
+    if source is None:
+        out.defaults["source_max_len"] = "1024"
+    if target is None:
+        out.defaults["target_max_len"] = "256"
+    out.seq_len = (source if source is not None else 1024) + (target if target is not None else 256)
+    _distributed(reader, state)
+    return out
+
+
+MODEL_FLAGS = ("model_name_or_path", "model", "model_name", "model_id", "base_model", "pretrained_model_name_or_path",
+               "model_path", "model_dir")
+SEQ_FLAGS = ("max_seq_length", "max_length", "block_size", "model_max_length", "max_seq_len", "seq_len",
+             "sequence_len", "cutoff_len", "max_len")
+
+
+def read_hf(reader: Reader, state: LaunchState) -> Reading:
+    """A script built on ``HfArgumentParser`` / ``TrainingArguments``: TrainingArguments' defaults for the rest."""
+    out = Reading("hf", "hf", reader.text(*MODEL_FLAGS), {}, 8, None, 1, None, None)
+    use_bf16, fp16 = _training(reader, out, batch=8, accum=1, checkpointing=False, optim="adamw_torch_fused",
+                               bf16=False, max_steps=None)
+    if reader.boolean("use_peft") is False or reader.boolean("full_finetune"):
+        raise CommandReadError(f"the command trains every parameter; vramscope plans LoRA and QLoRA runs; "
+                               f"{HOW_INSTEAD}")
+    bits = reader.integer("bits")
+    four = reader.boolean("load_in_4bit", "use_4bit")
+    eight = reader.boolean("load_in_8bit", "use_8bit")
+    if bits is None:
+        bits = 4 if four else 8 if eight else None
+    if bits is None:
+        out.notes.append("the command does not say how the script loads the model; planned as 16-bit LoRA "
+                         "(pass --bits 4 before '--' if it loads in 4-bit)")
+        bits = 16
+    out.spec["bits"] = min(bits, 16) if bits in (4, 8, 16, 32) else 16
+    out.spec["quant_type"] = reader.text("bnb_4bit_quant_type", "quant_type") or "nf4"
+    dq = reader.boolean("double_quant", "use_nested_quant", "use_bnb_nested_quant", "bnb_4bit_use_double_quant")
+    out.spec["double_quant"] = True if dq is None else dq
+    dtype = _dtype_word(reader.text("dtype", "torch_dtype", "bnb_4bit_compute_dtype"))
+    out.spec["compute_dtype"] = "fp16" if dtype == "fp16" or (fp16 and not use_bf16) else "bf16"
+    if dtype in (None, "fp32") and not use_bf16 and not fp16:
+        out.notes.append("no --bf16/--fp16: the script may compute in fp32; planned as bf16, which may be low")
+    lora = reader.has("lora_r", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "target_modules")
+    r = reader.integer("lora_r", "lora_rank")
+    out.spec["lora_r"] = 64 if r is None else r
+    a = reader.number("lora_alpha")
+    out.spec["lora_alpha"] = 16 if a is None else round(a)
+    d = reader.number("lora_dropout")
+    out.spec["lora_dropout"] = 0.05 if d is None else d
+    out.spec["lora_targets"] = _targets(reader.words("lora_target_modules", "target_modules"))
+    if not lora:
+        out.notes.append("no LoRA flags: planned with the QLoRA reference's LoRA (r=64 on every linear layer)")
+    out.spec["attn"] = attention(reader.text("attn_implementation", "attn"), out.notes)
+    for flag in SEQ_FLAGS:
+        if reader.has(flag):
+            value = reader.integer(flag)
+            out.seq_len = value if value is not None and value > 0 else None
+            out.seq_flag = f"--{flag}"
+            break
+    _distributed(reader, state)
+    return out
+
+
+def looks_like_hf(reader: Reader, script_text: str) -> bool:
+    """A script whose flags or source say it is an HfArgumentParser / Trainer script."""
+    markers = ("per_device_train_batch_size", "gradient_accumulation_steps", "model_name_or_path")
+    return reader.has(*markers) or any(m in script_text for m in ("HfArgumentParser", "TrlParser"))
+
+
+def looks_like_trl_sft(script_text: str) -> bool:
+    """A copy of TRL's sft script: its parser over SFTConfig and ModelConfig."""
+    return "SFTConfig" in script_text and "ModelConfig" in script_text and "TrlParser" in script_text
+
+
+def model_type_of(config: Mapping[str, Any] | None) -> str | None:
+    if config is None:
+        return None
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and isinstance(text.get("model_type"), str):
+        return str(text["model_type"])
+    value = config.get("model_type")
+    return value if isinstance(value, str) else None
