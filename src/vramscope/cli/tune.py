@@ -150,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
 
         return run_command(args, argv)
     if args.model_dir is None:
-        raise UsageError("give --model-dir DIR, or the training command after '--' (vramscope tune -- python ...)")
+        raise UsageError("--model-dir DIR is required, or the training command after '--' "
+                         "(vramscope tune -- python ...)")
     config = _check(args)
     spec = spec_from_args(args)
     try:

@@ -67,6 +67,7 @@ class LaunchState:
     config_file: str | None = None
     read: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    cwd: Path = field(default_factory=Path.cwd)  # relative config paths are read from here
 
     def deepspeed(self, config: Mapping[str, Any], source: str) -> None:
         """A DeepSpeed config (``ds.json``, or accelerate's ``deepspeed_config``)."""
@@ -322,7 +323,7 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
         CommandReadError: an empty command, an unknown launcher, ``python -c``, a launcher with no program.
     """
     tokens = list(argv)
-    state = LaunchState()
+    state = LaunchState(cwd=cwd)
     while tokens and (_ENV_ASSIGNMENT.match(tokens[0]) or tokens[0] == "env"):
         if tokens[0] != "env":
             state.read[tokens[0].split("=", 1)[0]] = tokens[0].split("=", 1)[1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vramscope.planner.command.argv import Reader
@@ -135,7 +136,9 @@ def _distributed(reader: Reader, state: LaunchState) -> None:
             state.offload = True
     ds = reader.text("deepspeed")
     if ds is not None:
-        state.deepspeed(load_json_or_text(ds, "--deepspeed config"), "--deepspeed")
+        inline = ds.lstrip().startswith("{")
+        source = ds if inline or Path(ds).is_absolute() else str(state.cwd / ds)
+        state.deepspeed(load_json_or_text(source, "--deepspeed config"), "--deepspeed")
         state.config_file = ds if not ds.lstrip().startswith("{") else state.config_file
 
 
