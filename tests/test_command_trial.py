@@ -180,3 +180,14 @@ def test_trl_sft_trains_at_the_trial_shape(tmp_path: Path, tiny_model: Path) -> 
     record = json.loads((tmp_path / "trial.json").read_text())
     assert outcome.trial.ok and [s["inputs"] for s in record["steps"]] == [[[3, 24]], [[3, 24]]]
     assert not (tmp_path / "out" / "adapter_model.safetensors").exists()  # sft.py's save_model never ran
+
+
+@pytest.mark.slow
+def test_tuning_needs_the_trials_on_a_gpu(tmp_path: Path, tiny_model: Path) -> None:
+    from vramscope.command_tuner import tune_command
+    from vramscope.planner.command import parse_command
+
+    argv = [PY, str(EXAMPLE), "--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "o"),
+            "--report_to", "none", "--use_cpu", "--max_seq_length", "16", "--rows", "4"]
+    with pytest.raises(TrialFailed, match="saw no CUDA device"):
+        tune_command(parse_command(argv), timeout_s=300)

@@ -295,6 +295,11 @@ def tune_command(
                          predicted_max=None if result.predicted_max is None else result.predicted_max * m,
                          bytes_per_unit=None if result.bytes_per_unit is None else result.bytes_per_unit / m,
                          trials=tuple(replace(t, size=t.size * m) for t in result.trials), unit="seq_len")
+    # The budget is 3 fresh runs of the command: "stopped after 3 trials" is the usual end, not a warning;
+    # say what the fitted line allows instead.
+    result = replace(result, notes=tuple(
+        (f"{len(result.trials)} trials is the budget; with no margin the fitted line allows {result.predicted_max}"
+         if n.startswith("stopped after") and result.predicted_max is not None else n) for n in result.notes))
     unit = "seq_len" if max_seq_len else "batch"
     keep: str | None = None
     if unit == "batch" and parsed.grad_accum > 1:

@@ -34,10 +34,7 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not torch.cuda.is_available():
         raise UsageError("vramscope tune -- runs trial steps of the command on a CUDA GPU and torch sees none; "
                          "plan it without a GPU: vramscope plan -- <command>")
-    if args.memory_limit is not None:
-        total = int(torch.cuda.get_device_properties(0).total_memory)
-        if args.memory_limit > total:
-            raise UsageError(f"--memory-limit {gib(args.memory_limit)} is more than the GPU's {gib(total)}")
+    # Nothing more of torch here: a CUDA context in this process would take GPU memory from the trials.
 
     from vramscope.command_tuner import CommandTrial, TrialFailed, tune_command
     from vramscope.tuner import NoSizeFitsError
