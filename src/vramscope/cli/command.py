@@ -169,8 +169,7 @@ def format_command(inputs: CommandInputs) -> str:
         f"{p.seq_len if p.seq_len is not None else 'no'} max tokens; {launch.launcher}, {world}{strategy}",
     ]
     if p.read:
-        lines.append("  read: " + ", ".join(f"{k} {v}" if not k.endswith(")") else f"{k}: {v}"
-                                           for k, v in p.read.items()))
+        lines.append("  read: " + ", ".join(_read_item(k, v) for k, v in p.read.items()))
     if p.defaults:
         lines.append(f"  {_program_name(p)} defaults: " + ", ".join(f"{k} {v}" for k, v in p.defaults.items()))
     if inputs.overrides:
@@ -179,6 +178,12 @@ def format_command(inputs: CommandInputs) -> str:
         lines.append("  not understood (ignored): " + " ".join(p.unknown))
     lines += [f"  note: {n}" for n in p.notes]
     return "\n".join(lines)
+
+
+def _read_item(key: str, value: str) -> str:
+    if key.endswith(")"):  # "lora_r (sft.yaml)": a config file's key
+        return f"{key}: {value}"
+    return key if value == "true" and key.startswith("-") else f"{key} {value}"
 
 
 def _program_name(p: ParsedCommand) -> str:
