@@ -135,7 +135,8 @@ def test_accelerate_config_file_fsdp_and_deepspeed(tmp_path: Path) -> None:
     assert parse(f"accelerate launch --config_file ddp.yaml train.py {cmd}", tmp_path).launch.strategy == "ddp"
     p = parse(f"accelerate launch train.py {cmd}", tmp_path)  # no config anywhere: every visible GPU
     assert p.launch.world_size is None and any("visible GPU" in n for n in p.notes)
-    p = parse(f"python -m torch.distributed.run --nproc-per-node=2 train.py {cmd}", tmp_path)
+    p = parse(f"CUDA_VISIBLE_DEVICES=0,1 uv run python -m torch.distributed.run --nproc-per-node=2 train.py {cmd}",
+              tmp_path)
     assert (p.launch.launcher, p.launch.world_size, p.launch.strategy) == ("torchrun", 2, "ddp")
 
 

@@ -328,6 +328,8 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
         if tokens[0] != "env":
             state.read[tokens[0].split("=", 1)[0]] = tokens[0].split("=", 1)[1]
         tokens.pop(0)
+    if len(tokens) > 2 and tokens[0] in ("uv", "poetry", "pipenv", "pdm") and tokens[1] == "run":
+        tokens = tokens[2:]  # an environment manager in front: what it runs is the command
     if not tokens:
         raise CommandReadError(f"no training command after '--'; {HOW_INSTEAD}")
     head = os.path.basename(tokens[0])
