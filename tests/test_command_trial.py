@@ -191,3 +191,19 @@ def test_tuning_needs_the_trials_on_a_gpu(tmp_path: Path, tiny_model: Path) -> N
             "--report_to", "none", "--use_cpu", "--max_seq_length", "16", "--rows", "4"]
     with pytest.raises(TrialFailed, match="saw no CUDA device"):
         tune_command(parse_command(argv), timeout_s=300)
+
+
+@pytest.mark.slow
+def test_the_start_up_hook_loads_the_trial_only_when_asked(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from vramscope.integrations.inject import child_env
+
+    code = "import transformers.trainer as t; print(getattr(t.Trainer, '_vramscope_trial', False))"
+    base = {k: v for k, v in os.environ.items() if k not in ("VRAMSCOPE_INJECT", ENV_TRIAL)}
+    monitored = {**base, **child_env(None, environ=base)}  # `vramscope run`: the callback, no trial
+    trial = child_environment(request(tmp_path), base)
+    answers = [subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout.split()
+               for env in (monitored, trial)]
+    assert answers == [["False"], ["True"]]

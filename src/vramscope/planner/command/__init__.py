@@ -64,11 +64,11 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
     yaml_cfg: dict[str, Any] = {}
 
     program = _program(target, folder)
-    if program in ("trl",) and any(o.name == "config" for o in options):
-        config_file = next(o for o in options if o.name == "config").values[0] if any(
-            o.name == "config" and o.values for o in options) else None
-        if config_file is None:
-            raise CommandReadError("--config needs a YAML file")
+    config_option = next((o for o in options if o.name == "config"), None) if program == "trl" else None
+    if config_option is not None:  # TrlParser's --config file.yaml: its keys are defaults, the flags win
+        if not config_option.values:
+            raise CommandReadError("--config needs a YAML file (TRL's --config sft.yaml)")
+        config_file = config_option.values[0]
         yaml_cfg = load_yaml(_under(config_file, folder), "TRL config")
         yaml_cfg.pop("env", None)
         config_options = options_from_mapping(yaml_cfg, Path(config_file).name)
