@@ -218,3 +218,19 @@ def test_parsed_command_to_dict_is_json(tmp_path: Path, model_dir: Path) -> None
     assert out["launch"] == {"launcher": "python -m", "world_size": 1, "strategy": None, "offload": False,
                              "zero_stage": None, "config_file": None, "nodes": 1}
     assert out["model_from"] == "directory" and out["spec"]["framework"] == "trl"
+
+
+def test_the_setting_to_print_is_in_the_commands_own_spelling(tmp_path: Path) -> None:
+    from vramscope.command_tuner import setting_for
+
+    (tmp_path / "ax.yml").write_text("base_model: Llama-2-7B\nadapter: lora\n")
+    axolotl = parse("axolotl train ax.yml", tmp_path)
+    assert setting_for(axolotl, "batch", 6) == "micro_batch_size: 6 (in ax.yml)"
+    assert setting_for(axolotl, "seq_len", 3072) == "sequence_len: 3072 (in ax.yml)"
+    trl = parse("trl sft --model_name_or_path m --use_peft", tmp_path)
+    assert setting_for(trl, "batch", 6) == "--per_device_train_batch_size 6"
+    assert setting_for(trl, "seq_len", 3072) == "--max_length 3072"
+    qlora = parse("python qlora.py", tmp_path)
+    assert setting_for(qlora, "seq_len", 2048) == "--source_max_len and --target_max_len summing to 2048"
+    hf = parse("python train.py --model_name_or_path m --per_device_train_batch_size 2 --block_size 512", tmp_path)
+    assert setting_for(hf, "seq_len", 1024) == "--block_size 1024"
