@@ -60,6 +60,12 @@ def test_trl_defaults_match_the_installed_trl() -> None:
     assert (cfg.max_length, cfg.gradient_checkpointing, cfg.per_device_train_batch_size) == (1024, True, 8)
     assert (model.lora_r, model.lora_alpha, model.lora_dropout, model.lora_target_modules) == (16, 32, 0.05, None)
     assert (model.use_bnb_nested_quant, model.bnb_4bit_quant_type, model.dtype) == (False, "nf4", "float32")
+    assert (cfg.optim, cfg.bf16, cfg.gradient_accumulation_steps) == ("adamw_torch_fused", True, 1)
+    from transformers import TrainingArguments
+
+    plain = TrainingArguments(output_dir="x", use_cpu=True)  # the generic HF script's defaults
+    assert (plain.optim, plain.per_device_train_batch_size, plain.gradient_checkpointing) == (
+        "adamw_torch_fused", 8, False)
 
 
 def test_trl_cli_config_yaml_and_accelerate_flags(tmp_path: Path) -> None:
