@@ -9,7 +9,8 @@ this file at start-up. It does three small things and nothing else:
    program that imports neither pays one dictionary miss per import and nothing else;
 3. when that module is loaded, wraps ``Trainer.__init__`` so that every Trainer (and subclass, such
    as TRL's) gets vramscope's memory callback, via ``vramscope.integrations.inject.attach``
-   (``attach_lightning`` for a Lightning Trainer).
+   (``attach_lightning`` for a Lightning Trainer); in a trial child of ``vramscope tune -- CMD``
+   (``VRAMSCOPE_TRIAL`` set) it hands the HF Trainer class to ``vramscope.integrations.trial.install``.
 
 Standard library only, and every failure is one line on stderr: a monitor must never stop a training.
 """
@@ -163,7 +164,10 @@ def _install_trial(module: ModuleType) -> None:
 
             install(module)
         except Exception as exc:
+            # A trial child that cannot run the trial must not go on to run the whole training instead.
             _say(f"could not set up the tuning trial: {type(exc).__name__}: {exc}")
+            sys.stderr.flush()
+            os._exit(4)
 
 
 def _install() -> None:
