@@ -58,6 +58,16 @@ def test_plan_json_has_the_command_object(here: Path, capsys: pytest.CaptureFixt
     assert command["read"]["--per_device_train_batch_size"] == "2"
     assert command["unknown"] == ["--weird_flag 1"]
     assert data["batch_size"] == 2 and data["seq_len"] == 2048
+    assert "gpus" in data  # two processes: the per-GPU plan, as `plan --gpus 2 --strategy ddp`
+
+
+def test_a_command_with_several_processes_is_planned_per_gpu(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (here / "fsdp.yaml").write_text("distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n"
+                                    "  fsdp_offload_params: true\n")
+    code, out, _ = plan(capsys, "--", "accelerate", "launch", "--config_file", "fsdp.yaml", "-m", *TRL[2:])
+    assert code == 0
+    assert "accelerate, 4 processes, fsdp with offload" in out
+    assert "FSDP" in out.split("\n\n", 1)[1]  # the per-GPU plan names the strategy it planned
 
 
 def test_vramscope_flags_before_the_command_override_it(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
