@@ -116,3 +116,12 @@ def test_bad_flags(args: list[str], message: str, capsys: pytest.CaptureFixture[
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_double_dash_value_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse hands `--interval=--` an empty list instead of calling the flag's type (found by the fuzz test)
+    from vramscope.cli import main
+
+    assert main(["watch", "--interval=--", "--count", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--interval needs a value" in err

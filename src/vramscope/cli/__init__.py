@@ -60,11 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_double_dash_values(argv: Sequence[str]) -> None:
+    """``--interval=--``: argparse drops a ``--`` value and hands the option an empty list instead of calling
+    its type, so every typed flag would get a value of the wrong type. Refuse it before parsing."""
+    for token in argv:
+        if token == "--":
+            return  # what follows is the user's command
+        flag, sep, value = token.partition("=")
+        if sep and value == "--" and flag.startswith("--"):
+            raise UsageError(f"{flag} needs a value, and '--' is not one (write e.g. {flag}=1)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s")
     try:
+        _refuse_double_dash_values(args_list)
         parser = build_parser()
         args = parser.parse_args(args_list)
         if args.command is None:
