@@ -1,0 +1,136 @@
+"""What each training framework keeps and casts during a QLoRA step.
+
+The same model and shapes take different memory under different training programs, because the program
+decides the dtypes (peft's ``prepare_model_for_kbit_training``, autocast, TRL's adapter cast), how the loss
+meets the logits (dropped before backward, kept by the caller, or never materialised) and what the output
+keeps alive (a KV cache). :func:`framework_for` turns a recipe into those facts; the memory model
+(:mod:`vramscope.planner.memory`, :mod:`vramscope.planner.layer`) reads only them. docs/planner.md lists
+the source lines each fact was checked against (transformers 5.24, peft 0.21, trl 1.16, accelerate, torch).
+
+Pure data: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramscope.planner.errors import PlanInputError
+from vramscope.recipe import FRAMEWORKS, QLoraSpec
+
+# TRL's fused LM head (trl/kernels/chunked_logprob.py) projects TOKEN_TILE tokens x VOCAB_TILE vocabulary
+# entries at a time into one reused buffer in the compute dtype, in forward and again in backward.
+TOKEN_TILE = 4096
+VOCAB_TILE = 32768
+
+# The breakdown lines whose size depends on the framework (``Plan.framework_components``).
+FRAMEWORK_COMPONENTS = ("unquantized_params", "lora_weights", "lora_gradients", "activations", "logits_and_loss",
+                        "temporaries")
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One training program's memory-relevant behaviour.
+
+    Attributes:
+        name: ``hf``, ``trl`` or ``loop``.
+        title: one line for people.
+        prepares_kbit: calls ``prepare_model_for_kbit_training``: every bf16/fp16 parameter that is not
+            4-bit (embeddings, norms, lm_head) becomes fp32, so the residual stream is fp32.
+        autocast: the forward runs under bf16/fp16 autocast (HF Trainer with ``bf16=True`` through accelerate's
+            mixed precision), so every matmul and SDPA sees half-precision inputs (copies of fp32 tensors).
+        adapters_half: LoRA weights (and their gradients) are cast to the compute dtype (TRL does for quantized
+            models); otherwise peft's ``autocast_adapter_dtype`` keeps them fp32.
+        logits: ``dropped`` (the model's output is released before backward: HF Trainer's compute_loss),
+            ``kept`` (the caller holds ``out`` with its logits through backward and the next forward), or
+            ``chunked`` (TRL's fused LM head: per-token log-probabilities, entropy and top-1 from tiles, never
+            the batch x sequence x vocabulary logits).
+        keeps_kv_cache: with checkpointing off the model builds a DynamicCache (``use_cache`` stays on in train
+            mode) and the kept output holds it; TRL and HF Trainer's loss path pass ``use_cache=False`` or drop it.
+        reentrant: reentrant gradient checkpointing (peft's own ``gradient_checkpointing_enable({})`` leaves
+            torch's default) rather than the non-reentrant kind HF Trainer enables.
+    """
+
+    name: str
+    title: str
+    prepares_kbit: bool
+    autocast: bool
+    adapters_half: bool
+    logits: str
+    keeps_kv_cache: bool
+    reentrant: bool
+
+
+FRAMEWORK_TABLE: dict[str, Framework] = {
+    "hf": Framework(
+        name="hf", title="HF Trainer + prepare_model_for_kbit_training (the qlora.py recipe), bf16 autocast",
+        prepares_kbit=True, autocast=True, adapters_half=False, logits="dropped", keeps_kv_cache=False,
+        reentrant=False),
+    "trl": Framework(
+        name="trl", title="TRL SFTTrainer defaults (no kbit preparation, bf16 LoRA, fused chunked LM head)",
+        prepares_kbit=False, autocast=True, adapters_half=True, logits="chunked", keeps_kv_cache=False,
+        reentrant=False),
+    "loop": Framework(
+        name="loop", title="hand-written loop keeping `out` (prepare_model_for_kbit_training, no autocast)",
+        prepares_kbit=True, autocast=False, adapters_half=False, logits="kept", keeps_kv_cache=True,
+        reentrant=True),
+}
+assert tuple(FRAMEWORK_TABLE) == FRAMEWORKS
+
+
+def framework_for(spec: QLoraSpec) -> Framework:
+    """The :class:`Framework` a recipe names.
+
+    Raises:
+        PlanInputError: a framework name the planner does not know.
+    """
+    try:
+        return FRAMEWORK_TABLE[spec.framework]
+    except KeyError:
+        raise PlanInputError(f"unknown framework {spec.framework!r}; choose one of {', '.join(FRAMEWORKS)}") from None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of the tensors a step makes, as a framework and recipe decide them.
+
+    Attributes:
+        stream: the residual stream, norm outputs and MLP activations (fp32 once embeddings are fp32).
+        params: embeddings, norms, lm_head and biases (the parameters that are not quantized).
+        lora_param: LoRA weights and their gradients.
+        lora_compute: LoRA's matmul inputs and outputs (what lora_A and lora_B save): the adapter dtype, or the
+            autocast dtype under autocast.
+        attention: q, k, v as SDPA sees them (autocast casts them to half).
+        autocast_copies: autocast keeps half copies of fp32 weights that a matmul reads (LoRA weights in its
+            cache for the forward; lm_head for its backward).
+    """
+
+    stream: int
+    params: int
+    lora_param: int
+    lora_compute: int
+    attention: int
+    autocast_copies: bool
+
+
+def precision(spec: QLoraSpec, fw: Framework | None = None) -> Precision:
+    """The dtypes of a step of ``spec`` under ``fw`` (default: the framework the recipe names)."""
+    fw = fw or framework_for(spec)
+    half = 2  # bf16 and fp16
+    quantized = spec.bits in (4, 8)
+    upcast = quantized and fw.prepares_kbit
+    params = 4 if upcast else half
+    stream = params
+    lora_param = half if (fw.adapters_half and quantized) else 4
+    lora_compute = half if (fw.autocast or lora_param == half) else lora_param
+    attention = half if fw.autocast else stream
+    return Precision(stream=stream, params=params, lora_param=lora_param, lora_compute=lora_compute,
+                     attention=attention, autocast_copies=fw.autocast and (lora_param == 4 or params == 4))
+
+
+# vramscope's own measurement step (bench/planner_measure.py, integrations.qlora.Trainer.step): prepared the
+# QLoRA way, no autocast, the output dropped before backward, peft's reentrant checkpointing. Not a user
+# framework; the accuracy bench scores the 60-point grid it measured with it.
+HARNESS = Framework(
+    name="harness", title="vramscope's measurement step (prepare_model_for_kbit_training, no autocast, output "
+    "dropped)", prepares_kbit=True, autocast=False, adapters_half=False, logits="dropped", keeps_kv_cache=False,
+    reentrant=True)

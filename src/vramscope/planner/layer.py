@@ -1,0 +1,391 @@
+"""One decoder layer's memory: what it keeps for backward and what its forward, recompute and backward hold
+on top, replayed event by event. The dtypes come from :class:`~vramscope.planner.frameworks.Precision`, so
+the same replay serves every framework.
+
+Pure arithmetic over config.json fields; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vramscope.planner.errors import PlanInputError
+from vramscope.planner.frameworks import Precision
+from vramscope.planner.shapes import Linear, ModelShape
+from vramscope.recipe import QLoraSpec
+
+# mem-efficient SDPA pads its log-sum-exp to a multiple of 32 query positions, an additive mask's last dim to 16.
+LSE_PAD = 32
+MASK_PAD = 16
+# Calibrated from the H200 measurements: at the softmax backward of SDPA's math kernel the GPU holds one more
+# B x H x S x S fp32 tensor than a CPU replay of the same kernel (saved probabilities + their gradient + the
+# softmax gradient). Seen identically in 9 points of 3 architectures, with and without checkpointing.
+MATH_EXTRA_SCORES = 1
+
+
+def lora_modules(shape: ModelShape, spec: QLoraSpec) -> list[Linear]:
+    """The per-layer linear modules LoRA wraps. ``None`` or ``all-linear`` means every linear but lm_head.
+
+    Raises:
+        PlanInputError: a target that matches no linear layer of this model.
+    """
+    targets = spec.lora_targets
+    if not targets or tuple(targets) == ("all-linear",):
+        return list(shape.linears)
+    names = shape.linear_names()
+    chosen: list[Linear] = []
+    for target in targets:
+        # peft matches a target by the module name's last component (or a suffix of the dotted name).
+        leaf = target.strip().split(".")[-1]
+        hits = [lin for lin in shape.linears if lin.name == leaf]
+        if not hits:
+            raise PlanInputError(
+                f"LoRA target {target!r} matches no linear layer of this {shape.model_type} model; "
+                f"its linear layers are {', '.join(names)} (or use all-linear)"
+            )
+        chosen += [h for h in hits if h not in chosen]
+    return chosen
+
+
+def lora_tensors(shape: ModelShape, spec: QLoraSpec) -> list[int]:
+    """Element counts of every LoRA tensor (A is r x in, B is out x r), one entry per tensor."""
+    out: list[int] = []
+    for lin in lora_modules(shape, spec):
+        out += [spec.lora_r * lin.in_features, lin.out_features * spec.lora_r]
+    return out * shape.layers
+
+
+def has_mask(shape: ModelShape, spec: QLoraSpec, seq: int) -> bool:
+    """Whether transformers builds a 4-D attention mask instead of relying on ``is_causal``.
+
+    Eager attention always does; SDPA does once the sequence reaches the sliding window
+    (``_ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size``), e.g. Mistral at 4096 tokens.
+    """
+    if spec.attn == "eager":
+        return True
+    return spec.attn == "sdpa" and shape.sliding_window is not None and seq >= shape.sliding_window
+
+
+def attention_bytes(spec: QLoraSpec, pr: Precision) -> int:
+    """Bytes per element of q, k, v and the attention output: flash-attn always runs in half precision."""
+    return 2 if spec.attn == "flash_attention_2" else pr.attention
+
+
+def uses_math_attention(shape: ModelShape, spec: QLoraSpec, seq: int, pr: Precision, gqa_sdpa_math: bool) -> bool:
+    """Whether this run's attention goes through SDPA's math kernel (O(S^2) memory); see ``Hardware``.
+
+    Only fp32 q/k/v of a grouped-query model take it: flash and cuDNN refuse fp32, torch 2.11's mem-efficient
+    kernel refuses GQA. Half inputs (autocast, or a bf16 stream) go to flash, which accepts GQA. transformers
+    asks SDPA for grouped-query attention (``enable_gqa``) only when there is no mask; with a mask it repeats
+    K/V itself and the mem-efficient kernel takes the mask.
+    """
+    return (spec.attn == "sdpa" and attention_bytes(spec, pr) == 4 and shape.kv_heads < shape.heads
+            and gqa_sdpa_math and not has_mask(shape, spec, seq))
+
+
+def _input_bytes(lin: Linear, spec: QLoraSpec, pr: Precision) -> int:
+    """dtype size of a linear module's input: the attention output for o_proj, the stream otherwise."""
+    return attention_bytes(spec, pr) if lin.source == "attn_out" else pr.stream
+
+
+def lora_weight_copies(shape: ModelShape, spec: QLoraSpec, pr: Precision) -> int:
+    """Half copies of one layer's fp32 LoRA weights that autocast makes for the matmuls (and keeps for backward)."""
+    if not (pr.autocast_copies and pr.lora_param == 4):
+        return 0
+    return sum(2 * spec.lora_r * (lin.in_features + lin.out_features) for lin in lora_modules(shape, spec))
+
+
+def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, pr: Precision,
+                           mask_bytes: int = 1, math_attn: bool = False) -> int:
+    """Bytes one decoder layer keeps for its backward (what a recomputed layer holds under checkpointing)."""
+    T = batch * seq
+    sd, la, ad = pr.stream, pr.lora_compute, attention_bytes(spec, pr)
+    h, i, r = shape.hidden, shape.intermediate, spec.lora_r
+    q, kv = shape.q_dim, shape.kv_dim
+    total = 0
+    # Norms keep their fp32 input (the residual itself when the stream is fp32; a .float() copy otherwise)
+    # and one fp32 rsqrt (RMSNorm) or mean+rstd (LayerNorm) per row.
+    per_row = 8 if shape.norm_bias else 4
+    norm_in = 4 * h if not shape.norm_bias else sd * h
+    total += shape.norms_per_layer * (norm_in + per_row) * T
+
+    # LoRA: dropout keeps a bool mask and lora_A keeps its input in the LoRA compute dtype (the dropout
+    # output, or autocast's half copy of it, the fp32 output then being freed); lora_B keeps lora_A's output.
+    # Without dropout lora_A keeps its input, which the modules reading one tensor share when no cast is needed.
+    shared: dict[str, int] = {}
+    for lin in lora_modules(shape, spec):
+        if spec.lora_dropout > 0:
+            total += (la + mask_bytes) * lin.in_features * T
+        elif _input_bytes(lin, spec, pr) != la:
+            total += la * lin.in_features * T
+        elif lin.source != "attn_out":  # the attention output is kept by SDPA already
+            shared[lin.source] = lin.in_features
+        total += la * r * T
+    total += la * sum(shared.values()) * T
+    total += lora_weight_copies(shape, spec, pr)
+
+    # Attention. Fused q/k/v projections: v is a view of the fused output, which then stays alive whole
+    # (unless autocast casts it, and the cast copy is what SDPA keeps).
+    fused = any(lin.name in ("qkv_proj", "query_key_value") for lin in shape.linears)
+    v_keep = (q + 2 * kv) if fused and ad == sd else kv
+    if math_attn:
+        # SDPA's math kernel: keeps the scaled query, the repeated and scaled keys, the repeated values and
+        # the fp32 softmax probabilities (B x H x S x S).
+        total += 3 * ad * q * T + 4 * batch * shape.heads * seq * seq
+    elif spec.attn == "sdpa" and has_mask(shape, spec, seq):
+        # A materialised mask: transformers repeats K/V per query head; the mem-efficient kernel keeps q, the
+        # repeated k and v, its output, the log-sum-exp and the additive mask (query dtype) made from the bool one.
+        k_rep = q if shape.kv_heads < shape.heads else kv
+        lse = 4 * batch * shape.heads * math.ceil(seq / LSE_PAD) * LSE_PAD
+        bias = ad * batch * seq * math.ceil(seq / MASK_PAD) * MASK_PAD
+        total += ad * (2 * q + 2 * k_rep) * T + lse + bias
+    elif spec.attn == "sdpa":
+        # fp32 q/k/v: mem-efficient SDPA; half q/k/v: flash (GQA without repeat_kv). Either keeps q, k, v,
+        # its output and an fp32 log-sum-exp (padded to 32 rows, which errs high for flash). Its output is
+        # already [B, S, H*D], so no copy for o_proj.
+        lse = 4 * batch * shape.heads * math.ceil(seq / LSE_PAD) * LSE_PAD
+        total += ad * (q + kv + v_keep + q) * T + lse
+    elif spec.attn == "flash_attention_2":
+        lse = 4 * batch * shape.heads * seq
+        # flash-attn runs in half precision; transformers casts fp32 q/k/v down and keeps the copies
+        total += 2 * (2 * q + 2 * kv) * T + lse
+    else:  # eager: repeat_kv copies, fp32 softmax probabilities (plus the half copy when q/k are half)
+        k_rep = q if shape.kv_heads < shape.heads else kv
+        total += ad * (q + 2 * k_rep) * T
+        total += (4 if ad == 4 else 6) * batch * shape.heads * seq * seq
+
+    # MLP.
+    if shape.experts:
+        k = shape.experts_per_token
+        # router logits and softmax (fp32) per token, then per routed token: gate/up output, activation, the
+        # weighted expert output.
+        total += 2 * 4 * shape.experts * T + k * (3 * sd * i + sd * h + 16) * T
+    elif shape.gated_mlp:
+        total += 3 * sd * i * T  # activation input, activation output, up projection
+    else:
+        total += sd * i * T  # GELU input
+    return total
+
+
+class _Live:
+    """A running total of live bytes and its maximum: replays a backward pass event by event."""
+
+    def __init__(self, start: int) -> None:
+        self.now = start
+        self.peak = start
+
+    def alloc(self, n: float) -> None:
+        self.now += int(n)
+        self.peak = max(self.peak, self.now)
+
+    def free(self, n: float) -> None:
+        self.now -= int(n)
+
+
+def _module_backward(live: _Live, lin: Linear, lora: bool, spec: QLoraSpec, pr: Precision, T: int, first: bool,
+                     mask_bytes: int = 1) -> None:
+    """Replay the backward of one (LoRA-wrapped) frozen linear; its input gradient stays alive afterwards.
+
+    autograd runs the LoRA branch first (its nodes were created after the base layer's), then the base:
+    bitsandbytes' MatMul4Bit dequantizes the weight to bf16 again and computes the input gradient in bf16,
+    which the surrounding casts bring back to the input's dtype. ``first`` says whether this module creates
+    its input's gradient buffer (later modules reading the same input accumulate into it in place).
+    """
+    la, lp = pr.lora_compute, pr.lora_param
+    xb = _input_bytes(lin, spec, pr)
+    r, n_in, n_out = spec.lora_r, lin.in_features * T, lin.out_features * T
+    if lora:
+        live.alloc(la * n_out)  # grad * scaling
+        live.alloc(la * r * T)  # grad of lora_A's output
+        live.alloc(lp * r * lin.out_features)  # lora_B.weight.grad (kept until the optimizer step)
+        live.free(la * n_out)
+        live.free(la * r * T)  # lora_B's saved input
+        live.alloc(la * n_in)  # grad of lora_A's input
+        live.alloc(lp * r * lin.in_features)  # lora_A.weight.grad
+        live.free(la * r * T)
+        g = la
+        if spec.lora_dropout > 0:
+            live.free(la * n_in)  # lora_A's saved input (the dropout output or its half copy)
+            if pr.autocast_copies and xb != la:  # autocast's cast backward, before the dropout's
+                live.alloc(xb * n_in)
+                live.free(la * n_in)
+                g = xb
+            live.alloc(g * n_in)  # dropout backward: grad * mask
+            live.free(g * n_in)
+            live.free(mask_bytes * n_in)
+        if g != xb:
+            live.alloc(xb * n_in)
+            live.free(g * n_in)
+            if spec.lora_dropout == 0:
+                live.free(la * n_in)  # the module's own copy of its input
+        if not first:
+            live.free(xb * n_in)  # accumulated into the existing buffer in place
+        first = False
+    if spec.bits in (4, 8):
+        dequant = 2 * lin.params  # 4-bit: dequantized to bf16; 8-bit: int8 weights cast to the compute dtype
+        if xb != 2:
+            live.alloc(2 * n_out)  # output gradient cast to the compute dtype
+        live.alloc(dequant)
+        live.alloc(2 * n_in)  # input gradient in the compute dtype
+        live.free(dequant)
+        if xb != 2:
+            live.free(2 * n_out)
+            live.alloc(xb * n_in)
+            live.free(2 * n_in)
+    else:
+        live.alloc(xb * n_in)
+    if not first:
+        live.free(xb * n_in)
+
+
+def backward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, pr: Precision,
+                         mask_bytes: int = 1, math_attn: bool = False) -> int:
+    """The most a decoder layer's backward holds on top of the tensors it saved, found by replaying it.
+
+    Starts with the layer's saved tensors and the incoming gradient, then walks the nodes in the order
+    autograd runs them (MLP before attention, within each the last-created branch first), adding each
+    gradient when it is produced and dropping saved tensors when their node has run.
+    """
+    T = batch * seq
+    sd, la, ad = pr.stream, pr.lora_compute, attention_bytes(spec, pr)
+    h, i = shape.hidden, shape.intermediate * (shape.experts_per_token if shape.experts else 1)
+    q, kv = shape.q_dim, shape.kv_dim
+    targets = {m.name for m in lora_modules(shape, spec)}
+    lins = {lin.name: lin for lin in shape.linears}
+    shared_input_free = spec.lora_dropout == 0 and sd == la
+    live = _Live(sd * h * T)  # the gradient arriving from the layer above
+
+    def module(lin: Linear, first: bool) -> None:
+        _module_backward(live, lin, lin.name in targets, spec, pr, T, first, mask_bytes)
+
+    def norm_backward() -> None:
+        live.alloc(3 * 4 * h * T)  # grad * weight, grad * rsqrt, grad through pow
+        live.free(3 * 4 * h * T)
+        live.alloc(sd * h * T)  # gradient of the norm's input, added to the residual's gradient
+        live.free(4 * h * T + 4 * T)  # the norm's saved input and rsqrt
+
+    # MLP, last module first.
+    if shape.experts or shape.gated_mlp:
+        down = lins.get("down_proj") or Linear("down_proj", i, h)
+        module(down, True)
+        if shared_input_free and down.name in targets:
+            live.free(la * i * T)  # the product was kept only for lora_A
+        live.alloc(2 * sd * i * T)  # gradients of the activation output and of the up projection
+        live.free(sd * i * T)  # the product's gradient
+        live.free(2 * sd * i * T)  # the multiplication's saved operands
+        ups = [lins[n] for n in ("up_proj", "gate_up_proj") if n in lins] or [Linear("up_proj", h, i)]
+        module(ups[0], True)
+        live.free(sd * i * T)  # up's gradient
+        live.alloc(sd * i * T)  # activation backward
+        live.free(sd * i * T)
+        live.free(sd * i * T)  # the activation's saved input
+        gate = lins.get("gate_proj")
+        if gate is not None:
+            module(gate, False)
+        live.free(sd * i * T)
+    else:
+        down = lins.get("dense_4h_to_h") or Linear("down", i, h)
+        module(down, True)
+        live.alloc(sd * i * T)  # GELU backward
+        live.free(sd * i * T)
+        live.free(sd * i * T)  # GELU's saved input
+        up = lins.get("dense_h_to_4h") or Linear("up", h, i)
+        module(up, True)
+        live.free(sd * i * T)
+    if shared_input_free:
+        live.free(la * h * T)
+    norm_backward()
+
+    # Attention.
+    o = next(lin for lin in shape.linears if lin.source == "attn_out")
+    module(o, True)
+    if math_attn:
+        scores = 4 * batch * shape.heads * seq * seq
+        live.alloc(scores + ad * q * T)  # probs @ v backward: gradients of the probabilities and of v
+        live.free(ad * q * T)  # the attention output's gradient
+        live.free(ad * q * T)  # saved repeated v
+        # Softmax backward. The H200 measurements hold one more scores-sized fp32 tensor here than a replay
+        # of the math kernel on a CPU shows (2 beside the saved probabilities); MATH_EXTRA_SCORES carries it.
+        live.alloc((1 + MATH_EXTRA_SCORES) * scores)
+        live.free((1 + MATH_EXTRA_SCORES) * scores)  # gradient of the probabilities and the unexplained copy
+        live.free(scores)  # saved probabilities
+        live.alloc(2 * ad * q * T)  # q @ k^T backward
+        live.free(scores)
+        live.free(2 * ad * q * T)  # saved scaled q and repeated k
+        live.alloc(ad * (q + 2 * kv) * T)  # scale and repeat backward: gradients of q, k, v
+        live.free(3 * ad * q * T)
+    else:
+        live.alloc(ad * (q + 2 * kv) * T)  # SDPA backward: gradients of q, k, v
+        if shape.kv_heads < shape.heads:
+            live.alloc(2 * ad * q * T)  # k/v gradients per query head before the group sum
+            live.free(2 * ad * q * T)
+        live.free(ad * q * T)  # the attention output's gradient
+        live.free(ad * (q + kv) * T)  # saved q, k after rotary
+    if ad != sd:  # autocast's cast backward brings the q, k, v gradients to the stream dtype
+        live.alloc(sd * (q + 2 * kv) * T)
+        live.free(ad * (q + 2 * kv) * T)
+    live.alloc(sd * (q + kv) * T)  # rotary backward
+    live.free(sd * (q + kv) * T)
+    firsts = True
+    for lin in [x for x in shape.linears if x.source == "norm_attn"][::-1]:
+        module(lin, firsts)
+        firsts = False
+    live.free(sd * (q + 2 * kv) * T)
+    norm_backward()
+    return live.peak
+
+
+def recompute_tail_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, pr: Precision,
+                               mask_bytes: int = 1) -> int:
+    """The most the end of a layer's forward holds on top of its saved tensors (replayed).
+
+    Under checkpointing each layer's forward is rerun with grad just before its backward, so its last
+    module's forward runs with the whole layer's saved set alive: the MLP input, the 4-bit matmul's bf16
+    casts and dequantized weight, then the base output, its clone, LoRA's scaled output and their sum.
+    """
+    T = batch * seq
+    sd, la = pr.stream, pr.lora_compute
+    h, r = shape.hidden, spec.lora_r
+    last = shape.linears[-1]
+    xb = _input_bytes(last, spec, pr)
+    targets = {m.name for m in lora_modules(shape, spec)}
+    lora = last.name in targets
+    n_in, n_out = last.in_features * T, last.out_features * T
+    own = (la + mask_bytes) * n_in + la * r * T if lora and spec.lora_dropout > 0 else 0
+    live = _Live(-own)  # the last module's own saved tensors do not exist yet
+    # Still referenced while the last module runs: the gradient that arrived for this layer's output, the
+    # MLP's input and the last module's own input (unless LoRA without dropout keeps them anyway).
+    kept_anyway = lora and spec.lora_dropout == 0 and xb == la
+    live.alloc(sd * h * T + (0 if kept_anyway else sd * h * T + xb * n_in))
+    if spec.bits in (4, 8):
+        if xb != 2:
+            live.alloc(2 * n_in)
+        live.alloc(2 * last.params)
+        live.alloc(2 * n_out)
+        live.free(2 * last.params)
+        if xb != 2:
+            live.free(2 * n_in)
+            live.alloc(xb * n_out)
+            live.free(2 * n_out)
+        live.alloc(xb * n_out)  # peft's defensive clone of the 4-bit result
+        live.free(xb * n_out)
+    else:
+        live.alloc(xb * n_out)
+    if lora:
+        live.alloc(own)
+        live.alloc(la * n_out)  # lora_B output
+        live.alloc(la * n_out)  # * scaling
+        live.free(la * n_out)
+        live.alloc(sd * n_out)  # result + lora output
+        live.free(xb * n_out)
+        live.free(la * n_out)
+    live.alloc(sd * h * T)  # the residual sum: the layer's output
+    return live.peak
+
+
+def forward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, pr: Precision) -> int:
+    """Short-lived forward tensors of one layer: the MLP product and the matmul's casts, the dequantized weight."""
+    T = batch * seq
+    n_max = max(lin.params for lin in shape.linears)
+    dequant = 2 * n_max if spec.bits in (4, 8) else 0
+    return (pr.stream + 2) * shape.intermediate * T + dequant
