@@ -23,8 +23,8 @@ from vramscope.units import gib
 _LABELS = {
     "quantized_weights": "quantized weights",
     "quantization_constants": "  + quantization constants",
-    "unquantized_params": "unquantized params (fp32)",
-    "lora_weights": "LoRA weights (fp32)",
+    "unquantized_params": "unquantized params",
+    "lora_weights": "LoRA weights",
     "lora_gradients": "LoRA gradients",
     "optimizer_states": "optimizer states (torch)",
     "optimizer_states_paged": "optimizer states (paged, unified memory)",
@@ -32,6 +32,7 @@ _LABELS = {
     "logits_and_loss": "logits and cross-entropy",
     "temporaries": "temporaries",
     "cublas_workspaces": "cuBLAS workspaces",
+    "kept_output": "kept model output (previous/current `out`)",
     "allocator_overhead": "allocator overhead (reserved - allocated)",
     "cuda_context": "CUDA context and kernels",
 }
@@ -121,12 +122,18 @@ def format_plan(p: Plan) -> str:
         f"  {quant[s.bits]}, LoRA r={s.lora_r} on {','.join(s.lora_targets) if s.lora_targets else 'all linear'} "
         f"({p.trainable_params / 1e6:.1f}M trainable), {s.optim}, "
         f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}, {s.attn}",
+        f"  framework {p.framework}: {p.framework_title}",
         "",
-        f"  breakdown at the peak ({p.peak_phase}):",
+        f"  breakdown at the peak ({p.peak_phase}; [{p.framework}] = set by the framework):",
     ]
     for name, value in p.breakdown.to_dict().items():
         if value:
-            lines.append(f"    {_LABELS.get(name, name):42} {gib(value):>11}")
+            label = _LABELS.get(name, name)
+            dtype = (p.from_framework.get(name, "").split() or [""])[0].rstrip(":")
+            if name in ("unquantized_params", "lora_weights", "lora_gradients") and dtype:
+                label = f"{label} ({dtype})"
+            tag = f"  [{p.framework}]" if name in p.from_framework else ""
+            lines.append(f"    {label:42} {gib(value):>11}{tag}")
     lines += [
         "",
         f"  peak allocated (torch.cuda.max_memory_allocated) {gib(p.peak_allocated_bytes):>11}",
@@ -146,6 +153,8 @@ def format_plan(p: Plan) -> str:
                   else "  to use less memory (predicted saving):"]
         for rec in p.recommendations:
             lines.append(f"    - {rec.text}")
+            if rec.how:
+                lines.append(f"        {rec.how}")
     for note in p.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 
 from vramscope.cli.common import plain_number, positive_int, shown
-from vramscope.recipe import OPTIMIZERS, QLoraSpec
+from vramscope.recipe import FRAMEWORKS, OPTIMIZERS, QLoraSpec
 
 
 def _dropout(text: str) -> float:
@@ -36,7 +36,9 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, optimizers: Sequence[s
     g.add_argument("--quant-type", choices=("nf4", "fp4"), default=d.quant_type, help="4-bit data type (default nf4)")
     g.add_argument("--no-double-quant", dest="double_quant", action="store_false",
                    help="do not quantize the quantization constants")
-    g.add_argument("--compute-dtype", choices=("bf16", "fp16"), default=d.compute_dtype, help="default bf16")
+    g.add_argument("--compute-dtype", choices=("bf16", "fp16", "fp32"), default=d.compute_dtype,
+                   help="bitsandbytes' compute dtype, and the dtype the model loads in (default bf16; "
+                        "trl.scripts.sft's own default --dtype is float32)")
     g.add_argument("--lora-r", type=positive_int, default=d.lora_r, metavar="R", help=f"LoRA rank (default {d.lora_r})")
     g.add_argument("--lora-alpha", type=positive_int, default=d.lora_alpha, metavar="A",
                    help=f"LoRA alpha (default {d.lora_alpha}; does not change memory)")
@@ -49,6 +51,15 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, optimizers: Sequence[s
                    default=d.gradient_checkpointing, help="recompute layers in backward (default on)")
     g.add_argument("--attn", choices=("sdpa", "eager", "flash_attention_2"), default=d.attn,
                    help="attention implementation (default sdpa)")
+    add_framework_argument(g)
+
+
+def add_framework_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--framework {hf,trl,loop}``: the training program, which decides dtypes, logits and kept outputs."""
+    parser.add_argument("--framework", choices=FRAMEWORKS, default=QLoraSpec().framework,
+                        help="the training program: hf (HF Trainer + prepare_model_for_kbit_training, the qlora.py "
+                             "recipe), trl (TRL's SFTTrainer defaults), loop (a hand-written loop that keeps the "
+                             "model output until the next step) (default hf)")
 
 
 def spec_from_args(args: argparse.Namespace) -> QLoraSpec:
@@ -65,4 +76,5 @@ def spec_from_args(args: argparse.Namespace) -> QLoraSpec:
         gradient_checkpointing=args.gradient_checkpointing,
         attn=args.attn,
         optim=args.optim,
+        framework=args.framework,
     )

@@ -7,13 +7,15 @@ Both take the model as a registry name, a config.json dict or a :class:`ModelSha
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramscope.planner import gpus, registry
 from vramscope.planner.errors import PlanInputError
+from vramscope.planner.frameworks import Framework, component_notes, framework_for
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
+from vramscope.planner.settings import STYLES, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
 from vramscope.units import MAX_BYTES, parse_bytes
@@ -37,6 +39,9 @@ class Recommendation:
         text: one line for people.
         change: what to change, as settings (e.g. ``{"batch_size": 2, "grad_accum": 2}``).
         sufficient: with a capacity and a peak: whether this change alone brings the peak under it.
+        how: the change written in the keys of the program that runs the training (HF ``TrainingArguments``,
+            TRL ``SFTConfig``, axolotl YAML, a loop's code, an ``export`` line): see
+            :func:`vramscope.planner.settings.written_as`.
     """
 
     name: str
@@ -44,10 +49,11 @@ class Recommendation:
     text: str
     change: dict[str, Any] = field(default_factory=dict)
     sufficient: bool | None = None
+    how: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "saving_bytes": self.saving_bytes, "text": self.text, "change": self.change,
-                "sufficient": self.sufficient}
+                "sufficient": self.sufficient, "how": self.how}
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,10 @@ class Plan:
     # stopped at the model's context (max_position_embeddings) rather than at the memory.
     cannot_fit_reason: str | None = None
     max_seq_len_at_context: bool = False
+    framework: str = "hf"
+    framework_title: str = ""
+    # breakdown line -> why its size depends on the framework (the lines the framework decides)
+    from_framework: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -87,6 +97,8 @@ class Plan:
             "process_bytes": self.process_bytes, "peak_phase": self.peak_phase,
             "breakdown": self.breakdown.to_dict(), "phases": dict(self.phases),
             "trainable_params": self.trainable_params, "total_params": self.total_params,
+            "framework": self.framework, "framework_title": self.framework_title,
+            "from_framework": dict(self.from_framework),
         }
         if self.gpu_memory_bytes is not None:
             out.update(gpu_memory_bytes=self.gpu_memory_bytes, fits=self.fits, max_batch_size=self.max_batch_size,
@@ -194,18 +206,25 @@ def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: i
 
 
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
-                     peak: int, capacity: int | None) -> list[Recommendation]:
+                     peak: int, capacity: int | None, style: str | None = None) -> list[Recommendation]:
     """Alternatives ranked by predicted saving; each saving is a difference of two model predictions, so it
-    stays meaningful when ``peak`` is a measurement rather than the model's own figure."""
+    stays meaningful when ``peak`` is a measurement rather than the model's own figure. ``style`` says in whose
+    keys ``how`` is written (default: the recipe's framework)."""
     out: list[Recommendation] = []
     base = current.device_bytes
     deficit = peak - capacity if capacity is not None else None
+    fw = framework_for(spec)
+    style = style or spec.framework
 
-    def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any]) -> None:
-        saving = base - estimate(shape, new_spec, b, s, hw).device_bytes
+    def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
+            framework: Framework | None = None) -> None:
+        saving = base - estimate(shape, new_spec, b, s, hw, framework=framework).device_bytes
         if saving > 0:
             enough = None if deficit is None else saving >= deficit
-            out.append(Recommendation(name, saving, text.format(saving=saving / 2**30), change, enough))
+            out.append(Recommendation(name, saving, text.format(saving=saving / 2**30), change, enough,
+                                      written_as(change, style)))
+
+    _framework_recommendations(add, spec, fw, batch, seq)
 
     if not spec.gradient_checkpointing:
         add("gradient_checkpointing", spec.with_(gradient_checkpointing=True), batch, seq,
@@ -239,7 +258,8 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
             f"set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation): "
             f"saves about {saving / 2**30:.2f} GiB",
             {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
-            None if deficit is None else saving >= deficit))
+            None if deficit is None else saving >= deficit,
+            written_as({"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}, style)))
     if spec.lora_r > 8:
         lower = max(8, spec.lora_r // 4)
         add("lora_rank", spec.with_(lora_r=lower), batch, seq,
@@ -255,6 +275,25 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
     return out
 
 
+def _framework_recommendations(add: Any, spec: QLoraSpec, fw: Framework, batch: int, seq: int) -> None:
+    """Savings that belong to the training program rather than to the recipe's numbers."""
+    if fw.logits == "kept":
+        add("drop_output", spec, batch, seq,
+            "drop the model output before backward (keep only `loss`; the logits"
+            + (" and the KV cache" if not spec.gradient_checkpointing and fw.keeps_kv_cache else "")
+            + " otherwise live until the next forward returns): saves {saving:.2f} GiB",
+            {"keep_output": False}, replace(fw, logits="dropped", keeps_kv_cache=False))
+    if fw.keeps_kv_cache and not spec.gradient_checkpointing:
+        add("use_cache", spec, batch, seq,
+            "pass `use_cache=False` to the forward (without checkpointing, train mode still builds the KV "
+            "cache and `out` keeps it): saves {saving:.2f} GiB", {"use_cache": False},
+            replace(fw, keeps_kv_cache=False))
+    if fw.name != "trl" and spec.bits in (4, 8):
+        add("framework", spec.with_(framework="trl"), batch, seq,
+            "train with TRL's SFTTrainer (TRL keeps LoRA in bf16, skips the fp32 upcast and never builds the "
+            "batch x sequence x vocabulary logits): saves {saving:.2f} GiB", {"framework": "trl"})
+
+
 def recommend(
     model: ModelRef,
     batch_size: int,
@@ -264,6 +303,7 @@ def recommend(
     peak_bytes: int | None = None,
     capacity_bytes: int | None = None,
     gpu: str | None = None,
+    style: str | None = None,
 ) -> list[Recommendation]:
     """Ways to cut a run's GPU memory, ranked by predicted saving (largest first).
 
@@ -276,10 +316,12 @@ def recommend(
             planner's own prediction. Used to judge whether one change is enough.
         capacity_bytes: the GPU's memory; with ``peak_bytes`` it marks each recommendation ``sufficient``.
         gpu: a GPU registry name, for its capacity (when ``capacity_bytes`` is not given) and its cuBLAS workspace.
+        style: whose keys ``how`` is written in (``hf``, ``trl``, ``loop``, ``axolotl``); default the
+            recipe's framework.
 
     Returns:
-        Recommendations with ``name``, ``saving_bytes`` (predicted), ``text`` (one line), ``change`` and
-        ``sufficient``; only those predicted to save something.
+        Recommendations with ``name``, ``saving_bytes`` (predicted), ``text`` (one line), ``change``,
+        ``sufficient`` and ``how``; only those predicted to save something.
 
     Raises:
         PlanInputError: unknown model or GPU, malformed config, non-positive sizes, bad recipe values.
@@ -293,7 +335,9 @@ def recommend(
         cap = _positive("capacity", capacity_bytes, MAX_BYTES)
     current = estimate(shape, spec, batch_size, seq_len, hw)
     peak = current.device_bytes if peak_bytes is None else _positive("peak", peak_bytes, MAX_BYTES)
-    return _recommendations(shape, spec, batch_size, seq_len, hw, current, peak, cap)
+    if style is not None and style not in STYLES:
+        raise PlanInputError(f"unknown settings style {style!r}; choose one of {', '.join(STYLES)}")
+    return _recommendations(shape, spec, batch_size, seq_len, hw, current, peak, cap, style)
 
 
 def plan(
@@ -374,6 +418,7 @@ def plan(
         total_params=shape.total_params(), gpu_memory_bytes=cap, fits=fits, max_batch_size=mb, max_seq_len=ms,
         target_batch=target_batch, micro_batch_size=micro, grad_accum_steps=accum, recommendations=tuple(recs),
         notes=tuple(notes), cannot_fit_reason=reason, max_seq_len_at_context=at_context,
+        framework=spec.framework, framework_title=framework_for(spec).title, from_framework=component_notes(spec),
     )
 
 
@@ -382,7 +427,8 @@ def _cannot_fit(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
     """Why the plan does not fit and what would: more GPUs, offload, a smaller model or fewer bits first; the
     usual recommendations only when the weights leave room for them to matter."""
     why = explain(shape, spec, batch, seq, hw, est, cap, name)
-    ways = [Recommendation(a.name, a.saving_bytes, a.text, a.change, a.sufficient) for a in why.alternatives]
+    ways = [Recommendation(a.name, a.saving_bytes, a.text, a.change, a.sufficient, written_as(a.change, spec.framework))
+            for a in why.alternatives]
     if why.replaces_others:
         return why.reason, ways
     # Room for the usual changes: a smaller model only when none of them is enough on its own.

@@ -102,6 +102,10 @@ class Precision:
         attention: q, k, v as SDPA sees them (autocast casts them to half).
         autocast_copies: autocast keeps half copies of fp32 weights that a matmul reads (LoRA weights in its
             cache for the forward; lm_head for its backward).
+        compute: bitsandbytes' compute dtype: what a 4-bit weight is dequantized to and its matmul's input
+            and gradient are cast to (``bnb_4bit_compute_dtype``; trl.scripts.sft passes its ``--dtype``, fp32
+            by default).
+        autocast: the forward runs under half autocast (an fp32 compute dtype then costs a half copy more).
     """
 
     stream: int
@@ -110,21 +114,26 @@ class Precision:
     lora_compute: int
     attention: int
     autocast_copies: bool
+    compute: int = 2
+    autocast: bool = False
 
 
 def precision(spec: QLoraSpec, fw: Framework | None = None) -> Precision:
     """The dtypes of a step of ``spec`` under ``fw`` (default: the framework the recipe names)."""
     fw = fw or framework_for(spec)
     half = 2  # bf16 and fp16
+    compute = 4 if spec.compute_dtype == "fp32" else half
     quantized = spec.bits in (4, 8)
     upcast = quantized and fw.prepares_kbit
-    params = 4 if upcast else half
+    # The model loads in the compute dtype (transformers' dtype=..., TRL's --dtype); kbit preparation upcasts.
+    params = 4 if upcast else compute
     stream = params
     lora_param = half if (fw.adapters_half and quantized) else 4
     lora_compute = half if (fw.autocast or lora_param == half) else lora_param
     attention = half if fw.autocast else stream
     return Precision(stream=stream, params=params, lora_param=lora_param, lora_compute=lora_compute,
-                     attention=attention, autocast_copies=fw.autocast and (lora_param == 4 or params == 4))
+                     attention=attention, autocast_copies=fw.autocast and (lora_param == 4 or params == 4),
+                     compute=compute, autocast=fw.autocast)
 
 
 # vramscope's own measurement step (bench/planner_measure.py, integrations.qlora.Trainer.step): prepared the
@@ -134,3 +143,36 @@ HARNESS = Framework(
     name="harness", title="vramscope's measurement step (prepare_model_for_kbit_training, no autocast, output "
     "dropped)", prepares_kbit=True, autocast=False, adapters_half=False, logits="dropped", keeps_kv_cache=False,
     reentrant=True)
+
+
+def component_notes(spec: QLoraSpec, fw: Framework | None = None) -> dict[str, str]:
+    """For each breakdown line whose size the framework decides, why (one short phrase)."""
+    fw = fw or framework_for(spec)
+    pr = precision(spec, fw)
+    dtype = {4: "fp32", 2: spec.compute_dtype}
+    notes: dict[str, str] = {}
+    if spec.bits in (4, 8):
+        notes["unquantized_params"] = (f"{dtype[pr.params]}: prepare_model_for_kbit_training upcasts them"
+                                       if fw.prepares_kbit else f"{dtype[pr.params]}: {fw.name} does not upcast them")
+    lora_why = "TRL casts the adapters" if pr.lora_param == 2 else "peft's autocast_adapter_dtype"
+    notes["lora_weights"] = f"{dtype[pr.lora_param]} ({lora_why})"
+    notes["lora_gradients"] = notes["lora_weights"]
+    stream = f"{dtype[pr.stream]} residual stream"
+    if fw.autocast:
+        attn = "half LoRA inputs and SDPA inputs under autocast (flash, linear in tokens)"
+    elif pr.attention == 4:
+        attn = "fp32 SDPA inputs (mem-efficient kernel; math kernel, S x S scores, for GQA)"
+    else:
+        attn = "half SDPA inputs (flash)"
+    notes["activations"] = f"{stream}, {attn}"
+    notes["logits_and_loss"] = {
+        "dropped": "full logits; the model output is dropped before backward"
+                   + (" (half logits under autocast, fp32 copies for the loss and the output)" if fw.autocast else ""),
+        "kept": "full fp32 logits and log-softmax",
+        "chunked": "TRL's fused LM head: tiles of 4096 tokens x 32768 vocabulary, no full logits",
+    }[fw.logits]
+    if fw.logits == "kept":
+        notes["kept_output"] = ("the loop's `out` (logits" + (", KV cache" if not spec.gradient_checkpointing
+                                                               and fw.keeps_kv_cache else "")
+                                + ") lives until the next forward returns")
+    return notes

@@ -222,16 +222,20 @@ def _module_backward(live: _Live, lin: Linear, lora: bool, spec: QLoraSpec, pr: 
             live.free(xb * n_in)  # accumulated into the existing buffer in place
         first = False
     if spec.bits in (4, 8):
-        dequant = 2 * lin.params  # 4-bit: dequantized to bf16; 8-bit: int8 weights cast to the compute dtype
-        if xb != 2:
-            live.alloc(2 * n_out)  # output gradient cast to the compute dtype
+        cb = pr.compute
+        dequant = cb * lin.params  # 4-bit: dequantized to the compute dtype; 8-bit: int8 weights cast to it
+        # the output gradient is cast to the compute dtype (under autocast an fp32 compute dtype's output is half)
+        cast_out = xb != cb or (pr.autocast and cb == 4)
+        if cast_out:
+            live.alloc(cb * n_out)
         live.alloc(dequant)
-        live.alloc(2 * n_in)  # input gradient in the compute dtype
+        live.alloc(cb * n_in)  # input gradient in the compute dtype
         live.free(dequant)
-        if xb != 2:
-            live.free(2 * n_out)
+        if cast_out:
+            live.free(cb * n_out)
+        if xb != cb:
             live.alloc(xb * n_in)
-            live.free(2 * n_in)
+            live.free(cb * n_in)
     else:
         live.alloc(xb * n_in)
     if not first:
@@ -358,15 +362,21 @@ def recompute_tail_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, s
     kept_anyway = lora and spec.lora_dropout == 0 and xb == la
     live.alloc(sd * h * T + (0 if kept_anyway else sd * h * T + xb * n_in))
     if spec.bits in (4, 8):
-        if xb != 2:
-            live.alloc(2 * n_in)
-        live.alloc(2 * last.params)
-        live.alloc(2 * n_out)
-        live.free(2 * last.params)
-        if xb != 2:
-            live.free(2 * n_in)
+        cb = pr.compute
+        # fp32 compute under autocast: F.linear inside the 4-bit matmul makes half copies of input and weight
+        extra = 2 * (n_in + last.params) if pr.autocast and cb == 4 else 0
+        ob = 2 if pr.autocast else cb  # the matmul's output dtype
+        if xb != cb:
+            live.alloc(cb * n_in)
+        live.alloc(cb * last.params)
+        live.alloc(extra)
+        live.alloc(ob * n_out)
+        live.free(cb * last.params + extra)
+        if xb != cb:
+            live.free(cb * n_in)
+        if xb != ob:
             live.alloc(xb * n_out)
-            live.free(2 * n_out)
+            live.free(ob * n_out)
         live.alloc(xb * n_out)  # peft's defensive clone of the 4-bit result
         live.free(xb * n_out)
     else:
@@ -387,5 +397,8 @@ def forward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int
     """Short-lived forward tensors of one layer: the MLP product and the matmul's casts, the dequantized weight."""
     T = batch * seq
     n_max = max(lin.params for lin in shape.linears)
-    dequant = 2 * n_max if spec.bits in (4, 8) else 0
-    return (pr.stream + 2) * shape.intermediate * T + dequant
+    cb = pr.compute
+    dequant = cb * n_max if spec.bits in (4, 8) else 0
+    if spec.bits in (4, 8) and pr.autocast and cb == 4:
+        dequant += 2 * n_max + 2 * shape.intermediate * T  # autocast's half copies inside the fp32 matmul
+    return (pr.stream + cb) * shape.intermediate * T + dequant

@@ -169,8 +169,8 @@ def validate_spec(spec: QLoraSpec) -> None:
     """Check a recipe's values; raises :class:`PlanInputError` with what to change."""
     if spec.bits not in (4, 8, 16):
         raise PlanInputError(f"bits must be 4, 8 or 16, got {spec.bits}")
-    if spec.compute_dtype not in ("bf16", "fp16"):
-        raise PlanInputError(f"compute dtype must be bf16 or fp16, got {spec.compute_dtype!r}")
+    if spec.compute_dtype not in ("bf16", "fp16", "fp32"):
+        raise PlanInputError(f"compute dtype must be bf16, fp16 or fp32, got {spec.compute_dtype!r}")
     if spec.attn not in ATTENTION:
         raise PlanInputError(f"attention must be one of {', '.join(ATTENTION)}, got {spec.attn!r}")
     if spec.optim not in OPTIMIZERS:
@@ -186,7 +186,6 @@ def validate_spec(spec: QLoraSpec) -> None:
 def _weights(shape: ModelShape, spec: QLoraSpec, pr: Precision) -> tuple[int, int, int]:
     """(packed weights, quantization constants, unquantized parameters) in bytes."""
     packed = consts = 0
-    half = 2  # bf16 and fp16
     for lin in shape.linears:
         n = lin.params
         if spec.bits == 4:
@@ -201,7 +200,7 @@ def _weights(shape: ModelShape, spec: QLoraSpec, pr: Precision) -> tuple[int, in
             packed += _align(n)
             consts += _align(lin.out_features * 4)  # LLM.int8 keeps one fp32 scale per output row
         else:
-            packed += _align(half * n)
+            packed += _align(pr.params * n)  # plain LoRA: the base as loaded
     packed *= shape.layers
     consts *= shape.layers
     # prepare_model_for_kbit_training casts every bf16/fp16 parameter that is not 4-bit to fp32: embeddings,
@@ -212,14 +211,18 @@ def _weights(shape: ModelShape, spec: QLoraSpec, pr: Precision) -> tuple[int, in
     return packed, consts, unquant
 
 
-def _optimizer(spec: QLoraSpec, tensors: list[int]) -> tuple[int, int, int]:
-    """(states in torch's allocator, states in unified memory, temporaries of the step) in bytes."""
+def _optimizer(spec: QLoraSpec, tensors: list[int], param_bytes: int = 4) -> tuple[int, int, int]:
+    """(states in torch's allocator, states in unified memory, temporaries of the step) in bytes.
+
+    torch's AdamW keeps its states like the parameters (bf16 LoRA under TRL: bf16 states); bitsandbytes'
+    32-bit optimizers keep fp32 states whatever the parameters' dtype.
+    """
     torch_b = paged_b = temp = 0
     optim = spec.optim
     paged = optim.startswith("paged_")
     for n in tensors:
         if optim in ("adamw_torch", "adamw_torch_fused"):
-            torch_b += 2 * _align(4 * n)
+            torch_b += 2 * _align(param_bytes * n)
         elif optim in ("paged_adamw_32bit",):
             if n >= PAGED_MIN_NUMEL:
                 paged_b += 2 * 4 * n
@@ -237,7 +240,7 @@ def _optimizer(spec: QLoraSpec, tensors: list[int]) -> tuple[int, int, int]:
                 torch_b += 2 * _align(n)
     if optim == "adamw_torch":
         # torch's foreach AdamW (the CUDA default) builds sqrt(exp_avg_sq) for all parameters at once.
-        temp = sum(_align(4 * n) for n in tensors)
+        temp = sum(_align(param_bytes * n) for n in tensors)
     return torch_b, paged_b, temp
 
 
@@ -276,6 +279,8 @@ def _logits(shape: ModelShape, fw: Framework, pr: Precision, batch: int, seq: in
         # tiles into a second buffer and accumulates the hidden states' gradient in fp32, then casts it and
         # scatters it back through the gather and the shift (two more stream-dtype copies, erring high).
         tile = 2 * min(T, TOKEN_TILE) * min(V, VOCAB_TILE)
+        if pr.params == 4:  # an fp32 lm_head and stream: each tile's weight rows and hidden rows cast to half
+            tile += 2 * min(V, VOCAB_TILE) * h + 2 * min(T, TOKEN_TILE) * h
         stats = 40 * T
         return _Logits(forward=pr.stream * h * T + tile + stats,
                        backward=(2 * pr.stream + 4) * h * T + tile + stats, kept=0, materialised=0)
@@ -320,7 +325,7 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     lora_params = sum(tensors)
     # peft keeps adapters in fp32 (autocast_adapter_dtype); TRL casts them to bf16 on quantized models.
     lora_b = sum(_align(pr.lora_param * n) for n in tensors)
-    opt_torch, opt_paged, opt_temp = _optimizer(spec, tensors)
+    opt_torch, opt_paged, opt_temp = _optimizer(spec, tensors, pr.lora_param)
     workspaces = hw.cublas_workspace_bytes * hw.cublas_handles
     tokens = 4 * _align(8 * T)  # input ids, labels, padded and shifted labels (int64)
 
