@@ -16,8 +16,10 @@ from typing import Any
 
 from vramscope.atomicfile import write_atomically
 from vramscope.cli.common import UsageError, positive_int
+from vramscope.cli.recipe import add_framework_argument
 from vramscope.logfile import LogFormatError
 from vramscope.planner import PlanInputError, load_config_file
+from vramscope.planner.settings import STYLES
 from vramscope.recipe import QLoraSpec
 from vramscope.report.advice import RunSettings
 from vramscope.report.compare import compare
@@ -51,6 +53,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     planner.add_argument("--plan", metavar="PLAN.json",
                          help="a saved plan (vramscope plan ... --gpus N --strategy S --json): each rank's peak "
                               "beside the per-rank plan")
+    add_framework_argument(planner)
+    planner.add_argument("--settings-style", choices=STYLES, metavar="{" + ",".join(STYLES) + "}",
+                         help="write the changes in these keys (default: the framework's; axolotl: its YAML)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +122,10 @@ def _run_settings(args: argparse.Namespace) -> RunSettings | None:
                                       ("--seq-len", args.seq_len), ("--optim", args.optim)) if value is not None]
     if not args.gradient_checkpointing:
         given.append("--no-gradient-checkpointing")
+    if args.framework != QLoraSpec().framework:
+        given.append("--framework")
+    if args.settings_style is not None:
+        given.append("--settings-style")
     if not given:
         return None
     if args.model is None or args.batch_size is None:
@@ -128,10 +137,11 @@ def _run_settings(args: argparse.Namespace) -> RunSettings | None:
             model = load_config_file(args.model)
         except PlanInputError as exc:
             raise UsageError(str(exc)) from None
-    spec = QLoraSpec(gradient_checkpointing=args.gradient_checkpointing)
+    spec = QLoraSpec(gradient_checkpointing=args.gradient_checkpointing, framework=args.framework)
     if args.optim:
         spec = spec.with_(optim=args.optim)
-    return RunSettings(model=model, batch_size=args.batch_size, seq_len=args.seq_len, spec=spec)
+    return RunSettings(model=model, batch_size=args.batch_size, seq_len=args.seq_len, spec=spec,
+                       style=args.settings_style)
 
 
 # Smaller than any GPU's memory: a size this small is a unit left out or mistyped.

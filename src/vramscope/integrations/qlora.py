@@ -89,11 +89,19 @@ def load_model(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: str |
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if not quantized and cuda:
         model = model.to(device or "cuda")
-    if quantized:
+    trl = spec.framework == "trl"
+    if quantized and not trl:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing)
     elif spec.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # TRL (through HF Trainer) enables non-reentrant checkpointing and input gradients, and no kbit preparation
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": not trl})
         model.enable_input_require_grads()
+    if trl:
+        require("trl", extra="trl")
+        from trl.trainer.utils import add_fused_lm_head
+
+        # SFTTrainer's loss: per-token log-probabilities, entropy and top-1 from tiles, never the full logits
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
     if spec.gradient_checkpointing:
         model.config.use_cache = False
     lora = LoraConfig(
@@ -104,6 +112,11 @@ def load_model(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: str |
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)
+    if trl and quantized:
+        # SFTTrainer casts the adapters of a quantized model to bf16 (the QLoRA paper's choice)
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
     model.train()  # HF gradient checkpointing is off in eval mode
     return model
 
@@ -142,7 +155,9 @@ class Trainer:
     vocab_size: int
     device: Any = None
     generator_seed: int = 0
+    spec: QLoraSpec | None = None
     _gen: Any = field(default=None, repr=False)
+    _kept: Any = field(default=None, repr=False)
 
     def batch(self, batch_size: int, seq_len: int) -> Any:
         import torch
@@ -153,10 +168,24 @@ class Trainer:
         return ids.to(self.device) if self.device is not None else ids
 
     def step(self, batch_size: int, seq_len: int) -> float:
+        """One step the way ``spec.framework`` runs it: ``hf`` and ``trl`` under the compute dtype's autocast
+        (HF Trainer's bf16 mixed precision) with the output dropped before backward (``trl`` through its fused
+        LM head), ``loop`` keeping the whole output until the next step's forward has returned."""
+        import torch
+
         ids = self.batch(batch_size, seq_len)
-        # Keep only the loss: holding the whole output would keep the logits alive through backward,
-        # which HF's Trainer does not do and which would inflate the measured peak.
-        loss = self.model(input_ids=ids, labels=ids).loss
+        framework = self.spec.framework if self.spec is not None else "hf"
+        autocast = framework in ("hf", "trl") and ids.is_cuda
+        dtype = torch_dtype(self.spec.compute_dtype if self.spec is not None else "bf16")
+        with torch.autocast("cuda", dtype=dtype if dtype != torch.float32 else torch.bfloat16, enabled=autocast):
+            if framework == "trl":
+                out = self.model(input_ids=ids, labels=ids, fused_lm_head=True, use_cache=False)
+            else:
+                out = self.model(input_ids=ids, labels=ids)
+        loss = out.loss
+        if framework == "loop":
+            self._kept = out  # the loop's `out` lives on until the next forward returns
+        del out  # HF Trainer's compute_loss keeps only the loss
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -170,4 +199,4 @@ def build_trainer(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: st
     config = json.loads((Path(model_dir) / "config.json").read_text())
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
     dev = next(model.parameters()).device if torch.cuda.is_available() and device != "cpu" else None
-    return Trainer(model=model, optimizer=make_optimizer(model, spec), vocab_size=vocab, device=dev)
+    return Trainer(model=model, optimizer=make_optimizer(model, spec), vocab_size=vocab, device=dev, spec=spec)

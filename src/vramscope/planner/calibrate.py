@@ -91,7 +91,8 @@ def _config_of(model: ModelRef) -> dict[str, Any]:
 
 def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[int, int]], steps: int = 2
             ) -> tuple[int, list[tuple[int, int, int, int, int | None]]]:
-    """Load ``model_dir`` the QLoRA way and run ``steps`` real steps per shape on the current CUDA device.
+    """Load ``model_dir`` as ``spec.framework`` does and run ``steps`` of its steps per shape on the current CUDA
+    device (:class:`vramscope.integrations.qlora.Trainer`).
 
     Returns:
         (static allocated after loading and creating the optimizer, [(batch, seq, peak allocated,
@@ -99,16 +100,20 @@ def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[
     """
     import torch
 
-    from vramscope.integrations.qlora import load_model, make_optimizer
+    from vramscope.integrations.qlora import Trainer, load_model, make_optimizer
 
     model = load_model(model_dir, spec)
-    if spec.gradient_checkpointing:
+    if spec.gradient_checkpointing and spec.framework == "loop":
         # As the H200 measurements ran: reentrant checkpointing, asked for explicitly (peft passes no kwargs,
         # and torch warns, or in later versions refuses, when use_reentrant is left unset).
         model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    elif spec.gradient_checkpointing:
+        # HF Trainer (and TRL through it) enables non-reentrant checkpointing at train start
+        model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = make_optimizer(model, spec)
     device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(0)
+    # The framework's own step: autocast and the output dropped (hf), the fused LM head (trl), `out` kept (loop)
+    trainer = Trainer(model=model, optimizer=optimizer, vocab_size=vocab, device=device, spec=spec)
     results: list[tuple[int, int, int, int, int | None]] = []
     static = 0
     try:
@@ -117,13 +122,8 @@ def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             for _ in range(steps):
-                ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
-                # Drop the model output before backward, as HF's Trainer does: the logits are not kept.
-                loss = model(input_ids=ids, labels=ids).loss
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                del loss, ids
+                trainer.step(batch, seq)
+            trainer._kept = None  # a loop's output would count as static
             torch.cuda.synchronize()
             if not static:
                 # after the first shape's steps the optimizer states exist: weights + adapters + states
@@ -131,7 +131,7 @@ def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[
             results.append((batch, seq, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
                             _process_bytes()))
     finally:
-        del optimizer, model
+        del trainer, optimizer, model
         gc.collect()
         torch.cuda.empty_cache()
     return static, results

@@ -35,13 +35,16 @@ class RunSettings:
         model: a planner registry name (``Llama-2-7B``) or a config.json dict.
         batch_size: the micro-batch.
         seq_len: the maximum sequence length; None takes the log's longest batch / ``batch_size``.
-        spec: the recipe (default: the QLoRA reference recipe).
+        spec: the recipe (default: the QLoRA reference recipe); its ``framework`` decides the model of the step.
+        style: whose keys the advice is written in (``hf``, ``trl``, ``loop``, ``axolotl``); default the
+            framework's own (HF/TRL arguments, a loop's code).
     """
 
     model: str | dict[str, Any]
     batch_size: int
     seq_len: int | None = None
     spec: QLoraSpec = field(default_factory=QLoraSpec)
+    style: str | None = None
 
 
 def planner_advice(summary: dict[str, Any], settings: RunSettings) -> list[dict[str, Any]]:
@@ -63,14 +66,14 @@ def planner_advice(summary: dict[str, Any], settings: RunSettings) -> list[dict[
     peak = _measured_peak(devices)
     capacity = min((d["capacity_bytes"] for d in devices if d.get("capacity_bytes")), default=None)
     recs = recommend(settings.model, settings.batch_size, seq_len, settings.spec, peak_bytes=peak,
-                     capacity_bytes=capacity)
+                     capacity_bytes=capacity, style=settings.style)
     # "Enough to fit" only means something for a run that did not fit.
     over = peak is not None and capacity is not None and peak > capacity
     out = []
     for r in recs:
         sufficient = r.sufficient if over else None
         title = r.text.split(": saves")[0]  # the saving is its own field, printed by the renderers
-        out.append({"title": title[:1].upper() + title[1:], "detail": _planner_detail(r.change, sufficient, seq_len,
+        out.append({"title": title[:1].upper() + title[1:], "detail": _planner_detail(r.how, sufficient, seq_len,
                                                                                       settings),
                     "saves_bytes": int(r.saving_bytes), "urgent": bool(sufficient), "device": "all",
                     "source": "planner", "name": r.name, "change": r.change, "sufficient": sufficient})
@@ -88,13 +91,13 @@ def _measured_peak(devices: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def _planner_detail(change: dict[str, Any], sufficient: bool | None, seq_len: int, settings: RunSettings) -> str:
+def _planner_detail(how: str, sufficient: bool | None, seq_len: int, settings: RunSettings) -> str:
     name = settings.model if isinstance(settings.model, str) else "the given config"
-    settings_text = ", ".join(f"{k}={v}" for k, v in change.items())
     verdict = "" if sufficient is None else (
         " Alone, it brings the measured peak under the capacity." if sufficient
         else " Alone, it is not enough to fit under the capacity.")
-    return f"planner, for {name} at batch {settings.batch_size} x {seq_len} tokens: set {settings_text}.{verdict}"
+    return (f"planner, for {name} at batch {settings.batch_size} x {seq_len} tokens under {settings.spec.framework}: "
+            f"{how}.{verdict}")
 
 
 def advise(summary: dict[str, Any]) -> list[dict[str, Any]]:
