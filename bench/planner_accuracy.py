@@ -185,6 +185,16 @@ def framework_config(row: dict[str, str], meta: dict[str, Any]) -> dict[str, Any
     return dict(meta["archs"][row["arch"]]["config"])
 
 
+def _ran_shape(row: dict[str, str]) -> tuple[int, int]:
+    """(batch, tokens per row) the point ran: the step log's token count wins over the asked length (TRL's
+    tokenisation of the Qwen2.5 points gave one token per row)."""
+    batch, seq = int(row["batch_size"]), int(row["seq_len"])
+    tokens = [int(t) for t in (row.get("tokens") or "").split()]
+    if tokens and max(tokens) != batch * seq:
+        seq = max(1, max(tokens) // batch)
+    return batch, seq
+
+
 def framework_records(rows: list[dict[str, str]], meta: dict[str, Any],
                       hardware: dict[str, Hardware] | None = None) -> list[dict[str, Any]]:
     """One record per measured framework point, scored with the framework that made it."""
@@ -194,10 +204,12 @@ def framework_records(rows: list[dict[str, str]], meta: dict[str, Any],
             continue
         spec = framework_spec(row, meta)
         hw = (hardware or {}).get(spec.framework)
-        p = plan(framework_config(row, meta), int(row["batch_size"]), int(row["seq_len"]), spec, hardware=hw)
+        batch, seq = _ran_shape(row)
+        p = plan(framework_config(row, meta), batch, seq, spec, hardware=hw)
         rec: dict[str, Any] = {k: row.get(k, "") for k in ("arch", "framework", "variant", "batch_size", "seq_len",
                                                             "gradient_checkpointing")}
         rec["peak_phase"] = p.peak_phase
+        rec["seq_len"] = seq
         predicted = {"peak_allocated_bytes": p.peak_allocated_bytes, "peak_reserved_bytes": p.peak_reserved_bytes,
                      "process_bytes": p.process_bytes}
         for key, short in METRICS:
@@ -259,6 +271,71 @@ def framework_markdown(records: list[dict[str, Any]], summ: dict[str, dict[str, 
             f" | {r['allocated_measured'] / GIB:.2f} / {r['allocated_predicted'] / GIB:.2f} GiB "
             f"({r['allocated_error_pct']:+.1f}%) | {proc} | {r['peak_phase']} |")
     return "\n".join(lines)
+
+
+def framework_features(rows: list[dict[str, str]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per measured point: what the fit of the allocator terms needs (the planner's allocated bytes and its two
+    fragmentation features, one layer's saved activations and the materialised logits) and the measurements."""
+    out = []
+    for row in rows:
+        if row.get("status") != "ok" or not row.get("peak_reserved_bytes") or not row.get("process_bytes"):
+            continue
+        spec = framework_spec(row, meta)
+        batch, seq = _ran_shape(row)
+        est = estimate(resolve_model(framework_config(row, meta))[1], spec, batch, seq)
+        out.append({"framework": spec.framework, "arch": row["arch"], "gc": spec.gradient_checkpointing,
+                    "layer": float(est.per_layer_activation_bytes), "logits": float(est.logits_bytes),
+                    "allocated_predicted": est.peak_allocated_bytes,
+                    "fragmentation": int(row["peak_reserved_bytes"]) - int(row["peak_allocated_bytes"]),
+                    "context": int(row["process_bytes"]) - int(row["peak_reserved_bytes"]),
+                    "process": int(row["process_bytes"])})
+    return out
+
+
+def _weighted_fit(pts: list[dict[str, Any]]) -> tuple[float, float]:
+    """Least squares of fragmentation = a * layer + b * logits, each point weighted by 1 / its process memory
+    (relative errors count), b = 0 where no logits are materialised (TRL)."""
+    w = [1.0 / p["process"] for p in pts]
+    x1 = [p["layer"] * wi for p, wi in zip(pts, w, strict=True)]
+    x2 = [p["logits"] * wi for p, wi in zip(pts, w, strict=True)]
+    y = [p["fragmentation"] * wi for p, wi in zip(pts, w, strict=True)]
+    s11 = sum(a * a for a in x1)
+    s12 = sum(a * b for a, b in zip(x1, x2, strict=True))
+    s22 = sum(b * b for b in x2)
+    s1y = sum(a * c for a, c in zip(x1, y, strict=True))
+    s2y = sum(b * c for b, c in zip(x2, y, strict=True))
+    det = s11 * s22 - s12 * s12
+    if s22 == 0 or abs(det) < 1e-12 * s11 * s22:
+        return (s1y / s11 if s11 else 0.0), 0.0
+    return (s1y * s22 - s2y * s12) / det, (s2y * s11 - s1y * s12) / det
+
+
+def fit_framework_constants(feats: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The allocator constants of each framework, from its H200 points.
+
+    ``fragmentation`` (reserved - allocated) = a x one layer's saved activations + b x the materialised logits,
+    per checkpointing regime, by weighted least squares; then scaled up, if needed, until the mean signed process
+    error is not negative (err high). ``cuda_context_bytes``: the largest process - reserved seen.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for fw in sorted({f["framework"] for f in feats}):
+        pts = [f for f in feats if f["framework"] == fw]
+        coef: list[float] = []
+        for gc in (True, False):
+            coef += list(_weighted_fit([p for p in pts if p["gc"] == gc]))
+        context = max(p["context"] for p in pts)
+
+        def errors(c: list[float], pts: list[dict[str, Any]] = pts, context: int = context) -> list[float]:
+            return [(p["allocated_predicted"] + (c[0] * p["layer"] + c[1] * p["logits"] if p["gc"]
+                     else c[2] * p["layer"] + c[3] * p["logits"]) + context - p["process"]) / p["process"]
+                    for p in pts]
+
+        scale = 1.0
+        while statistics.mean(errors([x * scale for x in coef])) < 0 and scale < 2.0:
+            scale += 0.01
+        out[fw] = {"fragmentation": tuple(round(x * scale, 3) for x in coef), "cuda_context_bytes": context,
+                   "points": len(pts)}
+    return out
 
 
 def load_frameworks(data: Path = FRAMEWORK_DATA, meta: Path = FRAMEWORK_META

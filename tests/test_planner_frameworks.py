@@ -94,7 +94,8 @@ def test_loop_savings_name_the_output_and_the_cache() -> None:
     assert "use_cache=False" in recs["use_cache"].how
     assert ".loss" in recs["drop_output"].how
     s = shape("Llama-2-7B")
-    assert recs["use_cache"].saving_bytes >= 2 * s.kv_dim * 2048 * 4 * s.layers
+    # the previous step's cache, alive during this forward (the current one shares attention's saved k and v)
+    assert recs["use_cache"].saving_bytes >= 0.8 * 2 * s.kv_dim * 2048 * 4 * s.layers
     # with checkpointing on there is no cache to drop, only the logits
     on = {r.name for r in recommend("Llama-2-7B", 2, 1024, QLoraSpec(framework="loop"))}
     assert "drop_output" in on and "use_cache" not in on
@@ -165,3 +166,56 @@ def test_tune_and_report_take_the_framework_flag(capsys: pytest.CaptureFixture[s
             main(command)
         assert info.value.code == 0
         assert "--framework" in capsys.readouterr().out
+
+
+# --- accuracy on the committed H200 runs of each framework ---------------------------------------------------
+
+def _bench():  # type: ignore[no-untyped-def]
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import planner_accuracy
+
+    return planner_accuracy
+
+
+@pytest.mark.parametrize("framework", ["hf", "trl", "loop"])
+def test_each_framework_meets_the_goal_on_its_real_runs(framework: str) -> None:
+    # Real TRL trl.scripts.sft, HF Trainer (qlora.py recipe) and hand-written-loop runs on the H200, scored with
+    # the planner for the framework that made each point: peak allocated within 3% median / 8% worst, process
+    # memory within 5% / 10%, and neither biased low on average beyond the allocator's noise.
+    pa = _bench()
+    rows, meta = pa.load_frameworks()
+    summary = pa.framework_summary(pa.framework_records(rows, meta))[framework]
+    assert summary["allocated"]["points"] >= 13
+    for metric, (median, worst) in pa.GOAL.items():
+        assert summary[metric]["median_abs_pct"] <= median, metric
+        assert summary[metric]["max_abs_pct"] <= worst, metric
+        assert summary[metric]["mean_pct"] >= -0.5, metric
+
+
+def test_the_runs_cover_three_architectures_both_checkpointing_modes_and_long_sequences() -> None:
+    pa = _bench()
+    rows, meta = pa.load_frameworks()
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) >= 40 and {r["framework"] for r in ok} == {"hf", "trl", "loop"}
+    configs = [pa.framework_config(r, meta) for r in ok]
+    assert any(c.get("num_key_value_heads", c["num_attention_heads"]) < c["num_attention_heads"] for c in configs)
+    assert any(c["vocab_size"] >= 128_000 for c in configs)
+    assert {r["gradient_checkpointing"] for r in ok} == {"True", "False"}
+    assert max(int(r["seq_len"]) for r in ok) >= 4096
+
+
+def test_the_fitted_allocator_constants_are_the_ones_the_data_gives() -> None:
+    # fragmentation and CUDA context per framework are the only constants fitted to these runs; refitting
+    # from the committed data reproduces what the planner ships.
+    from vramscope.planner.frameworks import FRAMEWORK_TABLE
+
+    pa = _bench()
+    rows, meta = pa.load_frameworks()
+    fitted = pa.fit_framework_constants(pa.framework_features(rows, meta))
+    for name, constants in fitted.items():
+        fw = FRAMEWORK_TABLE[name]
+        assert fw.fragmentation == pytest.approx(constants["fragmentation"], abs=0.002), name
+        assert fw.cuda_context_bytes == constants["cuda_context_bytes"], name

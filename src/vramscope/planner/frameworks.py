@@ -48,6 +48,13 @@ class Framework:
             mode) and the kept output holds it; TRL and HF Trainer's loss path pass ``use_cache=False`` or drop it.
         reentrant: reentrant gradient checkpointing (peft's own ``gradient_checkpointing_enable({})`` leaves
             torch's default) rather than the non-reentrant kind HF Trainer enables.
+        fragmentation: reserved-but-unallocated bytes at the peak per byte of (one layer's saved activations,
+            the materialised logits), with and without checkpointing. The caching allocator's splitting is not
+            derived; these are fitted to this framework's H200 points (``fit_framework_constants`` in
+            bench/planner_accuracy.py reproduces them) and used unless ``Hardware.fragmentation`` is given.
+        cuda_context_bytes: the process's GPU memory outside torch's allocator (CUDA context, kernels, cuBLAS
+            handles; TRL's and accelerate's extra kernels): the largest NVML process - peak reserved seen on the
+            H200 for this framework; used unless ``Hardware.cuda_context_bytes`` is given.
     """
 
     name: str
@@ -58,21 +65,23 @@ class Framework:
     logits: str
     keeps_kv_cache: bool
     reentrant: bool
+    fragmentation: tuple[float, float, float, float] = (0.615, 0.269, 1.037, 0.026)
+    cuda_context_bytes: int = 745 * 1024**2
 
 
 FRAMEWORK_TABLE: dict[str, Framework] = {
     "hf": Framework(
         name="hf", title="HF Trainer + prepare_model_for_kbit_training (the qlora.py recipe), bf16 autocast",
         prepares_kbit=True, autocast=True, adapters_half=False, logits="dropped", keeps_kv_cache=False,
-        reentrant=False),
+        reentrant=False, fragmentation=(1.718, 0.442, 1.303, 1.374), cuda_context_bytes=758 * 1024**2),
     "trl": Framework(
         name="trl", title="TRL SFTTrainer defaults (no kbit preparation, bf16 LoRA, fused chunked LM head)",
         prepares_kbit=False, autocast=True, adapters_half=True, logits="chunked", keeps_kv_cache=False,
-        reentrant=False),
+        reentrant=False, fragmentation=(0.986, 0.0, 1.351, 0.0), cuda_context_bytes=758 * 1024**2),
     "loop": Framework(
         name="loop", title="hand-written loop keeping `out` (prepare_model_for_kbit_training, no autocast)",
         prepares_kbit=True, autocast=False, adapters_half=False, logits="kept", keeps_kv_cache=True,
-        reentrant=True),
+        reentrant=True, fragmentation=(1.051, 0.236, 2.788, 0.291), cuda_context_bytes=744 * 1024**2),
 }
 assert tuple(FRAMEWORK_TABLE) == FRAMEWORKS
 

@@ -73,13 +73,13 @@ class Hardware:
         cublas_handles: the forward runs on the Python thread, the backward on autograd's device thread, and
             each thread gets its own cuBLAS handle and workspace.
         cuda_context_bytes: CUDA context, kernels of torch and bitsandbytes, cuBLAS handles: memory the process
-            holds on the GPU that torch's allocator never sees. 745 MiB on the H200 (torch 2.11, CUDA 13): NVML's
-            process figure minus peak reserved was 742-746 MiB in all 60 measured points.
+            holds on the GPU that torch's allocator never sees. None: the framework's H200 figure
+            (:class:`~vramscope.planner.frameworks.Framework`; 742-758 MiB with torch 2.11, CUDA 13).
         fragmentation: reserved-but-unallocated bytes at the peak per byte of (one layer's saved activations,
-            logits), with and without checkpointing: the caching allocator splits the blocks the step frees
-            for differently sized requests and opens new segments for the next large one. Fitted to the
-            H200 measurements (see docs/planner.md); the only fitted constants of the model besides
-            ``cuda_context_bytes`` and MATH_EXTRA_SCORES.
+            materialised logits), with and without checkpointing: the caching allocator splits the blocks the
+            step frees for differently sized requests and opens new segments for the next large one. None: the
+            framework's constants, fitted to its H200 measurements (see docs/planner.md); with
+            ``cuda_context_bytes`` and MATH_EXTRA_SCORES the only fitted constants of the model.
         paged_in_process: whether NVML's per-process figure includes bitsandbytes' paged (unified memory)
             optimizer states. It does not on the H200: process minus reserved is the same with paged and
             unpaged optimizers.
@@ -93,8 +93,8 @@ class Hardware:
 
     cublas_workspace_bytes: int = 32 * MIB
     cublas_handles: int = 2
-    cuda_context_bytes: int = 745 * MIB
-    fragmentation: tuple[float, float, float, float] = (0.615, 0.269, 1.037, 0.026)
+    cuda_context_bytes: int | None = None
+    fragmentation: tuple[float, float, float, float] | None = None
     paged_in_process: bool = False
     gqa_sdpa_math: bool = True
     dynamic_scale: float = 1.0
@@ -353,9 +353,15 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     stash += eager_mask
     lg = _logits(shape, fw, pr, batch, seq)
     # A loop that keeps ``out`` holds its logits and, with checkpointing off (use_cache stays on in train
-    # mode), the DynamicCache: torch.cat copies of every layer's k (after rotary) and v, until the next
-    # forward returns, so that forward runs beside the previous step's output.
+    # mode), the DynamicCache of every layer's k (after rotary) and v until the next forward returns, so that
+    # forward runs beside the previous step's output. The cache's first update stores the very k and v the
+    # layer made (the H200 loop points are over by one cache if it copied them): where attention saves them
+    # anyway the cache costs nothing until their layer's backward has run; the math kernel and a repeat_kv
+    # mask save repeated copies, so the originals are extra from the start.
     kv_cache = 2 * shape.kv_dim * T * sd * L if fw.keeps_kv_cache and not spec.gradient_checkpointing else 0
+    repeated = math_attn or (has_mask(shape, spec, seq) and shape.kv_heads < shape.heads)
+    kv_extra = kv_cache if repeated or spec.attn == "flash_attention_2" else 0
+    kept_before = lg.kept + kv_extra  # until the layers' backward frees what attention saved
     kept = lg.kept + kv_cache
     g_layer = sum(_align(pr.lora_param * n) for n in tensors) // max(L, 1)  # LoRA gradients of one layer
 
@@ -372,22 +378,22 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     # logits with their log-softmax (and, for a loop, the previous step's output). A layer's own forward
     # temporaries are smaller than the logits in every registry model; they matter only when the logits are
     # tiny, so take the larger of the two.
-    fwd_act = stash + final_norm + hid + forward_extra + kv_cache  # the new output's cache
+    fwd_act = stash + final_norm + hid + forward_extra + kv_extra  # the new output's cache
     if lg.forward >= fwd_tmp:
         add("forward", activations=fwd_act, logits_and_loss=lg.forward, kept_output=kept)
     else:
         add("forward", activations=fwd_act, temporaries=fwd_tmp, kept_output=kept)
-    add("loss backward", activations=stash + final_norm, logits_and_loss=lg.backward, kept_output=kept)
+    add("loss backward", activations=stash + final_norm, logits_and_loss=lg.backward, kept_output=kept_before)
     grads_all = g_layer * L
     if spec.gradient_checkpointing:
         # Last layer processed first: every checkpoint still alive, plus that layer recomputed.
         # With an fp32 stream the checkpointed input is the very tensor the recomputed first norm keeps.
         dup = hid if sd == 4 else 0
-        add("layer backward (last)", activations=stash + S - dup, temporaries=bwd_tmp, kept_output=kept)
+        add("layer backward (last)", activations=stash + S - dup, temporaries=bwd_tmp, kept_output=kept_before)
         add("layer backward (first)", activations=hid - dup + eager_mask + S, temporaries=bwd_tmp,
             lora_gradients=grads_all - g_layer, kept_output=kept)
     else:
-        add("layer backward (last)", activations=stash, temporaries=bwd_tmp, kept_output=kept)
+        add("layer backward (last)", activations=stash, temporaries=bwd_tmp, kept_output=kept_before)
         add("layer backward (first)", activations=S + eager_mask, temporaries=bwd_tmp,
             lora_gradients=grads_all - g_layer, kept_output=kept)
     add("optimizer step", lora_gradients=grads_all, temporaries=opt_temp, kept_output=kept)
@@ -400,12 +406,14 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     if adjust:
         peak_alloc += adjust
         bd = Breakdown(**{**bd.to_dict(), "calibration": adjust})
-    f_layer, f_logits = hw.fragmentation[:2] if spec.gradient_checkpointing else hw.fragmentation[2:]
+    frag = hw.fragmentation if hw.fragmentation is not None else fw.fragmentation
+    f_layer, f_logits = frag[:2] if spec.gradient_checkpointing else frag[2:]
     overhead = _align(f_layer * S + f_logits * lg.materialised)
     reserved = peak_alloc + overhead
     paged_counted = opt_paged if hw.paged_in_process else 0
-    process = reserved + hw.cuda_context_bytes + paged_counted
-    bd = Breakdown(**{**bd.to_dict(), "allocator_overhead": overhead, "cuda_context": hw.cuda_context_bytes})
+    context = hw.cuda_context_bytes if hw.cuda_context_bytes is not None else fw.cuda_context_bytes
+    process = reserved + context + paged_counted
+    bd = Breakdown(**{**bd.to_dict(), "allocator_overhead": overhead, "cuda_context": context})
     return Estimate(
         peak_allocated_bytes=peak_alloc, peak_reserved_bytes=reserved, process_bytes=process, peak_phase=peak_phase,
         breakdown=bd, phases={k: v[0] for k, v in phases.items()}, trainable_params=lora_params,
