@@ -13,6 +13,11 @@ from typing import Any
 STYLES = ("hf", "trl", "loop", "axolotl")
 
 _CONFIG = {"hf": "TrainingArguments", "trl": "SFTConfig"}
+_FRAMEWORK_LINES = {
+    "trl": "trl.SFTTrainer(model, args=SFTConfig(...), peft_config=LoraConfig(...)) with the same quantization and "
+           "LoRA settings",
+    "hf": "transformers.Trainer with prepare_model_for_kbit_training",
+}
 
 
 def _py(value: Any) -> str:
@@ -48,8 +53,7 @@ def written_as(change: dict[str, Any], style: str) -> str:
         elif key == "lora_targets":
             lora["target_modules"] = list(value)
         elif key == "framework":
-            parts.append({"trl": "train with TRL's SFTTrainer (its defaults)", "hf": "train with HF Trainer"}
-                         .get(str(value), f"use {value}"))
+            parts.append(_FRAMEWORK_LINES.get(str(value), f"use {value}"))
         elif key == "keep_output":
             parts.append(_loop_line("keep_output", value))
         elif key == "use_cache":
