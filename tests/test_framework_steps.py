@@ -39,3 +39,15 @@ def test_each_framework_steps_a_real_model(checkpoint: Path, framework: str) -> 
         # TRL's fused LM head replaced the forward: per-token log-probabilities, never the logits
         out = trainer.model(input_ids=trainer.batch(1, 8), labels=trainer.batch(1, 8), fused_lm_head=True)
         assert out.log_probs.shape == (1, 7) and getattr(out, "logits", None) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("framework", ["hf", "trl", "loop"])
+def test_each_framework_steps_a_4bit_model_on_the_gpu(checkpoint: Path, framework: str) -> None:
+    import torch
+
+    trainer = build_trainer(checkpoint, QLoraSpec(framework=framework, lora_r=4))
+    assert math.isfinite(trainer.step(2, 32)) and math.isfinite(trainer.step(2, 32))
+    adapters = {p.dtype for p in trainer.model.parameters() if p.requires_grad}
+    # TRL casts the adapters of a quantized model to bf16; peft keeps them fp32 for the others
+    assert adapters == ({torch.bfloat16} if framework == "trl" else {torch.float32})
