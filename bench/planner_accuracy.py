@@ -185,14 +185,11 @@ def framework_config(row: dict[str, str], meta: dict[str, Any]) -> dict[str, Any
     return dict(meta["archs"][row["arch"]]["config"])
 
 
-def _ran_shape(row: dict[str, str]) -> tuple[int, int]:
-    """(batch, tokens per row) the point ran: the step log's token count wins over the asked length (TRL's
-    tokenisation of the Qwen2.5 points gave one token per row)."""
-    batch, seq = int(row["batch_size"]), int(row["seq_len"])
+def ran_as_asked(row: dict[str, str]) -> bool:
+    """Whether the point ran the shape it asked for: the step log's token counts are batch x seq. TRL's Qwen2.5
+    points are void (transformers 5 ignored the word-level tokenizer for qwen2: one token per row)."""
     tokens = [int(t) for t in (row.get("tokens") or "").split()]
-    if tokens and max(tokens) != batch * seq:
-        seq = max(1, max(tokens) // batch)
-    return batch, seq
+    return not tokens or max(tokens) == int(row["batch_size"]) * int(row["seq_len"])
 
 
 def framework_records(rows: list[dict[str, str]], meta: dict[str, Any],
@@ -200,16 +197,15 @@ def framework_records(rows: list[dict[str, str]], meta: dict[str, Any],
     """One record per measured framework point, scored with the framework that made it."""
     out = []
     for row in rows:
-        if row.get("status") != "ok" or not row.get("peak_allocated_bytes"):
+        if row.get("status") != "ok" or not row.get("peak_allocated_bytes") or not ran_as_asked(row):
             continue
         spec = framework_spec(row, meta)
         hw = (hardware or {}).get(spec.framework)
-        batch, seq = _ran_shape(row)
+        batch, seq = int(row["batch_size"]), int(row["seq_len"])
         p = plan(framework_config(row, meta), batch, seq, spec, hardware=hw)
         rec: dict[str, Any] = {k: row.get(k, "") for k in ("arch", "framework", "variant", "batch_size", "seq_len",
                                                             "gradient_checkpointing")}
         rec["peak_phase"] = p.peak_phase
-        rec["seq_len"] = seq
         predicted = {"peak_allocated_bytes": p.peak_allocated_bytes, "peak_reserved_bytes": p.peak_reserved_bytes,
                      "process_bytes": p.process_bytes}
         for key, short in METRICS:
@@ -278,10 +274,11 @@ def framework_features(rows: list[dict[str, str]], meta: dict[str, Any]) -> list
     fragmentation features, one layer's saved activations and the materialised logits) and the measurements."""
     out = []
     for row in rows:
-        if row.get("status") != "ok" or not row.get("peak_reserved_bytes") or not row.get("process_bytes"):
+        if (row.get("status") != "ok" or not row.get("peak_reserved_bytes") or not row.get("process_bytes")
+                or not ran_as_asked(row)):
             continue
         spec = framework_spec(row, meta)
-        batch, seq = _ran_shape(row)
+        batch, seq = int(row["batch_size"]), int(row["seq_len"])
         est = estimate(resolve_model(framework_config(row, meta))[1], spec, batch, seq)
         out.append({"framework": spec.framework, "arch": row["arch"], "gc": spec.gradient_checkpointing,
                     "layer": float(est.per_layer_activation_bytes), "logits": float(est.logits_bytes),
