@@ -141,6 +141,10 @@ def test_plan_says_which_framework_and_tags_its_lines(capsys: pytest.CaptureFixt
     tagged = [line for line in out.splitlines() if line.endswith("[trl]")]
     assert any("activations" in line for line in tagged) and not any("quantized weights" in line for line in tagged)
     assert "SFTConfig(" in out  # the advice in TRL's own keys
+    # trl.scripts.sft's defaults: an fp32 model, yet TRL's bf16 adapters
+    code, out, _ = run(capsys, "plan", "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "1024",
+                       "--framework", "trl", "--compute-dtype", "fp32")
+    assert code == 0 and "unquantized params (fp32)" in out and "LoRA weights (bf16)" in out
 
 
 def test_plan_json_has_framework_and_per_component_notes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -387,6 +387,10 @@ def plan(
                      "host under memory pressure")
     if shape.max_positions is not None and seq_len > shape.max_positions:
         notes.append(f"sequence length {seq_len} exceeds the model's max_position_embeddings {shape.max_positions}")
+    if spec.framework == "trl" and spec.bits in (4, 8) and spec.compute_dtype != "fp32":
+        notes.append("trl.scripts.sft loads the model in float32 unless given --dtype bfloat16: plan its defaults "
+                     "with --compute-dtype fp32 (and --no-double-quant --lora-r 16 --lora-alpha 32 "
+                     "--lora-targets q_proj,v_proj --optim adamw_torch_fused)")
     if shape.experts:
         notes.append("MoE experts are fused parameters in transformers 5: bitsandbytes leaves them unquantized "
                      "(fp32 after prepare_model_for_kbit_training) and all-linear LoRA does not reach them")

@@ -158,7 +158,7 @@ def component_notes(spec: QLoraSpec, fw: Framework | None = None) -> dict[str, s
     """For each breakdown line whose size the framework decides, why (one short phrase)."""
     fw = fw or framework_for(spec)
     pr = precision(spec, fw)
-    dtype = {4: "fp32", 2: spec.compute_dtype}
+    dtype = {4: "fp32", 2: spec.compute_dtype if spec.compute_dtype != "fp32" else "bf16"}
     notes: dict[str, str] = {}
     if spec.bits in (4, 8):
         notes["unquantized_params"] = (f"{dtype[pr.params]}: prepare_model_for_kbit_training upcasts them"
