@@ -1,9 +1,10 @@
 """``vramscope plan --calibrate``: measure a few tiny real steps on this GPU and fit the model to them.
 
 The analytic model is exact for the library versions it was built against; on another stack (a newer torch
-kernel, another bitsandbytes) its per-token terms can drift. Calibration loads the actual architecture the
-QLoRA way (random weights, :mod:`vramscope.integrations.qlora`), runs two steps at each of three small shapes
-while reading ``torch.cuda.max_memory_allocated``, and fits
+kernel, another bitsandbytes) its per-token terms can drift. Calibration loads the actual architecture as the
+recipe's framework does (random weights, :mod:`vramscope.integrations.qlora`: HF Trainer's bf16 autocast, TRL's
+bf16 adapters and fused LM head, or a loop that keeps its output), runs two of that framework's steps at each of
+three small shapes while reading ``torch.cuda.max_memory_allocated``, and fits
 
     measured peak - measured static = scale x (model's step memory) + offset
 
