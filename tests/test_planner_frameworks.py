@@ -107,6 +107,15 @@ def test_hf_is_told_what_trl_would_save_and_trl_is_not() -> None:
     assert "framework" not in {r.name for r in recommend("Llama-3-8B", 2, 2048, QLoraSpec(framework="trl"))}
 
 
+def test_trl_scripts_fp32_default_is_told_to_load_in_bf16() -> None:
+    spec = QLoraSpec(framework="trl", compute_dtype="fp32")
+    recs = {r.name: r for r in recommend("Llama-3-8B", 1, 1024, spec)}
+    s = shape("Llama-3-8B")
+    # at least the fp32 embeddings and lm_head halve
+    assert recs["model_dtype"].saving_bytes >= s.embedding_params * 2 and recs["model_dtype"].how == "--dtype bfloat16"
+    assert "model_dtype" not in {r.name for r in recommend("Llama-3-8B", 1, 1024, QLoraSpec(framework="trl"))}
+
+
 def test_changes_are_written_in_the_frameworks_keys() -> None:
     change = {"batch_size": 2, "grad_accum": 4}
     assert written_as(change, "hf") == "TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=4)"

@@ -288,6 +288,10 @@ def _framework_recommendations(add: Any, spec: QLoraSpec, fw: Framework, batch: 
             "pass `use_cache=False` to the forward (without checkpointing, train mode still builds the KV "
             "cache and `out` keeps it): saves {saving:.2f} GiB", {"use_cache": False},
             replace(fw, keeps_kv_cache=False))
+    if fw.name == "trl" and spec.compute_dtype == "fp32":
+        add("model_dtype", spec.with_(compute_dtype="bf16"), batch, seq,
+            "load the model in bf16 (trl.scripts.sft's default float32 keeps embeddings, norms and lm_head in fp32 "
+            "and dequantizes to fp32): saves {saving:.2f} GiB", {"dtype": "bfloat16"})
     if fw.name != "trl" and spec.bits in (4, 8):
         add("framework", spec.with_(framework="trl"), batch, seq,
             "train with TRL's SFTTrainer (TRL keeps LoRA in bf16, skips the fp32 upcast and never builds the "

@@ -54,6 +54,8 @@ def written_as(change: dict[str, Any], style: str) -> str:
             lora["target_modules"] = list(value)
         elif key == "framework":
             parts.append(_FRAMEWORK_LINES.get(str(value), f"use {value}"))
+        elif key == "dtype":
+            parts.append(f"--dtype {value}" if style == "trl" else f"from_pretrained(..., dtype={value!r})")
         elif key == "keep_output":
             parts.append(_loop_line("keep_output", value))
         elif key == "use_cache":
