@@ -353,6 +353,22 @@ def test_planner_prices_changes_for_the_model_that_ran(capsys: pytest.CaptureFix
     assert {r["source"] for r in plain["recommendations"]} == {"log"}
 
 
+def test_planner_advice_is_written_in_the_frameworks_keys(capsys: pytest.CaptureFixture[str],
+                                                         logs: dict[str, Path]) -> None:
+    # The same run under each program: the change is the line that program takes, the environment an export.
+    by_style = {}
+    for extra in (["--framework", "hf"], ["--framework", "trl"], ["--framework", "loop"],
+                  ["--settings-style", "axolotl"]):
+        data = report_json(capsys, str(logs["leak"]), "--model", "Llama-2-7B", "--batch-size", "4", *extra)
+        planned = {r["name"]: r for r in data["recommendations"] if r["source"] == "planner"}
+        by_style[extra[1]] = planned["micro_batch"]["detail"]
+        assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in planned["expandable_segments"]["detail"]
+    assert "TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=2)" in by_style["hf"]
+    assert "SFTConfig(per_device_train_batch_size=2" in by_style["trl"] and "under trl" in by_style["trl"]
+    assert "opt.step() every 2 backward passes" in by_style["loop"]
+    assert "micro_batch_size: 2; gradient_accumulation_steps: 2" in by_style["axolotl"]
+
+
 def test_planner_inputs_are_checked(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
     log = str(logs["clean"])
     assert "needs both --model and --batch-size" in refused(capsys, log, "--batch-size", "4")
