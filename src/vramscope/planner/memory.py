@@ -2,7 +2,9 @@
 
 Every term is derived from what the libraries allocate (transformers 5, peft 0.21, bitsandbytes 0.50,
 torch 2.x on CUDA); docs/planner.md walks through each one with its source. The shapes of the model
-come from :mod:`vramscope.planner.shapes`, the recipe from :class:`~vramscope.integrations.qlora.QLoraSpec`.
+come from :mod:`vramscope.planner.shapes`, the recipe from :class:`~vramscope.recipe.QLoraSpec`, and what the
+training program changes (dtypes, autocast, the logits, what its output keeps alive) from
+:mod:`vramscope.planner.frameworks`; one decoder layer's replay is :mod:`vramscope.planner.layer`.
 
 A training step is followed through five phases; the peak is the largest of them:
 
