@@ -281,11 +281,18 @@ def _logits(shape: ModelShape, fw: Framework, pr: Precision, batch: int, seq: in
         # tiles into a second buffer and accumulates the hidden states' gradient in fp32, then casts it and
         # scatters it back through the gather and the shift (two more stream-dtype copies, erring high).
         tile = 2 * min(T, TOKEN_TILE) * min(V, VOCAB_TILE)
-        if pr.params == 4:  # an fp32 lm_head and stream: each tile's weight rows and hidden rows cast to half
-            tile += 2 * min(V, VOCAB_TILE) * h + 2 * min(T, TOKEN_TILE) * h
+        fwd_tile = bwd_tile = tile
+        if pr.params == 4:
+            # an fp32 lm_head and stream: each tile's weight rows and hidden rows are cast to half; backward
+            # rebinds ``w_chunk`` only after the next tile's cast exists, so with more than one tile two weight
+            # casts are alive at once (Llama-3's and Qwen2.5's vocabularies; not Llama-2's 32000 at <= 4096 tokens)
+            rows = 2 * min(V, VOCAB_TILE) * h
+            tiles = math.ceil(V / VOCAB_TILE) * math.ceil(T / TOKEN_TILE)
+            fwd_tile += rows + 2 * min(T, TOKEN_TILE) * h
+            bwd_tile += (2 if tiles > 1 else 1) * rows + 2 * min(T, TOKEN_TILE) * h
         stats = 40 * T
-        return _Logits(forward=pr.stream * h * T + tile + stats,
-                       backward=(2 * pr.stream + 4) * h * T + tile + stats, kept=0, materialised=0)
+        return _Logits(forward=pr.stream * h * T + fwd_tile + stats,
+                       backward=(2 * pr.stream + 4) * h * T + bwd_tile + stats, kept=0, materialised=0)
     if fw.autocast:
         # Autocast runs lm_head in half: a half copy of an fp32 lm_head weight is kept for its backward; the
         # loss upcasts the half logits (.float()) and keeps the log-softmax; accelerate's convert_outputs_to_fp32
