@@ -128,6 +128,7 @@ def test_changes_are_written_in_the_frameworks_keys() -> None:
     assert written_as({"optim": "paged_adamw_8bit"}, "axolotl") == "optimizer: paged_adamw_8bit"
     assert written_as({"gradient_checkpointing": True}, "axolotl") == "gradient_checkpointing: true"
     assert written_as({"lora_r": 16}, "hf") == "LoraConfig(r=16)"
+    assert written_as({"gpus": 3, "strategy": "fsdp"}, "hf") == ""  # no one setting: the text says what to run
     recs = recommend("Llama-2-7B", 4, 1024, QLoraSpec(framework="trl"), style="axolotl")
     micro = next(r for r in recs if r.name == "micro_batch")
     assert micro.how.startswith("micro_batch_size: ")

@@ -332,8 +332,9 @@ def _data_parallel(shape: ModelShape, est: Estimate, par: Parallelism, hw: Hardw
     overhead = bd0.allocator_overhead
     nccl = par.nccl()
     paged = est.paged_in_process_bytes and parts.get("optimizer_states_paged", 0)
-    allocated, reserved, process, device = _totals(parts, overhead, hw.cuda_context_bytes, nccl, int(paged))
-    parts.update(allocator_overhead=overhead, cuda_context=hw.cuda_context_bytes, nccl_buffers=nccl)
+    context = bd0.cuda_context  # the framework's measured context, or the Hardware override
+    allocated, reserved, process, device = _totals(parts, overhead, context, nccl, int(paged))
+    parts.update(allocator_overhead=overhead, cuda_context=context, nccl_buffers=nccl)
     host_total = sum(host.values())
     return RankEstimate(gpu=0, layers=shape.layers, holds="every rank alike", peak_phase=phase, parts=parts,
                         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, process_bytes=process,

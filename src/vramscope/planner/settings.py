@@ -13,6 +13,8 @@ from typing import Any
 STYLES = ("hf", "trl", "loop", "axolotl")
 
 _CONFIG = {"hf": "TrainingArguments", "trl": "SFTConfig"}
+# Neutral keys that are fields of TrainingArguments / SFTConfig under the same name.
+_TRAINER_KEYS = ("learning_rate", "max_grad_norm", "bf16", "fp16")
 _FRAMEWORK_LINES = {
     "trl": "trl.SFTTrainer(model, args=SFTConfig(...), peft_config=LoraConfig(...)) with the same quantization and "
            "LoRA settings",
@@ -60,8 +62,9 @@ def written_as(change: dict[str, Any], style: str) -> str:
             parts.append(_loop_line("keep_output", value))
         elif key == "use_cache":
             parts.append(_loop_line("use_cache", value))
-        else:
+        elif key in _TRAINER_KEYS:
             trainer[key] = value
+        # other keys (gpus, strategy, offload, model: a plan's cannot-fit alternatives) have no one setting
     if style == "axolotl":
         names = {"per_device_train_batch_size": "micro_batch_size", "optim": "optimizer", "max_length": "sequence_len"}
         parts += [f"{names.get(k, k)}: {_yaml(v)}" for k, v in trainer.items()]
