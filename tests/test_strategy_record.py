@@ -93,8 +93,9 @@ def test_report_holds_each_rank_against_the_per_rank_plan(tmp_path: Path, capsys
     (tmp_path / "ddp_memory.strategy.json").write_text(json.dumps(
         {"strategy": "ddp", "implementation": "DistributedDataParallel", "world_size": 2, "backend": "nccl",
          "source": "model wrapping"}))
+    # bench/ddp_qlora.py's step keeps only the loss, without autocast: --framework loop-loss
     assert main(["plan", "--model", "TinyLlama-1.1B", "--batch-size", "4", "--seq-len", "1024", "--gpus", "2",
-                 "--strategy", "ddp", "--gpu", "H200", "--json"]) == 0
+                 "--strategy", "ddp", "--gpu", "H200", "--framework", "loop-loss", "--json"]) == 0
     plan = tmp_path / "plan.json"
     plan.write_text(capsys.readouterr().out)
     assert main(["report", str(log), "--plan", str(plan)]) == 0

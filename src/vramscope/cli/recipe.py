@@ -59,7 +59,8 @@ def add_framework_argument(parser: argparse.ArgumentParser | argparse._ArgumentG
     parser.add_argument("--framework", choices=FRAMEWORKS, default=QLoraSpec().framework,
                         help="the training program: hf (HF Trainer + prepare_model_for_kbit_training, the qlora.py "
                              "recipe), trl (TRL's SFTTrainer defaults), loop (a hand-written loop that keeps the "
-                             "model output until the next step) (default hf)")
+                             "model output until the next step), loop-loss (one that keeps only its .loss) "
+                             "(default hf)")
 
 
 def spec_from_args(args: argparse.Namespace) -> QLoraSpec:

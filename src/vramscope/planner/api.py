@@ -12,7 +12,7 @@ from typing import Any
 
 from vramscope.planner import gpus, registry
 from vramscope.planner.errors import PlanInputError
-from vramscope.planner.frameworks import Framework, component_notes, framework_for
+from vramscope.planner.frameworks import FRAMEWORK_TABLE, Framework, component_notes, framework_for
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
 from vramscope.planner.settings import STYLES, written_as
@@ -214,7 +214,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
     base = current.device_bytes
     deficit = peak - capacity if capacity is not None else None
     fw = framework_for(spec)
-    style = style or spec.framework
+    style = style or ("loop" if spec.framework.startswith("loop") else spec.framework)
 
     def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
             framework: Framework | None = None) -> None:
@@ -282,7 +282,7 @@ def _framework_recommendations(add: Any, spec: QLoraSpec, fw: Framework, batch: 
             "drop the model output before backward (keep only `loss`; the logits"
             + (" and the KV cache" if not spec.gradient_checkpointing and fw.keeps_kv_cache else "")
             + " otherwise live until the next forward returns): saves {saving:.2f} GiB",
-            {"keep_output": False}, replace(fw, logits="dropped", keeps_kv_cache=False))
+            {"keep_output": False}, FRAMEWORK_TABLE["loop-loss"])
     if fw.keeps_kv_cache and not spec.gradient_checkpointing:
         add("use_cache", spec, batch, seq,
             "pass `use_cache=False` to the forward (without checkpointing, train mode still builds the KV "
@@ -435,7 +435,8 @@ def _cannot_fit(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
     """Why the plan does not fit and what would: more GPUs, offload, a smaller model or fewer bits first; the
     usual recommendations only when the weights leave room for them to matter."""
     why = explain(shape, spec, batch, seq, hw, est, cap, name)
-    ways = [Recommendation(a.name, a.saving_bytes, a.text, a.change, a.sufficient, written_as(a.change, spec.framework))
+    style = "loop" if spec.framework.startswith("loop") else spec.framework
+    ways = [Recommendation(a.name, a.saving_bytes, a.text, a.change, a.sufficient, written_as(a.change, style))
             for a in why.alternatives]
     if why.replaces_others:
         return why.reason, ways

@@ -104,7 +104,7 @@ def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[
     from vramscope.integrations.qlora import Trainer, load_model, make_optimizer
 
     model = load_model(model_dir, spec)
-    if spec.gradient_checkpointing and spec.framework == "loop":
+    if spec.gradient_checkpointing and spec.framework in ("loop", "loop-loss"):
         # As the H200 measurements ran: reentrant checkpointing, asked for explicitly (peft passes no kwargs,
         # and torch warns, or in later versions refuses, when use_reentrant is left unset).
         model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
