@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 print(report, file=sys.stderr)
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
-                      target_batch=args.target_batch, hardware=hardware)
+                      target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None)
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
     if multi:

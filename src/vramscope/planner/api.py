@@ -354,6 +354,7 @@ def plan(
     gpu: str | None = None,
     target_batch: int | None = None,
     hardware: Hardware | None = None,
+    read_from_command: bool = False,
 ) -> Plan:
     """Predict the GPU memory of a QLoRA/LoRA run before it starts.
 
@@ -366,6 +367,8 @@ def plan(
         gpu: a GPU registry name instead of ``gpu_memory`` (``"RTX-4090"``, ``"A100-80GB"``).
         target_batch: an effective batch to reach with gradient accumulation (needs a GPU memory).
         hardware: override the device constants (context size, workspaces, fragmentation), e.g. from calibration.
+        read_from_command: the recipe was read from the training command itself (``plan -- CMD``), so hints on
+            how to spell that program's defaults as flags are left out.
 
     Returns:
         A :class:`Plan` with the three totals (peak allocated, peak reserved, process memory), the breakdown at
@@ -391,7 +394,7 @@ def plan(
                      "host under memory pressure")
     if shape.max_positions is not None and seq_len > shape.max_positions:
         notes.append(f"sequence length {seq_len} exceeds the model's max_position_embeddings {shape.max_positions}")
-    if spec.framework == "trl" and spec.bits in (4, 8) and spec.compute_dtype != "fp32":
+    if spec.framework == "trl" and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command:
         notes.append("trl.scripts.sft loads the model in float32 unless given --dtype bfloat16: plan its defaults "
                      "with --compute-dtype fp32 (and --no-double-quant --lora-r 16 --lora-alpha 32 "
                      "--lora-targets q_proj,v_proj --optim adamw_torch_fused)")

@@ -206,12 +206,15 @@ def read_trl(reader: Reader, state: LaunchState, model_type_of_name: ModelTypeOf
     if dtype is None:
         out.defaults["dtype"] = "float32"
         dtype = "fp32"
-    if dtype in ("fp32", "auto"):
-        out.notes.append(f"TRL loads the model in {'float32' if dtype == 'fp32' else 'its checkpoint dtype'} "
-                         "(--dtype); the plan assumes bf16 weights and compute, which is low for a float32 "
-                         "model: pass --dtype bfloat16 to the command to match")
-    out.spec["compute_dtype"] = "fp16" if dtype == "fp16" or (dtype in ("fp32", "auto") and fp16 and not use_bf16) \
-        else "bf16"
+    if dtype == "auto":
+        out.notes.append("TRL loads the model in its checkpoint's dtype (--dtype auto); the plan assumes bf16, which "
+                         "is low for a float32 checkpoint: pass --dtype bfloat16 to the command to match")
+    # trl.scripts.sft hands its --dtype to bitsandbytes as the compute dtype too: its float32 default keeps the
+    # embeddings, norms and lm_head in fp32 and computes in fp32 (the planner's trl framework models that).
+    if dtype == "fp32":
+        out.spec["compute_dtype"] = "fp32"
+    else:
+        out.spec["compute_dtype"] = "fp16" if dtype == "fp16" or (dtype == "auto" and fp16 and not use_bf16) else "bf16"
     r = reader.integer("lora_r")
     out.spec["lora_r"] = 16 if r is None else r
     a = reader.number("lora_alpha")
