@@ -51,9 +51,10 @@ def quant_state_shapes(out_features: int, in_features: int, double_quant: bool) 
 
 
 def _linear4bit_base() -> type[nn.Linear]:
-    import bitsandbytes as bnb
+    import importlib
 
-    base: type[nn.Linear] = getattr(bnb.nn, "Linear4bit")  # noqa: B009  (bitsandbytes does not export it typed)
+    # bitsandbytes' modules are untyped for mypy's purposes; the class is what peft dispatches on
+    base: type[nn.Linear] = importlib.import_module("bitsandbytes.nn").Linear4bit
     return base
 
 
