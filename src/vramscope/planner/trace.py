@@ -243,6 +243,24 @@ def _optimizer(params: list[nn.Parameter], spec: QLoraSpec) -> torch.optim.Optim
 
 
 @contextlib.contextmanager
+def _unpacked_rows() -> Iterator[None]:
+    """transformers looks for packed sequences in the position ids and, when it cannot read the values (a fake
+    tensor counts as tracing), builds a 4-D mask that a real run never has; every traced row is one sequence."""
+    import importlib
+
+    masking: Any = importlib.import_module("transformers.masking_utils")
+    saved = getattr(masking, "find_packed_sequence_indices", None)
+    if saved is None:
+        yield
+        return
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = saved
+
+
+@contextlib.contextmanager
 def _trl_cuda_logprob() -> Iterator[None]:
     """TRL's chunked log-prob kernel as CUDA runs it: Triton folds each tile in place and cuBLAS accumulates
     the gradient into fp32 in place, so the torch fallback's tile copies are replaced by nothing."""
@@ -405,7 +423,7 @@ def _trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: 
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         ctx = _trl_cuda_logprob() if spec.framework == "trl" else contextlib.nullcontext()
         opt = _optimizer([p for p in model.parameters() if p.requires_grad], spec)
-        with ctx:
+        with ctx, _unpacked_rows():
             run_steps(model, spec, batch_size, seq_len, vocab, device, opt, steps=steps, counter=counter)
     paged = opt.paged_bytes if isinstance(opt, BnbOptimizerStandIn) else 0
     seconds = time.perf_counter() - start
