@@ -35,10 +35,13 @@ from vramscope.planner.errors import PlanInputError
 from vramscope.planner.memory import Hardware, estimate, validate_spec
 from vramscope.planner.registry import get_config
 from vramscope.planner.trace_counter import LiveBytes
-from vramscope.planner.trace_standins import BnbOptimizerStandIn, cuda_kernels, quantize_linears
+from vramscope.planner.trace_standins import KERNELS_USED, BnbOptimizerStandIn, cuda_kernels, quantize_linears
 from vramscope.recipe import FRAMEWORKS, QLoraSpec
 
 INSTALL = "pip install 'vramscope[hf]'"
+# The breakdown's order (the analytic plan's): what the model holds, then what the step makes.
+CATEGORY_ORDER = ("quantized_weights", "quantization_constants", "unquantized_params", "buffers", "lora_weights",
+                  "lora_gradients", "optimizer_states", "activations", "logits_and_loss", "temporaries", "other")
 # Tokens each step sees: random ids over the whole vocabulary, every position a label (packed full rows).
 STEPS = 2
 
@@ -109,6 +112,7 @@ class TraceResult:
     paged_bytes: int
     trainable_params: int
     seconds: float
+    sdpa_kernels: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -425,11 +429,13 @@ def _trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: 
         opt = _optimizer([p for p in model.parameters() if p.requires_grad], spec)
         with ctx, _unpacked_rows():
             run_steps(model, spec, batch_size, seq_len, vocab, device, opt, steps=steps, counter=counter)
+        kernels = dict(KERNELS_USED)
     paged = opt.paged_bytes if isinstance(opt, BnbOptimizerStandIn) else 0
     seconds = time.perf_counter() - start
     phases = {k: v for k, v in counter.phase_peaks.items() if k != "setup"}
     return TraceResult(peak_bytes=counter.peak, peak_phase=counter.peak_phase, breakdown=dict(counter.peak_breakdown),
-                       phases=phases, paged_bytes=paged, trainable_params=trainable, seconds=seconds)
+                       phases=phases, paged_bytes=paged, trainable_params=trainable, seconds=seconds,
+                       sdpa_kernels=kernels)
 
 
 def trace_plan(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec | None = None, *,
@@ -465,16 +471,23 @@ def trace_plan(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec |
     reserved = peak_alloc + overhead
     paged_counted = result.paged_bytes if hw.paged_in_process else 0
     process = reserved + hw.cuda_context_bytes + paged_counted
-    breakdown = dict(sorted(result.breakdown.items(), key=lambda kv: -kv[1]))
+    order = {name: i for i, name in enumerate(CATEGORY_ORDER)}
+    breakdown = dict(sorted(result.breakdown.items(), key=lambda kv: order.get(kv[0], len(order))))
     breakdown.update(cublas_workspaces=workspaces, optimizer_states_paged=result.paged_bytes,
                      allocator_overhead=overhead, cuda_context=hw.cuda_context_bytes)
     modelled = ["cuBLAS workspaces (2 handles x the GPU's workspace)",
                 "allocator overhead (reserved - allocated): the analytic planner's fragmentation fit",
                 "CUDA context and kernels (the analytic planner's constant)"]
+    if result.sdpa_kernels.get("math"):
+        modelled.append("the math SDPA kernel's extra scores-sized tensor in backward (seen on the H200, "
+                        "MATH_EXTRA_SCORES)")
     if result.paged_bytes:
         modelled.append("paged optimizer states: bitsandbytes' allocation rule, in unified memory")
     traced = ["model build (transformers, meta device)", "framework preparation and peft LoRA",
               f"{STEPS} steps: forward, backward, optimizer (steady state = the last step)"]
+    if result.sdpa_kernels:
+        traced.append("SDPA kernels as CUDA picks them: " + ", ".join(f"{k} x{v}" for k, v in
+                                                                    sorted(result.sdpa_kernels.items())))
     if spec.bits == 4:
         traced.append("4-bit linears as stand-ins holding bitsandbytes' bytes and dequantized transients")
     notes = ["fake CPU tensors with CUDA's kernel choices (SDPA backend, fused dropout), 512-byte blocks",

@@ -195,6 +195,10 @@ class BnbOptimizerStandIn(torch.optim.Optimizer):
                 state["step"] += 1  # the update itself is one in-place CUDA kernel
 
 
+# Which SDPA kernel each traced attention call took (reset by cuda_kernels); the trace reports it.
+KERNELS_USED: dict[str, int] = {}
+
+
 def _flash_ok(q: torch.Tensor, k: torch.Tensor, mask: Any) -> bool:
     return (q.dtype in (torch.float16, torch.bfloat16) and mask is None and q.shape[-1] <= 256
             and q.shape[-1] % 8 == 0 and k.shape[-1] == q.shape[-1])
@@ -215,10 +219,12 @@ def cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     math_extra_scores = MATH_EXTRA_SCORES
     if _flash_ok(query, key, attn_mask):
+        KERNELS_USED["flash"] = KERNELS_USED.get("flash", 0) + 1
         out = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)
         result: torch.Tensor = out[0]
         return result
     if _efficient_ok(query, key, enable_gqa):
+        KERNELS_USED["efficient"] = KERNELS_USED.get("efficient", 0) + 1
         bias = None
         if attn_mask is not None:
             # a bool mask becomes an additive one in the query dtype, its last dimension padded to 16
@@ -230,6 +236,7 @@ def cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
                                                            scale=scale)
         result = out[0]
         return result
+    KERNELS_USED["math"] = KERNELS_USED.get("math", 0) + 1
     holder: list[torch.Tensor] = []
     scores = (*query.shape[:-1], key.shape[-2])
     if grad and math_extra_scores > 0:
@@ -288,6 +295,7 @@ def cuda_kernels(sdpa: bool = True) -> Iterator[None]:
     (a real CPU step cannot run the CUDA kernels)."""
     functional: Any = torch.nn.functional
     saved = functional.scaled_dot_product_attention, functional.dropout
+    KERNELS_USED.clear()
     if sdpa:
         functional.scaled_dot_product_attention = cuda_sdpa
     functional.dropout = cuda_dropout
