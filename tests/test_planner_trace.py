@@ -122,7 +122,8 @@ def test_plan_trace_cli_prints_a_table(tmp_path: Path, capsys: pytest.CaptureFix
     assert "framework trl (traced in" in out and "peak allocated" in out and "modelled, not traced" in out
 
 
-@pytest.mark.parametrize("extra", [["--bits", "8"], ["--calibrate"], ["--target-batch", "8", "--gpu", "H200"]])
+@pytest.mark.parametrize("extra", [["--bits", "8"], ["--calibrate"], ["--target-batch", "8", "--gpu", "H200"],
+                                   ["--gpus", "2"]])
 def test_plan_trace_bad_input_is_one_line_and_exit_2(extra: list[str], tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text(json.dumps(TINY))

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
         if getattr(args, "trace", False):
-            return _trace(args, model, spec)
+            return _trace(args, model, spec, multi)
         hardware = None
         if args.calibrate:
             from vramscope.planner.calibrate import CalibrationError, calibrate
@@ -117,10 +117,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace(args: argparse.Namespace, model: Any, spec: Any) -> int:
+def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:
     """``--trace``: the traced step instead of the analytic model (cli/plan_trace.py)."""
-    if args.calibrate or args.target_batch is not None:
-        raise UsageError("--trace runs alone: drop --calibrate and --target-batch (plan without --trace has them)")
+    if args.calibrate or args.target_batch is not None or multi:
+        raise UsageError("--trace traces one GPU's step alone: drop --calibrate, --target-batch and --gpus "
+                         "(plan without --trace has them)")
     return run_trace(args, model, spec.with_(framework=args.framework))
 
 
