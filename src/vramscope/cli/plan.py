@@ -122,7 +122,7 @@ def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:
     if args.calibrate or args.target_batch is not None or multi:
         raise UsageError("--trace traces one GPU's step alone: drop --calibrate, --target-batch and --gpus "
                          "(plan without --trace has them)")
-    return run_trace(args, model, spec.with_(framework=args.framework))
+    return run_trace(args, model, spec)
 
 
 def format_plan(p: Plan) -> str:

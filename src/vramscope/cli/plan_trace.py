@@ -41,7 +41,8 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     try:
         parser.add_argument("--framework", choices=FRAMEWORKS, default=QLoraSpec().framework,
                             help="the training program: hf (HF Trainer + prepare_model_for_kbit_training), "
-                                 "trl (TRL SFTTrainer), loop (keeps the output until the next step)")
+                                 "trl (TRL SFTTrainer), loop (keeps the output until the next step), "
+                                 "loop-loss (keeps only the loss)")
     except argparse.ArgumentError:
         pass  # the shared recipe flags define it
 

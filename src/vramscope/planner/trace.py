@@ -208,7 +208,7 @@ def _prepare_as_framework(model: Any, spec: QLoraSpec) -> Any:
 
     quantized = spec.bits == 4
     ckpt = spec.gradient_checkpointing
-    if spec.framework in ("hf", "loop"):  # integrations.qlora.load_model, then (hf) the Trainer
+    if spec.framework in ("hf", "loop", "loop-loss"):  # integrations.qlora.load_model, then (hf) the Trainer
         if quantized:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
         elif ckpt:
@@ -340,7 +340,7 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
                     before_last_step()
             with phase("inputs", "activations"):
                 ids = torch.randint(0, vocab, (batch, seq), device=device)
-                labels = ids if spec.framework == "loop" else ids.clone()
+                labels = ids if spec.framework in ("loop", "loop-loss") else ids.clone()
             with phase("forward", "activations"):
                 if spec.framework == "trl":
                     out = model(input_ids=ids, labels=labels, fused_lm_head=True, use_cache=False)
@@ -351,7 +351,7 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
                 elif spec.framework == "loop":
                     held = model(input_ids=ids, labels=labels)
                     loss = held.loss
-                else:
+                else:  # hf (the Trainer drops the output before backward) and loop-loss
                     loss = model(input_ids=ids, labels=labels).loss
             with phase("backward", "temporaries"):
                 loss.backward()
@@ -470,11 +470,12 @@ def trace_plan(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec |
     overhead = analytic.breakdown.allocator_overhead
     reserved = peak_alloc + overhead
     paged_counted = result.paged_bytes if hw.paged_in_process else 0
-    process = reserved + hw.cuda_context_bytes + paged_counted
+    context = analytic.breakdown.cuda_context  # the analytic planner's, for this framework and hardware
+    process = reserved + context + paged_counted
     order = {name: i for i, name in enumerate(CATEGORY_ORDER)}
     breakdown = dict(sorted(result.breakdown.items(), key=lambda kv: order.get(kv[0], len(order))))
     breakdown.update(cublas_workspaces=workspaces, optimizer_states_paged=result.paged_bytes,
-                     allocator_overhead=overhead, cuda_context=hw.cuda_context_bytes)
+                     allocator_overhead=overhead, cuda_context=context)
     modelled = ["cuBLAS workspaces (2 handles x the GPU's workspace)",
                 "allocator overhead (reserved - allocated): the analytic planner's fragmentation fit",
                 "CUDA context and kernels (the analytic planner's constant)"]

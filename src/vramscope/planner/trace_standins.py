@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vramscope.planner.memory import MATH_EXTRA_SCORES
+from vramscope.planner.layer import MATH_EXTRA_SCORES
 
 BNB_BLOCKSIZE = 64  # 4-bit weights per absmax (bitsandbytes' default for NF4/FP4)
 NESTED_BLOCKSIZE = 256  # absmax values per fp32 scale under double quantization
@@ -250,7 +250,7 @@ def cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
 
 
 # On the H200 the math kernel's backward held one more B x heads x S x S tensor than its decomposition shows on
-# a CPU (planner/memory.py's MATH_EXTRA_SCORES, seen in all 9 affected measured points); the trace models it for
+# a CPU (planner/layer.py's MATH_EXTRA_SCORES, seen in all 9 affected measured points); the trace models it for
 # the duration of the attention's backward: allocated when the output's gradient arrives, freed when the query's
 # gradient leaves.
 
