@@ -14,6 +14,7 @@ from typing import Any
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus
 from vramscope.cli.common import CommandError, UsageError, positive_int
+from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
@@ -55,6 +56,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="run a few tiny real steps on this machine's GPU to fit the per-token terms")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     plan_gpus.add_arguments(parser)
+    add_trace_arguments(parser)
     training_command.add_command_argument(parser, "plan without running it")  # last: it tracks the flags above
 
 
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
+        if getattr(args, "trace", False):
+            return _trace(args, model, spec, multi)
         hardware = None
         if args.calibrate:
             from vramscope.planner.calibrate import CalibrationError, calibrate
@@ -111,6 +115,14 @@ def run(args: argparse.Namespace) -> int:
             print(training_command.format_command(command) + "\n")
         print(format_plan(result))
     return 0
+
+
+def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:
+    """``--trace``: the traced step instead of the analytic model (cli/plan_trace.py)."""
+    if args.calibrate or args.target_batch is not None or multi:
+        raise UsageError("--trace traces one GPU's step alone: drop --calibrate, --target-batch and --gpus "
+                         "(plan without --trace has them)")
+    return run_trace(args, model, spec)
 
 
 def format_plan(p: Plan) -> str:

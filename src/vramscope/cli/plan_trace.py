@@ -1,0 +1,87 @@
+"""``vramscope plan --trace``: print the traced step's memory (a table, or ``--json``).
+
+Thin: :func:`vramscope.planner.trace.trace_plan` does the work (and imports torch, so this module imports it
+only when ``--trace`` is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from vramscope.recipe import FRAMEWORKS, QLoraSpec
+from vramscope.units import gib
+
+_LABELS = {
+    "quantized_weights": "quantized weights",
+    "quantization_constants": "  + quantization constants",
+    "unquantized_params": "unquantized params",
+    "lora_weights": "LoRA weights",
+    "lora_gradients": "LoRA gradients",
+    "optimizer_states": "optimizer states (torch)",
+    "activations": "activations (made in a forward)",
+    "logits_and_loss": "logits and loss",
+    "temporaries": "temporaries (made in backward)",
+    "buffers": "buffers",
+    "inputs": "inputs",
+    "other": "other (made while preparing)",
+    "cublas_workspaces": "cuBLAS workspaces (modelled)",
+    "optimizer_states_paged": "optimizer states (paged, unified memory)",
+    "allocator_overhead": "allocator overhead (modelled)",
+    "cuda_context": "CUDA context and kernels (modelled)",
+}
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--trace`` (and ``--framework`` unless the recipe flags already define it)."""
+    parser.add_argument("--trace", action="store_true",
+                        help="trace the real training step on fake tensors (needs torch, transformers, peft) "
+                             "instead of the analytic model")
+    try:
+        parser.add_argument("--framework", choices=FRAMEWORKS, default=QLoraSpec().framework,
+                            help="the training program: hf (HF Trainer + prepare_model_for_kbit_training), "
+                                 "trl (TRL SFTTrainer), loop (keeps the output until the next step), "
+                                 "loop-loss (keeps only the loss)")
+    except argparse.ArgumentError:
+        pass  # the shared recipe flags define it
+
+
+def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec) -> int:
+    """Trace, print, return the exit code. Bad input raises PlanInputError (the caller makes it exit 2)."""
+    from vramscope.planner.trace import require_trace_libraries, trace_plan
+
+    require_trace_libraries(spec.bits)
+    result = trace_plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_trace(result))
+    return 0
+
+
+def format_trace(p: Any) -> str:
+    s = p.spec
+    lines = [
+        f"{p.model}: {p.total_params / 1e9:.2f}B params, batch {p.batch_size} x {p.seq_len} tokens, "
+        f"framework {s.framework} (traced in {p.trace_seconds:.1f} s)",
+        f"  {s.bits}-bit base, LoRA r={s.lora_r} ({p.trainable_params / 1e6:.1f}M trainable), {s.optim}, "
+        f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}, {s.attn}",
+        "",
+        f"  live at the traced peak ({p.peak_phase}):",
+    ]
+    for name, value in p.breakdown.items():
+        if value:
+            lines.append(f"    {_LABELS.get(name, name):42} {gib(value):>11}")
+    lines += [
+        "",
+        f"  peak allocated (torch.cuda.max_memory_allocated) {gib(p.peak_allocated_bytes):>11}",
+        f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(p.peak_reserved_bytes):>11}",
+        f"  process memory (nvidia-smi)                      {gib(p.process_bytes):>11}",
+    ]
+    if p.gpu_memory_bytes is not None:
+        lines += ["", f"  {'fits' if p.fits else 'does NOT fit'} in {gib(p.gpu_memory_bytes)}"]
+    lines.append("  modelled, not traced: " + "; ".join(p.modelled))
+    for note in p.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
