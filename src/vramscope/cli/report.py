@@ -52,7 +52,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     planner = parser.add_argument_group(
         "what ran (optional)", "with --model and --batch-size, the planner adds its ranked changes with predicted "
         "savings, judged against the measured peak")
-    planner.add_argument("--model", metavar="NAME", help="planner model name (e.g. Llama-2-7B) or a config.json path")
+    planner.add_argument("--model", metavar="NAME",
+                         help="a model name or hub id (Llama-2-7B, meta-llama/Llama-2-7b-hf) or a config.json path")
     planner.add_argument("--batch-size", type=positive_int, metavar="N", help="the run's micro-batch")
     planner.add_argument("--seq-len", type=positive_int, metavar="N",
                          help="the run's maximum length (default: the log's longest batch / batch size)")
