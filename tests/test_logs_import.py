@@ -7,6 +7,7 @@ Each test writes a real file as that tool writes it and reads it with the real r
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -258,3 +259,12 @@ def test_read_log_itself_still_refuses_what_it_does_not_read(tmp_path: Path) -> 
     path = write_loop_log(tmp_path / "memory.log", steps=3)
     with pytest.raises(LogFormatError, match="not a vramscope log"):
         read_log(path)
+
+
+def test_report_help_documents_the_mapping() -> None:
+    done = subprocess.run([*VRAMSCOPE, "report", "--help"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0
+    assert "--columns FIELD=COL[:UNIT],..." in done.stdout
+    assert "time=0,step=1,allocated=2:GiB,reserved=3:GiB" in done.stdout
+    assert "units B, KB, KiB, MB, MiB, GB, GiB" in done.stdout
