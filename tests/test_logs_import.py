@@ -268,3 +268,15 @@ def test_report_help_documents_the_mapping() -> None:
     assert "--columns FIELD=COL[:UNIT],..." in done.stdout
     assert "time=0,step=1,allocated=2:GiB,reserved=3:GiB" in done.stdout
     assert "units B, KB, KiB, MB, MiB, GB, GiB" in done.stdout
+
+
+def test_a_csv_with_time_and_gpu_but_no_vramscope_column_is_someone_elses(tmp_path: Path) -> None:
+    """``time`` and ``gpu`` in a header make it look like vramscope's log; without its memory columns it is not."""
+    path = tmp_path / "mine.csv"
+    path.write_text("time,step,gpu,alloc_gb\n" + "".join(f"2026-12-01 08:00:{s:02d},{s},1,{1.5 + s / 10:.1f}\n"
+                                                       for s in range(20)))
+    table = read_any_log(path)
+    assert table.kind == "hand-written" and table.ints("gpu")[0] == 1
+    assert table.ints("allocated_bytes")[19] == round(3.4 * GIB)
+    path.write_text("time,gpu,foo\n1,0,3\n")
+    assert "--columns" in refused(str(path))

@@ -140,9 +140,14 @@ def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | N
     if columns is not None:
         return read_mapped(name, _read_text(name), columns, kind="mapped")
     try:
-        return read_log(name)
+        table = read_log(name)
     except UnknownLogError as exc:
         first_line = exc.first_line
+    else:
+        if table.kind != "vramscope" or any(c in BYTE_FIELDS.values() for c in table.columns):
+            return table
+        # "time" and "gpu" in the header, but none of vramscope's memory columns: someone else's CSV.
+        first_line = ",".join(table.columns)
     text = _read_text(name)
     if _is_headerless_smi(first_line):
         return read_nvidia_smi_text(name, "timestamp, name, memory.used [MiB], memory.total [MiB]\n" + text)
