@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -11,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 from vramscope.planner.errors import PlanInputError
-from vramscope.units import GIB, MIB, parse_bytes
+from vramscope.units import GIB, MAX_BYTES, MIB, parse_bytes
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,14 @@ def parse_gpu_memory(text: str) -> int:
     """
     stripped = text.strip()
     try:
-        number = float(stripped)
+        number = float(stripped) if stripped.isascii() else None  # float() also reads other scripts' digits
     except ValueError:
         number = None
     if number is not None:
-        if not number > 0 or number != number:
-            raise PlanInputError(f"GPU memory must be positive, got {text!r}")
+        if not number > 0 or not math.isfinite(number):
+            raise PlanInputError(f"GPU memory must be positive, got {text[:40]!r}")
+        if number * MIB > MAX_BYTES:  # the largest reading below (MiB) stays within the bounds of a size
+            raise PlanInputError(f"GPU memory {text[:40]!r} has no unit and is out of range; write it like 24GiB")
         shown = f"{number:g}"
         if number >= 1024:  # a count of MiB, as nvidia-smi shows memory.total
             readings = f"nvidia-smi's unit is MiB: write {shown}MiB"
