@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from vramscope import smi_samples
 from vramscope.logfile import SMI_STAMP_DIGITS, SMI_STAMP_SEPARATORS, SMI_STAMP_WIDTH
 
 # Below this size the string path is as fast and needs no numpy import.
@@ -279,14 +280,35 @@ def iso_times(chars: Any) -> list[str]:
 
 
 def tick_positions(millis: Any) -> list[str]:
-    """Each row's place among the consecutive rows of its timestamp (the GPU when nvidia-smi logged no index)."""
-    index = np.arange(len(millis))
-    new = np.ones(len(millis), dtype=bool)
-    new[1:] = millis[1:] != millis[:-1]
+    """Each row's place among the rows of its sample (the GPU when nvidia-smi logged no index).
+
+    A sample's rows share a stamp or lie a few ms apart (:mod:`vramscope.smi_samples` decides which),
+    the numpy twin of :func:`vramscope.smi_samples.positions`.
+    """
+    n = len(millis)
+    gaps = np.diff(millis)
+    new = np.ones(n, dtype=bool)
+    new[1:] = gaps != 0
+    positive = gaps[gaps > 0]
+    if positive.size and int(positive.max()) >= smi_samples.MIN_JUMP * int(positive.min()):
+        tolerance = smi_samples.within_sample_tolerance(np.unique(positive).tolist())
+        if tolerance is not None:
+            tolerant = np.ones(n, dtype=bool)
+            tolerant[1:] = (gaps < 0) | (gaps > tolerance)
+            if smi_samples.tolerance_is_better(_sample_sizes(new), _sample_sizes(tolerant)):
+                new = tolerant
+    index = np.arange(n)
     first = np.maximum.accumulate(np.where(new, index, 0))
     positions = (index - first).tolist()
     names = [str(i) for i in range(max(positions, default=-1) + 1)]  # a handful of GPUs: shared strings
     return list(map(names.__getitem__, positions))
+
+
+def _sample_sizes(new: Any) -> dict[int, int]:
+    """{size: samples} where ``new`` marks each sample's first row."""
+    begins = np.flatnonzero(new)
+    sizes, counts = np.unique(np.diff(np.append(begins, len(new))), return_counts=True)
+    return dict(zip(sizes.tolist(), counts.tolist(), strict=True))
 
 
 def _shared(cells: list[str]) -> list[str]:

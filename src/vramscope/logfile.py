@@ -33,6 +33,7 @@ from math import isfinite
 from operator import add, eq, itemgetter, methodcaller, sub, truediv
 from typing import Protocol
 
+from vramscope import smi_samples
 from vramscope.inputfile import NotRegularFileError, read_regular_file
 from vramscope.schema import COLUMNS
 from vramscope.sinks.base import log_parts
@@ -42,6 +43,14 @@ MIB = 1024 * 1024
 
 class LogFormatError(ValueError):
     """The file is not a memory log vramscope can read."""
+
+
+class UnknownLogError(LogFormatError):
+    """The file's first line is none of the formats this module reads (``logs_import`` may know it)."""
+
+    def __init__(self, message: str, first_line: str) -> None:
+        super().__init__(message)
+        self.first_line = first_line
 
 
 @dataclass
@@ -344,10 +353,11 @@ def _read_one(name: str) -> LogTable:
         return _read_nvidia_smi(name, text)
     if "time" in header.split(",") and "gpu" in header.split(","):
         return _read_csv(name, text)
-    raise LogFormatError(
+    raise UnknownLogError(
         f"{name} is not a vramscope log or an nvidia-smi CSV (its header is {header[:80]!r}); "
         "use a file from 'vramscope run --log' or "
-        "'nvidia-smi --query-gpu=timestamp,name,memory.used,memory.total --format=csv'"
+        "'nvidia-smi --query-gpu=timestamp,name,memory.used,memory.total --format=csv'",
+        header,
     )
 
 
@@ -531,6 +541,11 @@ class _MadeOnUse(Mapping[str, list[str]]):
 _SMI_NUMBER = re.compile(r"([0-9.]+)")
 
 
+def read_nvidia_smi_text(name: str, text: str) -> LogTable:
+    """nvidia-smi's CSV from its text, header first (``logs_import`` gives a header-less one its header)."""
+    return _read_nvidia_smi(name, text)
+
+
 def _read_nvidia_smi(name: str, text: str) -> LogTable:
     """nvidia-smi --query-gpu=...,memory.used,memory.total --format=csv[,nounits] -> our columns."""
     # A header without its line end (nvidia-smi killed at once) still names the columns; rows need an end.
@@ -562,8 +577,7 @@ def _read_nvidia_smi(name: str, text: str) -> LogTable:
         next(reader, None)
     out: dict[str, list[str]] = {c: [] for c in _SMI_COLUMNS}
     start: float | None = None
-    last_time = None
-    position = 0
+    millis: list[int | None] = []  # each row's stamp, for its place in its sample (its GPU, without an index)
     for row in reader:
         if len(row) != len(header):
             continue
@@ -571,14 +585,16 @@ def _read_nvidia_smi(name: str, text: str) -> LogTable:
         unix = _smi_time(stamp)
         if unix is not None and start is None:
             start = unix
-        position = position + 1 if stamp == last_time else 0  # GPUs of one timestamp come in order
-        last_time = stamp
+        millis.append(round(unix * 1000) if unix is not None else None)
         out["time"].append(_iso(unix) if unix is not None else "")
         out["elapsed_s"].append(f"{unix - start:.3f}" if unix is not None and start is not None else "")
-        out["gpu"].append(row[i_index].strip() if i_index is not None else str(position))
+        if i_index is not None:
+            out["gpu"].append(row[i_index].strip())
         out["device_used_bytes"].append(_smi_mib(row[i_used]))
         out["device_total_bytes"].append(_smi_mib(row[i_total]) if i_total is not None else "")
         out["utilization_pct"].append(_smi_number(row[i_util]) if i_util is not None else "")
+    if i_index is None:
+        out["gpu"] = list(map(str, smi_samples.positions(millis)))
     return LogTable(name, out, kind="nvidia-smi")
 
 
@@ -637,7 +653,7 @@ def _smi_plain(
         return None
     # Exact integers divided once: the float that float(f"{unix - start:.3f}") gives, in C loops.
     elapsed = list(map(truediv, map(sub, millis, repeat(millis[0])), repeat(1000)))
-    gpu = index if index is not None else _tick_positions(stamps)
+    gpu = index if index is not None else _tick_positions(stamps, millis)
 
     def times() -> list[str]:  # the text itself, in vramscope's form: "2026-11-29T10:00:00.123+00:00"
         return ("+00:00\n".join(stamps) + "+00:00").replace("/", "-").replace(" ", "T").split("\n")
@@ -707,11 +723,16 @@ def _plain_stamps(stamps: list[str]) -> bool:
     return "".join(joined[at::SMI_STAMP_WIDTH] for at in SMI_STAMP_DIGITS).isdigit()
 
 
-def _tick_positions(stamps: list[str]) -> list[str]:
-    """Each row's GPU when nvidia-smi logged no index: its place among the rows of its timestamp.
+def _tick_positions(stamps: list[str], millis: list[int]) -> list[str]:
+    """Each row's GPU when nvidia-smi logged no index: its place among the rows of its sample.
 
-    The usual log has the same GPUs at every tick; then the positions repeat 0..G-1 and are made in C.
+    A sample's rows may lie a few ms apart (multi-GPU hosts): :mod:`vramscope.smi_samples` decides when
+    the gaps say so. Otherwise a sample is the rows of one timestamp; the usual log has the same GPUs
+    at every tick, and then the positions repeat 0..G-1 and are made in C.
     """
+    positive = [gap for gap in map(sub, millis[1:], millis[:-1]) if gap > 0]
+    if positive and max(positive) >= smi_samples.MIN_JUMP * min(positive):
+        return list(map(str, smi_samples.positions(millis)))
     per_tick = stamps.count(stamps[0]) if stamps else 0
     ticks = stamps[::per_tick] if per_tick else []
     regular = (per_tick and len(stamps) % per_tick == 0 and not any(map(eq, ticks[1:], ticks[:-1]))

@@ -8,6 +8,7 @@ no traceback unless ``--debug``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 from collections.abc import Sequence
@@ -36,10 +37,56 @@ HELP = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: 'vramscope: error: ...' plus a hint, exit 2."""
+    """argparse with one-line errors: 'vramscope: error: ...' plus a hint, exit 2.
+
+    A mistyped flag gets "did you mean" (argparse in Python 3.11 has no ``suggest_on_error``): the
+    unknown flags, those argparse lists or those among the arguments given, against this parser's flags
+    (the subcommand's, for the top-level parser's "unrecognized arguments").
+    """
+
+    subcommands: dict[str, argparse.ArgumentParser]
+    given: list[str]
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(self.given, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see '{self.prog} --help')")
+        hint = self._did_you_mean(message)
+        raise UsageError(f"{message}{hint} (see '{self._help_prog(message)} --help')")
+
+    def _subcommand(self) -> argparse.ArgumentParser | None:
+        """The subcommand's parser, when this is the top-level parser and the arguments name one."""
+        subcommands = getattr(self, "subcommands", {})
+        given = getattr(self, "given", [])
+        return next((subcommands[a] for a in given if a in subcommands), None)
+
+    def _help_prog(self, message: str) -> str:
+        sub = self._subcommand() if message.startswith("unrecognized arguments") else None
+        return sub.prog if sub is not None else self.prog
+
+    def _did_you_mean(self, message: str) -> str:
+        parser: argparse.ArgumentParser = self
+        if message.startswith("unrecognized arguments:"):
+            parser = self._subcommand() or self
+            unknown = message.split(":", 1)[1].split()
+        else:
+            given = getattr(self, "given", [])
+            unknown = given[: given.index("--")] if "--" in given else given
+        known = list(parser._option_string_actions)  # argparse keeps its flags only here
+        names = {k[2:]: k for k in known if k.startswith("--")}
+        hints = []
+        for token in unknown:
+            flag = token.split("=", 1)[0]
+            if not flag.startswith("--") or flag in known or any(k.startswith(flag) for k in known):
+                continue
+            near = difflib.get_close_matches(flag[2:], list(names), n=1, cutoff=0.7)
+            if near:
+                hints.append((flag, names[near[0]]))
+        if len(hints) == 1:
+            return f"; did you mean {hints[0][1]}?"
+        return "".join(f"; {flag}: did you mean {near}?" for flag, near in hints)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vramscope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.subcommands = {}
     for name, module_name in SUBCOMMANDS.items():
         try:
             module = import_module(module_name)
@@ -57,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub_parser = sub.add_parser(name, help=HELP.get(name), description=HELP.get(name))
         module.register(sub_parser)
         sub_parser.set_defaults(_run=module.run)
+        parser.subcommands[name] = sub_parser
     return parser
 
 

@@ -41,15 +41,18 @@ _LABELS = {
 
 def register(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group()
-    model.add_argument("--model", metavar="NAME", help="a registry name, e.g. Llama-2-7B (see --list-models)")
+    model.add_argument("--model", metavar="NAME",
+                       help="a registry name or hub id, e.g. Llama-2-7B, meta-llama/Llama-2-7b-hf (see --list-models)")
     model.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
     model.add_argument("--list-models", action="store_true", help="print the registry's model names and exit")
     parser.add_argument("--batch-size", type=positive_int, metavar="B", help="micro-batch size (required)")
     parser.add_argument("--seq-len", type=positive_int, metavar="S", help="tokens per sequence (required)")
     add_recipe_arguments(parser, optimizers=OPTIMIZERS)
     gpu = parser.add_mutually_exclusive_group()
-    gpu.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory to fit in, e.g. 24GiB or 80GB")
-    gpu.add_argument("--gpu", metavar="NAME", help="a GPU by name, e.g. RTX-4090, A100-80GB, H200")
+    gpu.add_argument("--gpu-memory", metavar="SIZE",
+                     help="GPU memory to fit in, with its unit: 24GiB, 80GB, or nvidia-smi's 24564MiB")
+    gpu.add_argument("--gpu", metavar="NAME",
+                     help="a GPU by name: RTX-4090, A100-80GB, or as nvidia-smi names it ('NVIDIA GeForce RTX 3090')")
     parser.add_argument("--target-batch", type=positive_int, metavar="N",
                         help="effective batch to reach by gradient accumulation (needs --gpu-memory or --gpu)")
     parser.add_argument("--calibrate", action="store_true",

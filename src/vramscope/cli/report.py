@@ -18,6 +18,7 @@ from vramscope.atomicfile import write_atomically
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.cli.recipe import add_framework_argument
 from vramscope.logfile import LogFormatError
+from vramscope.logs_import import ColumnsError, ColumnSpec, parse_columns
 from vramscope.planner import PlanInputError, load_config_file
 from vramscope.planner.settings import STYLES
 from vramscope.recipe import QLoraSpec
@@ -40,10 +41,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", metavar="SIZE",
                         help="the memory each GPU is held against (e.g. 24GiB, 80GB): the headroom and the OOM "
                              "forecast use it in place of the log's GPU total (needed for a log without one)")
+    parser.add_argument(
+        "--columns", type=_columns, metavar="FIELD=COL[:UNIT],...",
+        help="read any CSV through this mapping, e.g. time=0,step=1,allocated=2:GiB,reserved=3:GiB. COL is a "
+             "0-based index or a header name; fields: time, elapsed, step, gpu, phase, tokens, rank and the "
+             "memory columns allocated, reserved, peak (peak allocated), used and total (the device's), process, "
+             "rss (host); memory units B, KB, KiB, MB, MiB, GB, GiB (default B); a number as time is Unix "
+             "seconds (time=0:ms for milliseconds). Without it: vramscope's logs, nvidia-smi's CSV "
+             "(also noheader, nounits) and datetime,step,allocated GiB,reserved GiB lines are read as they are")
     planner = parser.add_argument_group(
         "what ran (optional)", "with --model and --batch-size, the planner adds its ranked changes with predicted "
         "savings, judged against the measured peak")
-    planner.add_argument("--model", metavar="NAME", help="planner model name (e.g. Llama-2-7B) or a config.json path")
+    planner.add_argument("--model", metavar="NAME",
+                         help="a model name or hub id (Llama-2-7B, meta-llama/Llama-2-7b-hf) or a config.json path")
     planner.add_argument("--batch-size", type=positive_int, metavar="N", help="the run's micro-batch")
     planner.add_argument("--seq-len", type=positive_int, metavar="N",
                          help="the run's maximum length (default: the log's longest batch / batch size)")
@@ -56,6 +66,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_framework_argument(planner)
     planner.add_argument("--settings-style", choices=STYLES, metavar="{" + ",".join(STYLES) + "}",
                          help="write the changes in these keys (default: the framework's; axolotl: its YAML)")
+
+
+def _columns(text: str) -> list[ColumnSpec]:
+    try:
+        return parse_columns(text)
+    except ColumnsError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--columns").lstrip(": ")) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,9 +94,14 @@ def run(args: argparse.Namespace) -> int:
     reports: list[LogReport] = []
     for path in args.logs:
         try:
-            reports.append(report_file(path, settings=settings, capacity_bytes=capacity))
+            reports.append(report_file(path, settings=settings, capacity_bytes=capacity, columns=args.columns))
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
+        read_as = reports[-1].summary["log"].get("columns")
+        if read_as and args.columns is None:
+            # A guess should be seen: the units especially (GiB is assumed for a "gb" column).
+            print(f"vramscope: read {path} as a hand-written log: --columns {read_as} (pass --columns to "
+                  "read it otherwise)", file=sys.stderr)
     for path, report in zip(args.logs, reports, strict=True):
         # The strategy the monitor recorded beside the log, and each rank against the plan when one is given.
         seen = strategy_beside(path)

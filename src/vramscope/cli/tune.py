@@ -18,7 +18,7 @@ from typing import Any
 from vramscope.cli.command import add_command_argument, command_argv
 from vramscope.cli.common import CommandError, UsageError, index, plain_number, positive_int, shown
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
-from vramscope.units import gib, parse_bytes
+from vramscope.units import gib
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -105,9 +105,12 @@ def _fraction(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
+    from vramscope.planner.errors import PlanInputError
+    from vramscope.planner.gpus import parse_gpu_memory
+
+    try:  # the rule of plan's --gpu-memory: a number without a unit is refused, with what it could mean
+        return parse_gpu_memory(text)
+    except PlanInputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

@@ -18,7 +18,7 @@ from vramscope.planner.nofit import explain
 from vramscope.planner.settings import STYLES, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
-from vramscope.units import MAX_BYTES, parse_bytes
+from vramscope.units import MAX_BYTES
 
 ModelRef = str | Mapping[str, Any] | ModelShape
 MAX_BATCH = 1 << 16
@@ -166,10 +166,7 @@ def capacity_of(gpu_memory: int | str | None = None, gpu: str | None = None) -> 
         hw = Hardware(cublas_workspace_bytes=g.cublas_workspace_bytes)
     if gpu_memory is not None:
         if isinstance(gpu_memory, str):
-            try:
-                cap = parse_bytes(gpu_memory)
-            except ValueError as exc:
-                raise PlanInputError(str(exc)) from None
+            cap = gpus.parse_gpu_memory(gpu_memory)  # a number without a unit is refused, with its readings
         else:
             cap = _positive("GPU memory", gpu_memory, MAX_BYTES)
     return cap, hw
@@ -389,6 +386,9 @@ def plan(
         _positive("target batch", target_batch, MAX_COUNT)
     est = estimate(shape, spec, batch_size, seq_len, hw)
     notes: list[str] = []
+    capacity = gpus.capacity_note(gpu, gpu_memory)  # which capacity, in which unit (GB vs GiB)
+    if capacity is not None:
+        notes.append(capacity)
     if est.breakdown.optimizer_states_paged:
         notes.append("paged optimizer states live in CUDA unified memory: outside torch's counters, paged to the "
                      "host under memory pressure")

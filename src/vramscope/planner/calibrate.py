@@ -159,7 +159,11 @@ def calibrate(model: ModelRef, spec: QLoraSpec, shapes: Sequence[tuple[int, int]
 
     Raises:
         CalibrationError: no CUDA GPU, missing libraries, or an implausible fit.
+        PlanInputError: a model name the registry does not know (checked before anything else).
     """
+    # The model first: a name that is not known is the user's to fix, on any machine (PlanInputError).
+    config = _config_of(model)
+    _, shape = resolve_model(model)
     try:
         import torch
     except ImportError:
@@ -172,8 +176,6 @@ def calibrate(model: ModelRef, spec: QLoraSpec, shapes: Sequence[tuple[int, int]
         require("transformers", "peft", *(["bitsandbytes"] if spec.bits in (4, 8) else []))
     except ImportError as exc:
         raise CalibrationError(str(exc)) from None
-    config = _config_of(model)
-    _, shape = resolve_model(model)
     with tempfile.TemporaryDirectory(prefix="vramscope-calibrate-") as tmp:
         write_random_checkpoint(config, tmp, device="cuda")
         gc.collect()

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 from vramscope.planner.errors import PlanInputError
-
-MIB = 1024**2
+from vramscope.units import GIB, MAX_BYTES, MIB, parse_bytes
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,16 @@ def _load() -> dict[str, dict[str, Any]]:
     return gpus
 
 
+# Words in nvidia-smi's names that do not tell the memory: the vendor and product line, the form factor
+# ("NVIDIA A100-SXM4-80GB", "Tesla V100-PCIE-16GB", "NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 3090").
+_NOISE = frozenset({"nvidia", "geforce", "tesla", "quadro", "sxm", "sxm2", "sxm3", "sxm4", "sxm5", "pcie",
+                    "hbm2", "hbm2e", "hbm3", "hbm3e"})
+
+
 def _key(name: str) -> str:
-    return name.strip().lower().replace(" ", "-").replace("_", "-")
+    """A GPU name as a lookup key: lower case, words joined by "-", nvidia-smi's extra words left out."""
+    words = [w for w in re.split(r"[\s_\-]+", name.strip().lower()) if w and w not in _NOISE]
+    return "-".join(words)
 
 
 @lru_cache(maxsize=1)
@@ -50,7 +59,9 @@ def names() -> list[str]:
 
 
 def get_gpu(name: str) -> Gpu:
-    """Look a GPU up by name (case-insensitive; aliases such as ``4090`` accepted).
+    """Look a GPU up by name: the registry's (``RTX-4090``), an alias (``4090``) or nvidia-smi's own
+    (``NVIDIA GeForce RTX 4090``, ``NVIDIA A100-SXM4-80GB``, ``Tesla T4``); case-insensitive.
+    All of vramscope resolves GPU names here.
 
     Raises:
         PlanInputError: unknown name; the message lists the closest names.
@@ -59,6 +70,73 @@ def get_gpu(name: str) -> Gpu:
     if canonical is None:
         near = [_index()[k] for k in difflib.get_close_matches(_key(name), list(_index()), n=8, cutoff=0.4)]
         near = list(dict.fromkeys(near))[:5] or names()
-        raise PlanInputError(f"unknown GPU {name!r}; closest: {', '.join(near)} (or give --gpu-memory 24GiB)")
+        raise PlanInputError(f"unknown GPU {name!r}; closest: {', '.join(near)} (or give its memory as nvidia-smi "
+                             "shows it, e.g. --gpu-memory 24564MiB)")
     entry = _load()[canonical]
     return Gpu(canonical, int(entry["memory_mib"] * MIB), int(float(entry["cublas_workspace_mib"]) * MIB))
+
+
+def parse_gpu_memory(text: str) -> int:
+    """A GPU's memory as people write it, in bytes: ``24GiB``, ``80GB``, ``24564MiB`` (nvidia-smi's unit).
+
+    A number without a unit is refused: a "24 GB" card holds about 24 GiB (23.99 GiB on an RTX 4090),
+    which is neither 24 bytes nor 24 GB (22.35 GiB), and nvidia-smi shows MiB; only the writer knows.
+
+    Raises:
+        PlanInputError: no unit (the message shows the readings it could mean), or unreadable.
+    """
+    stripped = text.strip()
+    try:
+        number = float(stripped) if stripped.isascii() else None  # float() also reads other scripts' digits
+    except ValueError:
+        number = None
+    if number is not None:
+        if not number > 0 or not math.isfinite(number):
+            raise PlanInputError(f"GPU memory must be positive, got {text[:40]!r}")
+        if number * MIB > MAX_BYTES:  # the largest reading below (MiB) stays within the bounds of a size
+            raise PlanInputError(f"GPU memory {text[:40]!r} has no unit and is out of range; write it like 24GiB")
+        shown = f"{number:g}"
+        if number >= 1024:  # a count of MiB, as nvidia-smi shows memory.total
+            readings = f"nvidia-smi's unit is MiB: write {shown}MiB"
+        else:
+            readings = f"write {shown}GiB (binary, as nvidia-smi and torch count) or {shown}GB (10^9 bytes)"
+        cards = _cards_of(round(number if number < 1024 else number * MIB / GIB))
+        card = f", or name the card: --gpu {' or '.join(cards[:2])}" if cards else ""
+        raise PlanInputError(f"GPU memory {text!r} has no unit; {readings}{card}")
+    try:
+        return parse_bytes(stripped)
+    except ValueError as exc:
+        raise PlanInputError(str(exc)) from None
+
+
+def capacity_note(gpu: str | None, gpu_memory: int | str | None) -> str | None:
+    """One line saying which capacity a plan uses and in which unit (GiB: 1024**3 bytes), or None.
+
+    ``--gpu-memory 48GB`` is 44.70 GiB, while a "48 GB" card (an A6000) has 47.99 GiB: the note says so.
+    """
+    if gpu_memory is not None:
+        size = parse_gpu_memory(gpu_memory) if isinstance(gpu_memory, str) else gpu_memory
+        decimal = isinstance(gpu_memory, str) and re.search(r"[0-9.]\s*[kmgt]b?\s*$", gpu_memory.lower())
+        if not decimal:
+            return None
+        note = f"GPU memory {str(gpu_memory).strip()} is {size / 1e9:g} GB = {size / GIB:.2f} GiB (1 GB = 10^9 bytes; "\
+               "sizes here are GiB, 1024^3 bytes)"
+        cards = _cards_of(round(size / 1e9))
+        if cards:
+            card = get_gpu(cards[0])
+            note += (f"; a card sold as {round(size / 1e9)} GB, such as {card.name}, has "
+                     f"{card.memory_bytes / GIB:.2f} GiB ({card.memory_bytes // MIB} MiB in nvidia-smi): "
+                     f"--gpu {card.name}")
+        return note
+    if gpu is not None:
+        card = get_gpu(gpu)
+        return (f"GPU {card.name}: {card.memory_bytes // MIB} MiB = {card.memory_bytes / GIB:.2f} GiB, the "
+                "memory.total nvidia-smi shows (sizes here are GiB, 1024^3 bytes)")
+    return None
+
+
+def _cards_of(marketed: int) -> list[str]:
+    """Registry GPUs sold as this many GB (which, for GPU memory, is about as many GiB), most memory first."""
+    cards = [(entry["memory_mib"], name) for name, entry in _load().items()
+             if round(entry["memory_mib"] * MIB / GIB) == marketed or f"{marketed}gb" in name.lower()]
+    return [name for _, name in sorted(cards, reverse=True)]

@@ -29,13 +29,39 @@ def _load() -> dict[str, dict[str, Any]]:
 
 @lru_cache(maxsize=1)
 def _index() -> dict[str, str]:
-    """Lower-cased name or alias -> canonical name (lookups are case-insensitive)."""
+    """Lower-cased name, alias or hub id (with and without its org) -> canonical name (case-insensitive)."""
     index: dict[str, str] = {}
-    for name, entry in _load().items():
+    for name in _load():
         index[name.lower()] = name
-        for alias in entry.get("aliases", ()):
-            index.setdefault(str(alias).lower(), name)
+    for name, entry in _load().items():  # after every name: an alias never hides another entry's name
+        hub_id = str(entry.get("source", "")).lower()
+        for alias in (*entry.get("aliases", ()), hub_id, hub_id.rpartition("/")[2]):
+            if alias:
+                index.setdefault(str(alias).lower(), name)
     return index
+
+
+# Hub ids of fine-tuned variants share the base model's architecture (and so its memory):
+# "Qwen/Qwen2.5-7B-Instruct" is planned as Qwen2.5-7B.
+_VARIANT_SUFFIXES = ("-hf", "-chat", "-instruct", "-it", "-base")
+
+
+def _lookup(name: str) -> str | None:
+    """The canonical name for a registry name, alias or hub id as people paste them, or None."""
+    index = _index()
+    key = name.strip().lower()
+    tail = key.rpartition("/")[2]  # "meta-llama/Llama-2-7b-hf" or "Llama-2-7b-hf"
+    for candidate in (key, tail):
+        if candidate in index:
+            return index[candidate]
+    stem = tail
+    while True:
+        cut = next((s for s in _VARIANT_SUFFIXES if stem.endswith(s) and len(stem) > len(s)), None)
+        if cut is None:
+            return None
+        stem = stem[: -len(cut)]
+        if stem in index:
+            return index[stem]
 
 
 def names() -> list[str]:
@@ -59,14 +85,18 @@ def closest(name: str, n: int = 5) -> list[str]:
 
 
 def resolve(name: str) -> str:
-    """The canonical registry name for ``name`` (case-insensitive; aliases accepted).
+    """The canonical registry name for ``name``: a registry name, an alias or a Hugging Face hub id.
+
+    Case-insensitive, with or without the org (``meta-llama/Llama-2-7b-hf``, ``Llama-2-7b-hf``,
+    ``qwen/qwen2.5-0.5b``); a chat or instruct variant's id gives its base model (same architecture).
+    Every name ``plan --list-models`` prints is accepted. All of vramscope resolves model names here.
 
     Raises:
         UnknownModelError: the name is not in the registry; the message lists the closest names.
     """
-    canonical = _index().get(name.strip().lower())
+    canonical = _lookup(name)
     if canonical is None:
-        near = closest(name)
+        near = closest(name.strip().rpartition("/")[2])
         hint = f"closest: {', '.join(near)}" if near else f"known: {', '.join(names())}"
         raise UnknownModelError(
             f"unknown model {name!r}; {hint} (or pass --config PATH/config.json for any Hugging Face model)"

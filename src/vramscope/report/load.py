@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-from vramscope.logfile import gc_paused, read_log
+from vramscope.logfile import gc_paused
+from vramscope.logs_import import ColumnSpec, ImportedTable, read_any_log
 from vramscope.report.advice import RunSettings
 from vramscope.report.model import LogReport, build_report
 from vramscope.types import MemoryBreakdown
@@ -18,9 +20,12 @@ MAX_BREAKDOWN_BYTES = 1 << 20
 
 
 def report_file(path: str | os.PathLike[str], settings: RunSettings | None = None,
-                capacity_bytes: int | None = None) -> LogReport:
+                capacity_bytes: int | None = None, columns: Sequence[ColumnSpec] | None = None) -> LogReport:
     """Read the log at ``path`` and build its report (see :func:`vramscope.logfile.gc_paused` for why the GC pauses).
 
+    ``columns`` reads any CSV through that mapping (``--columns``); without it, any format
+    :func:`vramscope.logs_import.read_any_log` knows. A log read through a mapping, given or guessed,
+    says which in ``summary["log"]["columns"]``.
     A memory breakdown beside the log (``<stem>.breakdown.json``) is added as ``summary["breakdown"]``.
     ``capacity_bytes`` (``--capacity``) replaces the log's GPU total: see :func:`build_report`.
 
@@ -29,7 +34,10 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
         EmptyLogError: the log holds no memory readings.
     """
     with gc_paused():
-        report = build_report(read_log(path), settings=settings, capacity_bytes=capacity_bytes)
+        table = read_any_log(path, columns)
+        report = build_report(table, settings=settings, capacity_bytes=capacity_bytes)
+    if isinstance(table, ImportedTable):
+        report.summary["log"]["columns"] = table.read_as
     found = read_breakdown(path)
     if found is None:
         return report
