@@ -83,3 +83,19 @@ def test_hf_trainer_and_loop_runs_are_planned_within_the_goal(framework: str, tm
     assert len(errors) == 15
     assert statistics.median(abs(e) for e in errors) <= GOAL_MEDIAN
     assert max(abs(e) for e in errors) <= GOAL_WORST
+
+
+def test_a_held_out_architecture_is_planned_within_the_goal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Mistral-7B (GQA, sliding window) ran on the H200 after the planner was fitted, and nothing was fitted on it.
+    meta = json.loads((DATA / "frameworks_heldout_meta.json").read_text())
+    folder = tmp_path / "Mistral-7B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(meta["archs"]["Mistral-7B"]["config"]))
+    rows = list(csv.DictReader((DATA / "frameworks_heldout.csv").open()))
+    assert {r["framework"] for r in rows} == {"trl", "hf", "loop"} and all(r["status"] == "ok" for r in rows)
+    for row in rows:
+        plan = planned_from_the_command(row, tmp_path, capsys)
+        allocated = plan["peak_allocated_bytes"] / int(row["peak_allocated_bytes"]) - 1
+        process = plan["process_bytes"] / int(row["process_bytes"]) - 1
+        assert abs(allocated) <= GOAL_WORST, (row, allocated)
+        assert abs(process) <= 0.10, (row, process)
