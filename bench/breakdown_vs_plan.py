@@ -41,8 +41,8 @@ def spec_of(name: str, defaults: dict[str, Any]) -> tuple[QLoraSpec, int, int, s
     fields = {f.name for f in dataclasses.fields(QLoraSpec)}
     if "framework" in fields:
         spec = spec.with_(framework=framework)
-    if framework == "trl" and "dtype" in fields:
-        spec = spec.with_(dtype="bf16" if variant == "bf16" else "fp32")
+    if framework == "trl" and variant != "bf16":
+        spec = spec.with_(compute_dtype="fp32")  # trl.scripts.sft's float32 default (--dtype)
     return spec, int(b[1:]), int(s[1:]), arch
 
 
