@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.sinks import metrics_http
+from vramscope.exporters import server as metrics_http
 from vramscope.sinks.prometheus import PrometheusSink
 
 PYTHON = sys.executable

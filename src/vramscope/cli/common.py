@@ -114,7 +114,7 @@ def open_exporters_from_args(args: argparse.Namespace, announce: bool = True) ->
     """
     if args.prometheus is None and args.push is None and args.push_interval is None:
         return []
-    from vramscope.sinks.prometheus import PrometheusSinkError, open_exporters
+    from vramscope.exporters import PrometheusSinkError, open_exporters
 
     try:
         sinks = open_exporters(args.prometheus, args.push, args.push_interval)

@@ -293,7 +293,7 @@ class MemoryMonitor:
             self.log_path = rank_path(self.requested_log, self.rank)
             sinks.append(log_sink(self.log_path))  # a bad path fails here, before training starts
         if self.prometheus is not None:
-            from vramscope.sinks.prometheus import PrometheusBindError, PrometheusSink  # only when asked
+            from vramscope.exporters import PrometheusBindError, PrometheusSink  # only when asked
 
             try:
                 self._prometheus_sink = PrometheusSink(self.prometheus)
