@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Collector": "vramscope.sampler",
     "Sampler": "vramscope.sampler",
-    "MemoryMonitor": "vramscope.integrations.loop",
+    "MemoryMonitor": "vramscope.training.monitor",
     "find_max_batch_size": "vramscope.tuner",
     "plan": "vramscope.planner",
     "summary": "vramscope.integrations.breakdown",

@@ -5,7 +5,7 @@
     from vramscope.integrations.hf import MemoryMonitorCallback
     trainer = Trainer(..., callbacks=[MemoryMonitorCallback(log="memory_log.csv")])
 
-The callback drives a :class:`~vramscope.integrations.loop.MemoryMonitor`: one row per
+The callback drives a :class:`~vramscope.training.monitor.MemoryMonitor`: one row per
 ``every_n_steps`` optimizer steps (``state.global_step``), evaluation as its own ``eval`` phase (it
 begins at the first forward in eval mode, so the training steps before it keep their own peak), the
 tokens of each step's batch from a forward pre-hook on the model, and its figures
@@ -26,7 +26,7 @@ import weakref
 from typing import Any
 
 from vramscope.integrations.guard import never_stops_training
-from vramscope.integrations.loop import MemoryMonitor
+from vramscope.training.monitor import MemoryMonitor
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ import os
 from typing import Any
 
 from vramscope.integrations.guard import never_stops_training
-from vramscope.integrations.loop import MemoryMonitor, batch_tokens
+from vramscope.training.hooks import batch_tokens
+from vramscope.training.monitor import MemoryMonitor
 
 if importlib.util.find_spec("lightning") is not None:
     from lightning.pytorch import Callback as _CallbackBase

@@ -1,0 +1,14 @@
+"""Watching a training run from inside it.
+
+* :mod:`~vramscope.training.monitor`: :class:`~vramscope.training.monitor.MemoryMonitor`, step-aligned rows,
+  phases, the live analysis and its warnings.
+* :mod:`~vramscope.training.gather`: the rank gather to rank 0 and its fixed wire format (``GATHER_FIELDS``).
+* :mod:`~vramscope.training.history`: the bounded row history the live analysis reads.
+* :mod:`~vramscope.training.hooks`: a batch's tokens and shape from a forward call's arguments.
+* :mod:`~vramscope.training.ranks`: this process's rank and each rank's file names.
+* :mod:`~vramscope.training.readers`: the monitor's backends, background thread and OOM recorder.
+* :mod:`~vramscope.training.outputs`: warnings and trainer-log figures from the analysis.
+
+The trainer callbacks (``vramscope.integrations.hf``, ``.lightning``) and the ``vramscope run`` injection
+(``vramscope.integrations.inject``) are still in ``integrations/``. Importing this package imports nothing.
+"""

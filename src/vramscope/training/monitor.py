@@ -1,0 +1,639 @@
+"""Step-aligned memory for a plain training loop: :class:`MemoryMonitor`.
+
+::
+
+    with vramscope.MemoryMonitor(log="memory_log.csv", every_n_steps=10) as mon:
+        for step, batch in enumerate(loader):
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+            mon.step(step)
+            if step % 500 == 0:
+                with mon.phase("eval"):
+                    evaluate(model)
+
+Each logged step is one row per GPU in the foundation's CSV schema with ``step``, ``phase``, ``tokens``
+and ``rank`` filled: the allocator's exact peak since the previous logged row (the peak counter is
+reset at every logged row), what stays allocated and reserved after the step, the device's and this
+process's memory from NVML, and host RSS. Without CUDA only host memory is known, and the analysis
+runs on the RSS.
+
+The hot path is small on purpose: ``step()`` on a step that is not logged is a modulo and two
+assignments; a logged step is one ``torch.cuda.memory_stats`` (a host-side read, no device sync),
+one NVML query of this process's GPUs and one CSV row. The leak test and the OOM forecast run every
+``analyze_every`` logged rows, no more often than every ``analyze_min_interval_s`` seconds, and at
+least 200 times their own cost apart (``analyze_max_share``: at most 0.5% of the wall time, however
+fast the steps).
+
+Several processes (``torchrun``, ``accelerate``): every rank logs to its own file, rank 0 to ``log`` and
+rank *k* to ``<stem>.rank<k><suffix>`` (``memory_log.rank1.csv``; ``rank_logs=False`` turns these off),
+and every row carries its ``rank``. When torch.distributed is initialised with more than one rank,
+rank 0's log also carries every other rank: at each logged step (``step % every_n_steps == 0``) the
+ranks exchange one row each, a fixed-size int64 tensor of ``len(GATHER_FIELDS)`` numbers
+(:mod:`vramscope.training.gather`), through one all-gather (``gather=False`` turns it off). It is a
+collective, so every rank must run a monitor with the same ``every_n_steps`` and ``gather`` and call
+``step()`` with the same step numbers; phases, flushes and background samples never gather, so evaluation on
+some ranks only is safe.
+See docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from vramscope.analysis.alerts import Alerts, warnings_path
+from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
+from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, analyze_columns
+from vramscope.atomicfile import write_atomically
+from vramscope.backends.host import HostBackend
+from vramscope.backends.nvml import NvmlBackend
+from vramscope.integrations.breakdown import BreakdownTracker
+from vramscope.integrations.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
+from vramscope.sampler import MIN_INTERVAL_S, Collector, Sampler
+from vramscope.schema import sample_rows
+from vramscope.sinks import log_sink
+from vramscope.sinks.base import Sink
+from vramscope.training.gather import RankGather
+from vramscope.training.history import RowHistory
+from vramscope.training.hooks import batch_tokens
+from vramscope.training.outputs import raise_warnings, trainer_figures
+from vramscope.training.ranks import beside, current_rank, rank_path
+from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
+from vramscope.types import MemoryBreakdown, Sample
+
+log = logging.getLogger("vramscope.integrations.loop")  # the logger name users filter on, kept from before the split
+
+
+class MemoryMonitor:
+    """Logs memory at training steps, tells phases apart, and warns about leaks and OOM risks.
+
+    Args:
+        log: CSV (or ``.jsonl``) log path; None keeps rows in memory only (for ``analysis()``).
+        every_n_steps: log one row every this many steps (``step % every_n_steps == 0``); its peak
+            covers all the steps since the previous row.
+        interval: also sample every ``interval`` seconds on a background thread (rows with an empty
+            ``step``), to see what happens between steps; None for step rows only.
+        gpus: NVML indices to read; None reads the GPUs this process uses (matched by UUID), or
+            every GPU when none is in use yet.
+        oom_snapshot: record an allocator snapshot and the training context when CUDA runs out of
+            memory (``vramscope.oom.OomRecorder``), into ``<log stem>.oom/`` (or into this folder
+            when a path is given). Without CUDA it is off, with a warning.
+        prometheus: ``"[HOST:]PORT"`` to serve the samples and the analysis to Prometheus (a port in use
+            gives one warning and no exporter, not an error).
+        sinks: more sinks that receive every sample.
+        warn: print throttled one-line warnings while training (always saved beside the log).
+        analyze_every: run the leak test and the forecast every this many logged rows.
+        analyze_min_interval_s: ... and no more often than this ...
+        analyze_max_share: ... nor than keeps the analysis under this share of the wall time.
+        capacity_bytes: memory to forecast against; default: the GPU's (the host's without GPU).
+        max_batch_tokens: the longest batch the run can see, for the longest-batch warning.
+        total_steps: the run's last step, when known: an OOM forecast beyond it is not a warning.
+        leak_config: thresholds of the leak test.
+        history: rows kept in memory for the analysis: the newest half as they are, the older ones
+            evenly thinned over the whole run (never all dropped).
+        nvml: the NVML module (tests pass a fake one); default ``pynvml``.
+        warn_stream: where warnings are printed.
+        gather: under torch.distributed with more than one rank, gather every rank's row to rank 0's
+            log at each logged step (a collective: all ranks or none must have it on).
+        rank_logs: ranks other than 0 write their own ``<stem>.rank<k>`` log (their phase rows,
+            warnings and analysis); False leaves rank 0's log (with ``gather``) as the only one.
+    """
+
+    def __init__(
+        self,
+        log: str | os.PathLike[str] | None = None,
+        every_n_steps: int = 1,
+        interval: float | None = None,
+        gpus: Iterable[int] | None = None,
+        oom_snapshot: bool | str | os.PathLike[str] = False,
+        prometheus: str | None = None,
+        sinks: Iterable[Sink] = (),
+        warn: bool = True,
+        *,
+        analyze_every: int = 25,
+        analyze_min_interval_s: float = 2.0,
+        analyze_max_share: float = 0.005,
+        capacity_bytes: int | None = None,
+        max_batch_tokens: int | None = None,
+        total_steps: int | None = None,
+        leak_config: LeakConfig = DEFAULT_CONFIG,
+        history: int = 8192,
+        nvml: Any | None = None,
+        warn_stream: TextIO | None = sys.stderr,
+        gather: bool = True,
+        rank_logs: bool = True,
+    ) -> None:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be a whole number of at least 1, got {every_n_steps!r}")
+        if interval is not None and not interval >= MIN_INTERVAL_S:
+            raise ValueError(
+                f"interval must be at least {MIN_INTERVAL_S} s (or None for step rows only), got {interval!r}"
+            )
+        if analyze_every < 1:
+            raise ValueError(f"analyze_every must be at least 1, got {analyze_every!r}")
+        self.requested_log = os.fspath(log) if log is not None else None
+        self.every_n_steps = every_n_steps
+        self.interval = interval
+        self.gpus = None if gpus is None else list(gpus)
+        self.oom_snapshot = oom_snapshot
+        self.prometheus = prometheus
+        self.warn = warn
+        self.analyze_every = analyze_every
+        self.analyze_min_interval_s = analyze_min_interval_s
+        if not 0 < analyze_max_share <= 1:
+            raise ValueError(f"analyze_max_share must be in (0, 1], got {analyze_max_share!r}")
+        self.analyze_max_share = analyze_max_share
+        self.capacity_bytes = capacity_bytes
+        self.max_batch_tokens = max_batch_tokens
+        self.total_steps = total_steps
+        self.leak_config = leak_config
+        self.history = max(256, history)
+        self._nvml_module = nvml
+        self._warn_stream = warn_stream
+        self._extra_sinks = list(sinks)
+        self.gather = gather
+        self.rank_logs = rank_logs
+        self._gatherer: RankGather | None = None
+        self.rank_rows: dict[int, Sample] = {}  # rank 0: the latest gathered sample of each rank
+        self.strategy: dict[str, Any] | None = None  # how the run is spread, once note_strategy ran
+
+        self.rank = 0
+        self.log_path: str | None = None
+        self.alerts: Alerts | None = None
+        self.latest: Sample | None = None
+        self.last_analysis: dict[str, Any] | None = None
+        self.rows_logged = 0
+        self._sampler: Sampler | None = None
+        self._collector: Collector | None = None
+        self._prometheus_sink: Any = None
+        self._oom: Any = None
+        self._lock = threading.Lock()
+        self._rows = RowHistory(self.history, (*INT_COLUMNS, *FLOAT_COLUMNS, *TEXT_COLUMNS))
+        self._phases: list[str] = []
+        self._last_step: int | None = None
+        self._pending = False  # steps since the last logged row
+        self._window_tokens: int | None = None  # largest batch since the last logged row
+        self._current_tokens: int | None = None
+        self._current_shape: tuple[int, ...] | None = None
+        self._hooks: list[Any] = []
+        self._breakdown = BreakdownTracker()
+        self._hook_failed = False
+        self._since_analysis = 0
+        self._last_analysis_at = -math.inf
+        self._analysis_cost_s = 0.0
+        self._figures_peak: int | None = None
+        self._system_total: int | None = None
+        self._started = False
+        self._closed = False
+        self._narrowed = False
+        self._background: BackgroundSampler | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> MemoryMonitor:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def start(self) -> MemoryMonitor:
+        """Open the log, start the optional parts, and record the memory before training."""
+        if self._started:
+            return self
+        self.rank = current_rank()
+        sinks: list[Sink] = []
+        if self.requested_log is not None and (self.rank == 0 or self.rank_logs):
+            self.log_path = rank_path(self.requested_log, self.rank)
+            sinks.append(log_sink(self.log_path))  # a bad path fails here, before training starts
+        if self.prometheus is not None:
+            from vramscope.exporters import PrometheusBindError, PrometheusSink  # only when asked
+
+            try:
+                self._prometheus_sink = PrometheusSink(self.prometheus)
+            except PrometheusBindError as exc:
+                # A port in use is a fact of the machine, not a mistake in the code: inside a Trainer
+                # (on_train_begin) raising would stop the run, so train without the exporter.
+                log.warning("vramscope: not serving Prometheus metrics (%s); training goes on without them", exc)
+            else:
+                sinks.append(self._prometheus_sink)
+        sinks.extend(self._extra_sinks)
+        self.alerts = Alerts(
+            path=warnings_path(self.log_path) if self.log_path else None,
+            stream=self._warn_stream if self.warn else None,
+        )
+        self._collector = Collector(
+            nvml=NvmlBackend(nvml=self._nvml_module, gpus=self.gpus),
+            allocator=allocator_backend(reset_peak=True),
+            host=ThisProcess(),
+        )
+        self._sampler = Sampler(self._collector, sinks, interval=self.interval or 1.0)
+        self._started = True
+        if self.oom_snapshot:
+            self._start_oom_recorder()
+        self._log_row(step=None, phase="start")
+        if self.interval is not None:
+            # A second collector for the thread: its allocator reads must not reset the peak
+            # counter, or the step rows would lose the exact peak since the previous step.
+            background = Collector(
+                nvml=NvmlBackend(nvml=self._nvml_module, gpus=self.gpus),
+                allocator=allocator_backend(reset_peak=False),
+                host=HostBackend(),
+            )
+            self._background = BackgroundSampler(functools.partial(self._sample_between_steps, background),
+                                                 self.interval)
+            self._background.start()
+        return self
+
+    def _sample_between_steps(self, collector: Collector) -> bool:
+        """One background row (no step) through the monitor's sinks; False once the monitor is gone."""
+        sampler = self._sampler
+        if sampler is None:
+            return False
+        sample = collector.collect(phase=self.current_phase, extra={"rank": self.rank})
+        sampler.emit(sample)
+        self._record(sample, background=True)
+        return True
+
+    def close(self) -> None:
+        """Log the last steps, analyse, save the analysis beside the log and close everything."""
+        if not self._started or self._closed:
+            return
+        if self._background is not None:
+            self._background.stop()
+        self.flush()
+        self._closed = True
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self.save_breakdown()
+        self.save_analysis()
+        if self._oom is not None:
+            with contextlib.suppress(Exception):
+                self._oom.stop()
+        if self._sampler is not None:
+            self._sampler.close()  # closes the sinks (never started, so it takes no extra sample)
+
+    def note_strategy(self, model: Any = None, args: Any = None) -> dict[str, Any] | None:
+        """Record which way the run is spread over its GPUs (FSDP / ZeRO / DDP, from the model's wrapping, the
+        Trainer's arguments or the process group) in ``<log stem>.strategy.json`` beside the log, for
+        ``vramscope report`` to name and to hold against a per-rank plan. Call it once the model is wrapped;
+        the HF callback does at train begin. Never raises.
+        """
+        try:
+            info = detect_strategy(model, args)
+            self.strategy = info
+            if self.log_path is not None:
+                Path(beside(self.log_path, STRATEGY_FILE_SUFFIX)).write_text(json.dumps(info, indent=1),
+                                                                           encoding="utf-8")
+            return info
+        except Exception as exc:
+            log.warning("vramscope: could not record the run's strategy: %s", exc)
+            return None
+
+    def save_analysis(self) -> str | None:
+        """Analyse now and write it to ``<log stem>.analysis.json``; returns the path (None without a log).
+
+        Never raises: the analysis must not hide the training's own outcome.
+        """
+        try:
+            self.update_analysis()
+            if self.log_path is None or self.last_analysis is None:
+                return None
+            path = beside(self.log_path, ".analysis.json")
+            # Atomically: on a full disk the old analysis (or none) stays, never a 0-byte file.
+            write_atomically(path, json.dumps(self.last_analysis, indent=1, default=str).encode("utf-8"))
+            return path
+        except Exception as exc:
+            log.warning("vramscope: the analysis failed: %s", exc)
+            return None
+
+    def watch_optimizer(self, optimizer: Any) -> None:
+        """Count ``optimizer``'s states in :meth:`breakdown` (trainers pass theirs; a loop calls this once)."""
+        self._breakdown.watch_optimizer(optimizer)
+
+    def watch_memory(self, model: Any, optimizer: Any = None) -> None:
+        """Count ``model`` (and ``optimizer``) in :meth:`breakdown` without a forward hook (for trainers that
+        report batches themselves, like Lightning)."""
+        self._breakdown.watch_model(model)
+        self._breakdown.watch_optimizer(optimizer)
+
+    def breakdown(self) -> MemoryBreakdown | None:
+        """What holds memory now (weights by dtype, LoRA, gradients, optimizer states, activations at the run's
+        peak, allocator cache, CUDA context); None before :meth:`watch_model`. Print it for a table."""
+        return self._breakdown.current()
+
+    def save_breakdown(self) -> str | None:
+        """Write :meth:`breakdown` to ``<log stem>.breakdown.json`` (``vramscope report`` shows it).
+
+        Never raises: a breakdown that cannot be written must not stop the training.
+        """
+        try:
+            if self._breakdown.lost_sight:
+                return None
+            found = self._breakdown.current()
+            if self.log_path is None or found is None:
+                return None
+            path = beside(self.log_path, ".breakdown.json")
+            tmp = Path(path + ".tmp")
+            tmp.write_text(json.dumps(found.to_dict(), indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+            return path
+        except Exception as exc:
+            log.warning("vramscope: the memory breakdown was not saved: %s", exc)
+            return None
+
+    def _start_oom_recorder(self) -> None:
+        self._oom = start_oom_recorder(self.oom_snapshot, self.log_path, self.rank, self.oom_context)
+
+    # -- what the training loop calls ------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran; a closed monitor logs nothing more."""
+        return self._closed
+
+    @property
+    def started(self) -> bool:
+        """True between :meth:`start` and :meth:`close`."""
+        return self._started and not self._closed
+
+    def flush(self) -> Sample | None:
+        """Log a row now for the steps since the last logged one (with ``every_n_steps`` > 1)."""
+        if not self.started or not self._pending:
+            return None
+        return self._log_row(step=self._last_step, phase=self.current_phase)
+
+    @property
+    def current_phase(self) -> str:
+        return self._phases[-1] if self._phases else "train"
+
+    def step(self, step: int, tokens: int | None = None) -> Sample | None:
+        """Mark the end of training step ``step``; logs a row when ``step % every_n_steps == 0``.
+
+        Args:
+            step: the step just finished.
+            tokens: tokens in its batch; by default what the forward hook of :meth:`watch_model` saw.
+
+        Returns:
+            The logged sample, or None when this step is not logged.
+        """
+        if tokens is not None and (self._window_tokens is None or tokens > self._window_tokens):
+            self._window_tokens = tokens
+        self._last_step = step
+        self._pending = True
+        if step % self.every_n_steps:
+            return None
+        sample = self._log_row(step=step, phase=self.current_phase)
+        if sample is not None and self.gather:
+            self._gather_ranks(sample)
+        return sample
+
+    def _gather_ranks(self, sample: Sample) -> None:
+        """Send this rank's row to rank 0, which logs the others' rows after its own."""
+        if self._gatherer is None:
+            # Set up at the first logged step rather than in start(): a process group initialised
+            # after the monitor started is still found, and every rank decides at the same step.
+            self._gatherer = RankGather.create()
+            if self._gatherer is None:
+                return
+        if self._gatherer.world == 1 or self._sampler is None:
+            return
+        try:
+            others = self._gatherer.exchange(sample, self.rank)
+        except Exception as exc:
+            # A failed collective means a broken process group: training fails on its own; the
+            # monitor only stops gathering instead of raising a second error from inside step().
+            log.warning("vramscope: gathering the ranks' memory failed, rank 0's log keeps its own rows: %s", exc)
+            self.gather = False
+            return
+        for other in others:
+            self.rank_rows[int(str(other.extra["rank"]))] = other
+            self._sampler.emit(other)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Mark a phase (``"eval"``, ``"save"``): its own row, with its own peak, when it ends.
+
+        The steps before it are logged first, so that their peak is not counted as the phase's.
+        """
+        if self._started and self._pending:
+            self._log_row(step=self._last_step, phase=self.current_phase)
+        elif self._started:
+            self._reset_peak()
+        self._phases.append(name)
+        try:
+            yield
+        finally:
+            self._phases.pop()
+            if self._started:
+                self._log_row(step=self._last_step, phase=name)
+
+    def enter_phase(self, name: str) -> None:
+        """:meth:`phase` for callbacks that see a beginning and an end in separate calls."""
+        if self._started and self._pending:
+            self._log_row(step=self._last_step, phase=self.current_phase)
+        elif self._started:
+            self._reset_peak()
+        self._phases.append(name)
+
+    def exit_phase(self, name: str) -> None:
+        """End a phase begun with :meth:`enter_phase`; logs its row. Ending a phase not begun is a no-op."""
+        if name in self._phases:
+            self._phases.remove(name)
+            if self._started:
+                self._log_row(step=self._last_step, phase=name)
+
+    def watch_model(self, model: Any, phase_from_mode: bool = False) -> None:
+        """Count each forward call's tokens (and keep its shape for OOM reports) with a pre-hook.
+
+        Args:
+            model: a ``torch.nn.Module`` (the outermost one: inner modules run again under gradient
+                checkpointing).
+            phase_from_mode: a forward in eval mode (``model.training`` False) during the training
+                phase enters the ``"eval"`` phase right there, before that forward allocates anything;
+                the caller ends it with :meth:`exit_phase`. For trainers that announce the end of
+                an evaluation but not its beginning (HF's ``Trainer``).
+        """
+
+        def pre_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            # Runs inside the user's forward: whatever goes wrong here must not reach it.
+            try:
+                if phase_from_mode and not getattr(module, "training", True) and not self._phases:
+                    self.enter_phase("eval")
+                self.observe_batch(*batch_tokens(args, kwargs))
+            except Exception as exc:
+                if not self._hook_failed:
+                    self._hook_failed = True
+                    log.warning("vramscope: the batch hook failed (%s: %s); steps are logged without tokens",
+                                type(exc).__name__, exc)
+
+        self._breakdown.watch_model(model)
+        register = getattr(model, "register_forward_pre_hook", None)
+        if register is None:
+            return
+        self._hooks.append(register(pre_hook, with_kwargs=True))
+
+    def observe_batch(self, tokens: int | None, shape: tuple[int, ...] | None = None) -> None:
+        """Note a batch about to run: its tokens (for the row's ``tokens``) and shape (for OOM reports)."""
+        if tokens is None:
+            return
+        self._current_tokens = tokens
+        self._current_shape = shape
+        if self._window_tokens is None or tokens > self._window_tokens:
+            self._window_tokens = tokens
+
+    @property
+    def last_batch_shape(self) -> tuple[int, ...] | None:
+        """The shape of the last batch seen (forward hook or :meth:`observe_batch`); None before any."""
+        return self._current_shape
+
+    def oom_context(self) -> dict[str, Any]:
+        """What was running when memory ran out (called by the OOM recorder)."""
+        running = None if self._last_step is None else self._last_step + 1
+        return {
+            "step": running,
+            "last_completed_step": self._last_step,
+            "phase": self.current_phase,
+            "tokens": self._current_tokens,
+            "batch_shape": list(self._current_shape) if self._current_shape is not None else None,
+            "rank": self.rank,
+            "breakdown": self._breakdown_dict(),
+        }
+
+    def _breakdown_dict(self) -> dict[str, Any] | None:
+        try:
+            found = self._breakdown.current()
+        except Exception:  # an OOM report without the breakdown beats no report
+            return None
+        return None if found is None else found.to_dict()
+
+    # -- rows --------------------------------------------------------------------------------------
+    def _reset_peak(self) -> None:
+        allocator = self._collector.allocator if self._collector is not None else None
+        if allocator is not None:
+            with contextlib.suppress(Exception):
+                allocator.reset_peaks()
+
+    def _log_row(self, step: int | None, phase: str) -> Sample | None:
+        if self._collector is None or self._sampler is None or self._closed:
+            return None
+        sample = self._collector.collect(step=step, phase=phase, tokens=self._window_tokens,
+                                         extra={"rank": self.rank})
+        self._window_tokens = None
+        self._pending = False
+        self._sampler.emit(sample)
+        self._record(sample)
+        self._breakdown.observe(sample)
+        if step is not None and not self._breakdown.saved_with_states and self._breakdown.has_optimizer_states:
+            # Once, as soon as the optimizer holds its states: a run that dies later still leaves it.
+            self._breakdown.saved_with_states = True
+            self.save_breakdown()
+        if not self._narrowed and sample.allocator:
+            self._narrowed = True
+            self._narrow_nvml(sample)
+        if step is not None:
+            self._since_analysis += 1
+            if self._since_analysis >= self.analyze_every:
+                now = time.monotonic()
+                # Spaced so that the analysis takes at most ~0.5% of the wall time, however fast the steps.
+                gap = max(self.analyze_min_interval_s, self._analysis_cost_s / self.analyze_max_share)
+                if now - self._last_analysis_at >= gap:
+                    self._since_analysis = 0
+                    self._last_analysis_at = now
+                    try:
+                        self.update_analysis()
+                    except Exception as exc:  # never let the analysis break training
+                        log.warning("vramscope: analysis failed: %s", exc)
+                    self._analysis_cost_s = time.monotonic() - now
+        return sample
+
+    def _record(self, sample: Sample, background: bool = False) -> None:
+        """Keep the sample's rows for the analysis, in bounded memory (:class:`RowHistory`)."""
+        rows = sample_rows(sample)
+        with self._lock:
+            if not background:
+                self.latest = sample
+                self.rows_logged += 1
+            if sample.host.system_total_bytes:
+                self._system_total = sample.host.system_total_bytes
+            for row in rows:
+                self._rows.add(tuple(row.get(name) for name in self._rows.columns))
+                peak = row.get("peak_allocated_bytes")
+                peak = peak if peak is not None else row.get("allocated_bytes") or row.get("host_rss_bytes")
+                if peak is not None and not background and (self._figures_peak is None or peak > self._figures_peak):
+                    self._figures_peak = peak
+
+    def rows_held(self) -> int:
+        """Rows kept in memory for the analysis (bounded by ``history``)."""
+        with self._lock:
+            return len(self._rows)
+
+    def _narrow_nvml(self, sample: Sample) -> None:
+        # Read only the GPUs this process uses, once it uses one: one NVML query per GPU per step
+        # adds up on an 8-GPU machine where each rank uses one.
+        if self.gpus is not None or not sample.allocator or self._collector is None:
+            return
+        uuids = {r.uuid for r in sample.allocator if r.uuid}
+        mine = [g.index for g in sample.gpus if g.uuid in uuids]
+        if mine and len(mine) < len(sample.gpus):
+            old = self._collector.nvml
+            self._collector.nvml = NvmlBackend(nvml=self._nvml_module, gpus=mine)
+            if old is not None:
+                old.close()
+
+    # -- analysis ---------------------------------------------------------------------------------
+    def analysis(self) -> dict[str, Any]:
+        """The same dict as :func:`vramscope.analysis.summary.analyze` over the rows logged so far."""
+        with self._lock:
+            columns = self._rows.as_columns()
+            has_gpu = any(g is not None for g in columns["gpu"])
+            system_total = self._system_total
+        capacity = self.capacity_bytes if self.capacity_bytes is not None else (None if has_gpu else system_total)
+        return analyze_columns(columns, capacity_bytes=capacity, max_batch_tokens=self.max_batch_tokens,
+                               config=self.leak_config)
+
+    def update_analysis(self) -> dict[str, Any]:
+        """Analyse now: update :attr:`last_analysis`, Prometheus, and the warnings."""
+        result = self.analysis()
+        self.last_analysis = result
+        if self._prometheus_sink is not None:
+            for key, lk in result["leak"]["devices"].items():
+                fc = result["forecast"]["devices"].get(key, {})
+                gpu = None if key == "host" else int(key)
+                slope = lk["slope_bytes_per_step"] if lk["detected"] else None
+                oom = fc.get("steps_to_oom") if lk["detected"] else None
+                with contextlib.suppress(Exception):
+                    self._prometheus_sink.set_analysis(slope, oom, gpu)
+        self._raise_warnings(result)
+        return result
+
+    def _raise_warnings(self, result: dict[str, Any]) -> None:
+        if self.alerts is not None:
+            raise_warnings(self.alerts, result, self._last_step, self.total_steps)
+
+    # -- figures for trainers' loggers --------------------------------------------------------------
+    def figures(self, reset: bool = True) -> dict[str, float]:
+        """Numbers for a trainer's logs: ``mem/peak_allocated_gib`` (since the last call) and others.
+
+        Only known values are returned (missing means absent, not 0).
+        """
+        with self._lock:
+            sample = self.latest
+            peak = self._figures_peak
+            if reset:
+                self._figures_peak = None
+        return trainer_figures(sample, peak, self.last_analysis)
+
+
+__all__ = ["MemoryMonitor"]
