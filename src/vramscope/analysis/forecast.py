@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vramscope.analysis.leak import median, thin, trend
+from vramscope.units import GIB
 
 # Under this share of the capacity left free, a predicted peak counts as an OOM risk: the allocator
 # needs some slack (rounding to blocks, fragmentation) beyond the bytes it hands out.
@@ -203,7 +204,7 @@ def _judge(result: LongestBatch) -> None:
         result.at_risk = True
         fit = f"; about {result.max_tokens_that_fit} tokens fit" if result.max_tokens_that_fit is not None else ""
         result.warning = (
-            f"a batch of {result.max_tokens} tokens would peak at about {result.predicted_peak_bytes / 2**30:.1f} GiB, "
-            f"over the {result.capacity_bytes / 2**30:.1f} GiB the allocator can use{fit}: "
+            f"a batch of {result.max_tokens} tokens would peak at about {result.predicted_peak_bytes / GIB:.1f} GiB, "
+            f"over the {result.capacity_bytes / GIB:.1f} GiB the allocator can use{fit}: "
             "cap the sequence length or lower the batch size before it arrives"
         )

@@ -31,9 +31,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vramscope.units import human_precise
-
-MIB = 1024 * 1024
+from vramscope.units import MIB, human_precise
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,7 @@ from vramscope.analysis.forecast import (
 from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig, LeakResult, detect_leak
 from vramscope.analysis.peaks import ColumnFacts, has_known, stretch_maxima
 from vramscope.logfile import LogTable
-
-MIB = 1024 * 1024
+from vramscope.units import MIB
 
 INT_COLUMNS = (
     "step",

@@ -7,6 +7,7 @@ import sys
 
 from vramscope.sampler import MAX_INTERVAL_S, MIN_INTERVAL_S
 from vramscope.sinks.base import Sink
+from vramscope.units import MIB
 
 
 class UsageError(Exception):
@@ -67,9 +68,9 @@ def log_megabytes(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--max-log-mb takes a size in MiB such as 100, got {shown(text)}") from None
     # A part must hold at least a header and a sample; more than a TiB per file is not a limit.
-    if not 0.001 <= value <= 1024 * 1024:
+    if not 0.001 <= value <= 1024 * 1024:  # MiB: up to a TiB
         raise argparse.ArgumentTypeError(f"--max-log-mb must be between 0.001 and 1048576 MiB, got {shown(text)}")
-    return int(value * 1024 * 1024)
+    return int(value * MIB)
 
 
 def gpu_list(text: str) -> list[int]:

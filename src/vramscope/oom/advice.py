@@ -9,7 +9,7 @@ from typing import Any
 
 from vramscope.oom.records import NO_STACK, Advice, AllocationSite, OomReport
 from vramscope.tune.batching import split_batch
-from vramscope.units import human
+from vramscope.units import GIB, MIB, human
 
 
 def _shortfall(report: OomReport) -> int | None:
@@ -60,7 +60,7 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> 
                 frag_free,
             )
         )
-    elif report.fragmentation is not None and report.fragmentation > 0.3 and frag_free > 256 * 1024**2:
+    elif report.fragmentation is not None and report.fragmentation > 0.3 and frag_free > 256 * MIB:
         out.append(
             Advice(
                 "expandable_segments",
@@ -143,7 +143,7 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None) -> 
             )
         )
 
-    if capacity is not None and outside > max(1024**3, 0.05 * capacity):
+    if capacity is not None and outside > max(GIB, 0.05 * capacity):
         out.append(
             Advice(
                 "outside_memory",
