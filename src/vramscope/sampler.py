@@ -56,10 +56,6 @@ class Collector:
         self._start = clock()
         self._failed: set[str] = set()
 
-    @property
-    def start_time(self) -> float:
-        return self._start
-
     def collect(
         self,
         step: int | None = None,

@@ -88,7 +88,3 @@ class HostBackend:
             self._names.clear()
         self._names[pid] = info
         return info
-
-
-def pid_exists(pid: int) -> bool:
-    return bool(psutil.pid_exists(pid))

@@ -44,10 +44,6 @@ def _load_pynvml() -> ModuleType | None:
     return module
 
 
-class NvmlUnavailableError(RuntimeError):
-    """NVML could not be initialised: no driver, no library, or no GPU."""
-
-
 class NvmlBackend:
     """Reads every GPU's memory, utilization and compute processes.
 

@@ -12,7 +12,6 @@ from vramscope.sinks.base import (
     existing_log_files,
     free_log_name,
     log_parts,
-    open_log,
     part_path,
 )
 from vramscope.sinks.csvlog import CsvSink
@@ -29,7 +28,6 @@ __all__ = [
     "free_log_name",
     "log_parts",
     "log_sink",
-    "open_log",
     "part_path",
 ]
 

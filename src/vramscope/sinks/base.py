@@ -10,7 +10,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from vramscope.types import Sample
 
@@ -69,18 +69,6 @@ def existing_log_files(path: str | os.PathLike[str]) -> list[str]:
         if stat.S_ISREG(status.st_mode) and status.st_size > 0:
             found.append(candidate)
     return found
-
-
-def open_log(path: str | os.PathLike[str], append: bool = False) -> IO[str]:
-    """Open a log for line-at-a-time writing, with an error that says what to do when it cannot be."""
-    target = Path(path)
-    _check_folder(target)
-    try:
-        # newline="" so that the csv module controls line ends; line buffering is not enough for
-        # CSV rows, so sinks flush explicitly after each sample.
-        return open(target, "a" if append else "w", encoding="utf-8", newline="")
-    except OSError as exc:
-        raise LogPathError(f"cannot write log {target}: {exc.strerror or exc}; choose a writable path") from exc
 
 
 def part_path(path: str | os.PathLike[str], part: int) -> str:
