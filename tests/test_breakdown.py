@@ -15,8 +15,8 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 import vramscope  # noqa: E402
-from vramscope.integrations.breakdown import measure, with_readings  # noqa: E402
 from vramscope.integrations.hf import MemoryMonitorCallback  # noqa: E402
+from vramscope.training.breakdown import measure, with_readings  # noqa: E402
 from vramscope.types import MemoryBreakdown  # noqa: E402
 
 VOCAB = 96

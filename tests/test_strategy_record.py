@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from vramscope.cli import main
-from vramscope.integrations.strategy import detect_strategy
+from vramscope.training.strategy import detect_strategy
 
 REPO = Path(__file__).resolve().parent.parent
 DDP_LOG = REPO / "bench" / "results" / "ddp-qlora" / "ddp_memory.csv"

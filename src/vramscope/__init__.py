@@ -25,7 +25,7 @@ _LAZY = {
     "MemoryMonitor": "vramscope.training.monitor",
     "find_max_batch_size": "vramscope.tuner",
     "plan": "vramscope.planner",
-    "summary": "vramscope.integrations.breakdown",
+    "summary": "vramscope.training.breakdown",
 }
 
 __all__ = [

@@ -25,7 +25,7 @@ import os
 import weakref
 from typing import Any
 
-from vramscope.integrations.guard import never_stops_training
+from vramscope.training.guard import never_stops_training
 from vramscope.training.monitor import MemoryMonitor
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ import importlib.util
 import os
 from typing import Any
 
-from vramscope.integrations.guard import never_stops_training
+from vramscope.training.guard import never_stops_training
 from vramscope.training.hooks import batch_tokens
 from vramscope.training.monitor import MemoryMonitor
 

@@ -8,7 +8,11 @@
 * :mod:`~vramscope.training.ranks`: this process's rank and each rank's file names.
 * :mod:`~vramscope.training.readers`: the monitor's backends, background thread and OOM recorder.
 * :mod:`~vramscope.training.outputs`: warnings and trainer-log figures from the analysis.
+* :mod:`~vramscope.training.breakdown`: what the model's and optimizer's tensors hold.
+* :mod:`~vramscope.training.strategy`: how the run is spread (FSDP / ZeRO / DDP).
+* :mod:`~vramscope.training.guard`: the guard that keeps a callback's failure out of the training.
 
-The trainer callbacks (``vramscope.integrations.hf``, ``.lightning``) and the ``vramscope run`` injection
-(``vramscope.integrations.inject``) are still in ``integrations/``. Importing this package imports nothing.
+The adapters to trainers stay in ``integrations/`` and point this way only: the callbacks
+(``vramscope.integrations.hf``, ``.lightning``), the ``vramscope run`` injection (``.inject``, whose
+start-up hook lives beside it) and the QLoRA model builders (``.qlora``). Importing this package imports nothing.
 """

@@ -58,18 +58,18 @@ from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS,
 from vramscope.atomicfile import write_atomically
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.integrations.breakdown import BreakdownTracker
-from vramscope.integrations.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
 from vramscope.sampler import MIN_INTERVAL_S, Collector, Sampler
 from vramscope.schema import sample_rows
 from vramscope.sinks import log_sink
 from vramscope.sinks.base import Sink
+from vramscope.training.breakdown import BreakdownTracker
 from vramscope.training.gather import RankGather
 from vramscope.training.history import RowHistory
 from vramscope.training.hooks import batch_tokens
 from vramscope.training.outputs import raise_warnings, trainer_figures
 from vramscope.training.ranks import beside, current_rank, rank_path
 from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
+from vramscope.training.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
 from vramscope.types import MemoryBreakdown, Sample
 
 log = logging.getLogger("vramscope.integrations.loop")  # the logger name users filter on, kept from before the split
