@@ -137,7 +137,7 @@ class PrometheusSink(ExporterBase):
 
 
 def _serve(host: str, port: int, render: Any) -> MetricsServer:
-    """The bounded metrics server (sinks/metrics_http.py) on ``host:port``, bind failures as one clear line."""
+    """The bounded metrics server (exporters/server.py) on ``host:port``, bind failures as one clear line."""
     where = f"{host}:{port}"
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
