@@ -40,22 +40,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
-import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
 from vramscope.analysis.alerts import Alerts, warnings_path
 from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
 from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, analyze_columns
-from vramscope.atomicfile import write_atomically
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.sampler import MIN_INTERVAL_S, Collector, Sampler
@@ -66,8 +61,9 @@ from vramscope.training.breakdown import BreakdownTracker
 from vramscope.training.gather import RankGather
 from vramscope.training.history import RowHistory
 from vramscope.training.hooks import batch_tokens
-from vramscope.training.outputs import raise_warnings, trainer_figures
-from vramscope.training.ranks import beside, current_rank, rank_path
+from vramscope.training.outputs import export_analysis, raise_warnings, trainer_figures
+from vramscope.training.pacing import AnalysisPacer
+from vramscope.training.ranks import current_rank, rank_path, write_json_beside
 from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
 from vramscope.training.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
 from vramscope.types import MemoryBreakdown, Sample
@@ -149,11 +145,8 @@ class MemoryMonitor:
         self.oom_snapshot = oom_snapshot
         self.prometheus = prometheus
         self.warn = warn
-        self.analyze_every = analyze_every
-        self.analyze_min_interval_s = analyze_min_interval_s
         if not 0 < analyze_max_share <= 1:
             raise ValueError(f"analyze_max_share must be in (0, 1], got {analyze_max_share!r}")
-        self.analyze_max_share = analyze_max_share
         self.capacity_bytes = capacity_bytes
         self.max_batch_tokens = max_batch_tokens
         self.total_steps = total_steps
@@ -189,9 +182,7 @@ class MemoryMonitor:
         self._hooks: list[Any] = []
         self._breakdown = BreakdownTracker()
         self._hook_failed = False
-        self._since_analysis = 0
-        self._last_analysis_at = -math.inf
-        self._analysis_cost_s = 0.0
+        self._pacer = AnalysisPacer(analyze_every, analyze_min_interval_s, analyze_max_share)
         self._figures_peak: int | None = None
         self._system_total: int | None = None
         self._started = False
@@ -295,8 +286,7 @@ class MemoryMonitor:
             info = detect_strategy(model, args)
             self.strategy = info
             if self.log_path is not None:
-                Path(beside(self.log_path, STRATEGY_FILE_SUFFIX)).write_text(json.dumps(info, indent=1),
-                                                                           encoding="utf-8")
+                write_json_beside(self.log_path, STRATEGY_FILE_SUFFIX, info)
             return info
         except Exception as exc:
             log.warning("vramscope: could not record the run's strategy: %s", exc)
@@ -311,10 +301,7 @@ class MemoryMonitor:
             self.update_analysis()
             if self.log_path is None or self.last_analysis is None:
                 return None
-            path = beside(self.log_path, ".analysis.json")
-            # Atomically: on a full disk the old analysis (or none) stays, never a 0-byte file.
-            write_atomically(path, json.dumps(self.last_analysis, indent=1, default=str).encode("utf-8"))
-            return path
+            return write_json_beside(self.log_path, ".analysis.json", self.last_analysis)
         except Exception as exc:
             log.warning("vramscope: the analysis failed: %s", exc)
             return None
@@ -345,11 +332,7 @@ class MemoryMonitor:
             found = self._breakdown.current()
             if self.log_path is None or found is None:
                 return None
-            path = beside(self.log_path, ".breakdown.json")
-            tmp = Path(path + ".tmp")
-            tmp.write_text(json.dumps(found.to_dict(), indent=1), encoding="utf-8")
-            os.replace(tmp, path)
-            return path
+            return write_json_beside(self.log_path, ".breakdown.json", found.to_dict())
         except Exception as exc:
             log.warning("vramscope: the memory breakdown was not saved: %s", exc)
             return None
@@ -542,20 +525,12 @@ class MemoryMonitor:
         if not self._narrowed and sample.allocator:
             self._narrowed = True
             self._narrow_nvml(sample)
-        if step is not None:
-            self._since_analysis += 1
-            if self._since_analysis >= self.analyze_every:
-                now = time.monotonic()
-                # Spaced so that the analysis takes at most ~0.5% of the wall time, however fast the steps.
-                gap = max(self.analyze_min_interval_s, self._analysis_cost_s / self.analyze_max_share)
-                if now - self._last_analysis_at >= gap:
-                    self._since_analysis = 0
-                    self._last_analysis_at = now
-                    try:
-                        self.update_analysis()
-                    except Exception as exc:  # never let the analysis break training
-                        log.warning("vramscope: analysis failed: %s", exc)
-                    self._analysis_cost_s = time.monotonic() - now
+        if step is not None and self._pacer.due():
+            try:
+                self.update_analysis()
+            except Exception as exc:  # never let the analysis break training
+                log.warning("vramscope: analysis failed: %s", exc)
+            self._pacer.ran()
         return sample
 
     def _record(self, sample: Sample, background: bool = False) -> None:
@@ -608,13 +583,7 @@ class MemoryMonitor:
         result = self.analysis()
         self.last_analysis = result
         if self._prometheus_sink is not None:
-            for key, lk in result["leak"]["devices"].items():
-                fc = result["forecast"]["devices"].get(key, {})
-                gpu = None if key == "host" else int(key)
-                slope = lk["slope_bytes_per_step"] if lk["detected"] else None
-                oom = fc.get("steps_to_oom") if lk["detected"] else None
-                with contextlib.suppress(Exception):
-                    self._prometheus_sink.set_analysis(slope, oom, gpu)
+            export_analysis(self._prometheus_sink, result)
         self._raise_warnings(result)
         return result
 

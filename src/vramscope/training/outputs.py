@@ -1,7 +1,8 @@
-"""What a monitor tells people from its analysis: throttled warnings, and numbers for a trainer's logs."""
+"""What a monitor tells from its analysis: throttled warnings, numbers for a trainer's logs, and Prometheus."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from vramscope.analysis.alerts import Alerts
@@ -74,3 +75,17 @@ def trainer_figures(sample: Sample | None, peak: int | None, analysis: dict[str,
             if steps is not None:
                 out["mem/steps_to_oom"] = float(round(steps))
     return out
+
+
+def export_analysis(sink: Any, result: dict[str, Any]) -> None:
+    """Hand each device's leak slope and steps-to-OOM to a Prometheus sink (withdrawn when no leak is seen).
+
+    Never raises: the exporter is an extra, the analysis and the training go on without it.
+    """
+    for key, lk in result["leak"]["devices"].items():
+        fc = result["forecast"]["devices"].get(key, {})
+        gpu = None if key == "host" else int(key)
+        slope = lk["slope_bytes_per_step"] if lk["detected"] else None
+        oom = fc.get("steps_to_oom") if lk["detected"] else None
+        with contextlib.suppress(Exception):
+            sink.set_analysis(slope, oom, gpu)

@@ -1,10 +1,15 @@
-"""Which rank this process is, and where each rank's files go (``mem.csv``, ``mem.rank3.csv``, ``mem.oom/``)."""
+"""Which rank this process is, and where each rank's files go (``mem.csv``, ``mem.rank3.csv``, ``mem.oom/``,
+``mem.analysis.json``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
+
+from vramscope.atomicfile import write_atomically
 
 
 def current_rank() -> int:
@@ -35,3 +40,13 @@ def beside(path: str, suffix: str) -> str:
     """``runs/mem.csv`` + ``.analysis.json`` -> ``runs/mem.analysis.json``."""
     p = Path(path)
     return str(p.with_name(p.stem + suffix))
+
+
+def write_json_beside(log_path: str, suffix: str, data: Any) -> str:
+    """Write ``data`` as JSON to ``<log stem><suffix>`` beside the log, whole or not at all; returns its path.
+
+    Atomically: on a full disk the old file (or none) stays, never a 0-byte or half one.
+    """
+    path = beside(log_path, suffix)
+    write_atomically(path, json.dumps(data, indent=1, default=str).encode("utf-8"))
+    return path
