@@ -29,7 +29,8 @@ from typing import Any
 from vramscope.integrations.inject import ENV_PACKAGE_PARENT, SITE_DIR
 from vramscope.integrations.trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
 from vramscope.planner.command import ParsedCommand
-from vramscope.tuner import NoSizeFitsError, Trial, TuneResult, search, split_batch
+from vramscope.tune.batching import split_batch
+from vramscope.tuner import NoSizeFitsError, Trial, TuneResult, search
 
 DEFAULT_TRIAL_STEPS = 2  # the first step creates the optimizer state; the second runs with it in place
 DEFAULT_TRIAL_TIMEOUT_S = 900.0

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from vramscope.oom import oom_kind
+from vramscope.oom.classify import oom_kind
+from vramscope.tune.batching import split_batch
 
 log = logging.getLogger(__name__)
 
@@ -580,21 +581,6 @@ def _forget(exc: BaseException) -> None:
             pass
         tb = tb.tb_next
     traceback.clear_frames(exc.__traceback__)
-
-
-def split_batch(target: int, max_micro: int) -> tuple[int, int]:
-    """``(micro_batch, grad_accum_steps)`` reaching ``target`` with micro-batches of at most ``max_micro``.
-
-    Prefers an exact split (``micro * steps == target``) with at most twice the minimum number of
-    accumulation steps; otherwise the minimum steps, with ``micro * steps`` slightly above ``target``.
-    """
-    if target < 1 or max_micro < 1:
-        raise ValueError("target and max_micro must be positive")
-    fewest = math.ceil(target / max_micro)
-    for steps in range(fewest, 2 * fewest + 1):
-        if target % steps == 0:
-            return target // steps, steps
-    return math.ceil(target / fewest), fewest
 
 
 def find_max_batch_size(

@@ -278,7 +278,7 @@ def install(trainer_module: Any, environ: dict[str, str] | None = None) -> None:
         try:
             return original_train(self, *args, **kwargs)
         except BaseException as exc:
-            from vramscope.oom import oom_kind
+            from vramscope.oom.classify import oom_kind
 
             kind = oom_kind(exc)
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
