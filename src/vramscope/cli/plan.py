@@ -14,29 +14,13 @@ from typing import Any
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus
 from vramscope.cli.common import CommandError, UsageError, positive_int
+from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.memory import OPTIMIZERS
 from vramscope.units import gib
-
-_LABELS = {
-    "quantized_weights": "quantized weights",
-    "quantization_constants": "  + quantization constants",
-    "unquantized_params": "unquantized params",
-    "lora_weights": "LoRA weights",
-    "lora_gradients": "LoRA gradients",
-    "optimizer_states": "optimizer states (torch)",
-    "optimizer_states_paged": "optimizer states (paged, unified memory)",
-    "activations": "activations",
-    "logits_and_loss": "logits and cross-entropy",
-    "temporaries": "temporaries",
-    "cublas_workspaces": "cuBLAS workspaces",
-    "kept_output": "kept model output (previous/current `out`)",
-    "allocator_overhead": "allocator overhead (reserved - allocated)",
-    "cuda_context": "CUDA context and kernels",
-}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -143,7 +127,7 @@ def format_plan(p: Plan) -> str:
     ]
     for name, value in p.breakdown.to_dict().items():
         if value:
-            label = _LABELS.get(name, name)
+            label = BREAKDOWN_LABELS.get(name, name)
             dtype = (p.from_framework.get(name, "").split() or [""])[0].rstrip(":")
             if name in ("unquantized_params", "lora_weights", "lora_gradients") and dtype:
                 label = f"{label} ({dtype})"

@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from vramscope.cli.common import UsageError
+from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.planner import PlanInputError
 from vramscope.planner.api import Plan, capacity_of, resolve_model
 from vramscope.planner.distributed import (
@@ -24,26 +25,6 @@ from vramscope.planner.memory import Hardware
 from vramscope.planner.multigpu import FitTable, fit_table
 from vramscope.recipe import QLoraSpec
 from vramscope.units import gib
-
-LABELS = {
-    "quantized_weights": "quantized weights",
-    "quantization_constants": "  + quantization constants",
-    "unquantized_params": "unquantized params",
-    "lora_weights": "LoRA weights",
-    "lora_gradients": "LoRA gradients",
-    "optimizer_states": "optimizer states (torch)",
-    "optimizer_states_paged": "optimizer states (paged, unified memory)",
-    "activations": "activations",
-    "logits_and_loss": "logits and cross-entropy",
-    "temporaries": "temporaries",
-    "cublas_workspaces": "cuBLAS workspaces",
-    "calibration": "calibration",
-    "gathered_params": "gathered for compute (whole units)",
-    "comm_buffers": "gradient buckets / reduce buffers",
-    "allocator_overhead": "allocator overhead (reserved - allocated)",
-    "cuda_context": "CUDA context and kernels",
-    "nccl_buffers": "NCCL buffers (outside the allocator)",
-}
 
 
 def _gpu_count(text: str) -> int:
@@ -135,7 +116,7 @@ def _format_dist(d: DistributedEstimate, capacity: int | None) -> list[str]:
     for key in (*ALLOCATED, "optimizer_states_paged", "allocator_overhead", "cuda_context", "nccl_buffers"):
         value = w.parts.get(key, 0)
         if value:
-            label = LABELS.get(key, key)
+            label = BREAKDOWN_LABELS.get(key, key)
             if key == "quantization_constants" and not w.parts.get("quantized_weights"):
                 label = "quantization constants (weights on host)"
             lines.append(f"    {label:42} {gib(value):>11}")

@@ -10,16 +10,13 @@ import argparse
 import json
 from typing import Any
 
+from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.recipe import FRAMEWORKS, QLoraSpec
 from vramscope.units import gib
 
+# The trace's own categories and what it modelled rather than traced, over the planner's names.
 _LABELS = {
-    "quantized_weights": "quantized weights",
-    "quantization_constants": "  + quantization constants",
-    "unquantized_params": "unquantized params",
-    "lora_weights": "LoRA weights",
-    "lora_gradients": "LoRA gradients",
-    "optimizer_states": "optimizer states (torch)",
+    **BREAKDOWN_LABELS,
     "activations": "activations (made in a forward)",
     "logits_and_loss": "logits and loss",
     "temporaries": "temporaries (made in backward)",
@@ -27,7 +24,6 @@ _LABELS = {
     "inputs": "inputs",
     "other": "other (made while preparing)",
     "cublas_workspaces": "cuBLAS workspaces (modelled)",
-    "optimizer_states_paged": "optimizer states (paged, unified memory)",
     "allocator_overhead": "allocator overhead (modelled)",
     "cuda_context": "CUDA context and kernels (modelled)",
 }
