@@ -15,6 +15,7 @@ from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, Framework, component_notes, framework_for
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
+from vramscope.planner.search import largest_fitting
 from vramscope.planner.settings import STYLES, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
@@ -172,26 +173,9 @@ def capacity_of(gpu_memory: int | str | None = None, gpu: str | None = None) -> 
     return cap, hw
 
 
-def _largest(fits: Any, hi: int) -> int:
-    """Largest n in [1, hi] with fits(n) true (fits is monotone), or 0 when even 1 does not fit."""
-    if not fits(1):
-        return 0
-    lo, n = 1, 2
-    while n <= hi and fits(n):
-        lo, n = n, n * 2
-    top = min(n, hi + 1)
-    while top - lo > 1:
-        mid = (lo + top) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            top = mid
-    return lo
-
-
 def max_batch_size(shape: ModelShape, spec: QLoraSpec, seq_len: int, capacity: int, hw: Hardware | None = None) -> int:
     """The largest micro-batch whose predicted peak fits in ``capacity`` bytes (0 if none does)."""
-    return _largest(lambda b: estimate(shape, spec, b, seq_len, hw).device_bytes <= capacity, MAX_BATCH)
+    return largest_fitting(lambda b: estimate(shape, spec, b, seq_len, hw).device_bytes <= capacity, MAX_BATCH)
 
 
 def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: int, hw: Hardware | None = None,
@@ -199,7 +183,7 @@ def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: i
     """The longest sequence whose predicted peak fits in ``capacity`` bytes at ``batch_size`` (0 if none),
     at most ``limit`` (the model's context, ``max_position_embeddings``, when given)."""
     top = min(MAX_SEQ, limit) if limit else MAX_SEQ
-    return _largest(lambda s: estimate(shape, spec, batch_size, s, hw).device_bytes <= capacity, top)
+    return largest_fitting(lambda s: estimate(shape, spec, batch_size, s, hw).device_bytes <= capacity, top)
 
 
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,

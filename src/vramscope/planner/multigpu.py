@@ -19,6 +19,7 @@ from vramscope.planner.distributed import (
     estimate_distributed,
 )
 from vramscope.planner.memory import Estimate, Hardware, estimate
+from vramscope.planner.search import largest_fitting
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
@@ -111,18 +112,7 @@ class _Planner:
 
     def max_batch(self, par: Parallelism, capacity: int) -> int:
         """Largest micro-batch whose worst GPU fits (memory grows with the batch), 0 if none."""
-        def fits(b: int) -> bool:
-            return self.device(par, b) <= capacity
-        if not fits(1):
-            return 0
-        lo, hi = 1, 2
-        while hi <= MAX_BATCH and fits(hi):
-            lo, hi = hi, hi * 2
-        hi = min(hi, MAX_BATCH + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
+        return largest_fitting(lambda b: self.device(par, b) <= capacity, MAX_BATCH)
 
 
 def _runs(shape: ModelShape, strategy: str, n: int) -> bool:
