@@ -158,7 +158,7 @@ class MemoryBreakdown:
             ("buffers", self.buffers),
             ("LoRA / trainable weights", self.lora_weights),
             ("gradients (backward to optimizer step)", self.gradients),
-            ("optimizer states (GPU)", self.optimizer_states),
+            ("optimizer states (on the device)", self.optimizer_states),
             ("activations and temporaries at the peak", self.activations_at_peak),
             ("= peak allocated", self.peak_allocated_bytes),
             ("allocator cache (reserved - allocated)", self.allocator_cache_bytes),
