@@ -326,18 +326,23 @@ def _concat(tables: list[LogTable]) -> LogTable:
     return LogTable(tables[0].path, _MadeOnUse({c: partial(joined, c) for c in columns}), tables[0].kind)
 
 
-def _read_one(name: str) -> LogTable:
+def read_log_bytes(name: str, what: str) -> bytes:
+    """A log file's bytes, or one :class:`LogFormatError` line saying why not (``what``: what was expected)."""
     try:
-        # Bytes, decoded in one go: text mode's newline translation would cost as much as the split.
-        data = read_regular_file(name, "a log written by vramscope or nvidia-smi")
+        return read_regular_file(name, what)
     except NotRegularFileError as exc:  # /dev/zero would be read until memory ran out; a FIFO blocks
         raise LogFormatError(str(exc)) from None
     except FileNotFoundError:
         raise LogFormatError(f"log {name} does not exist; check the path") from None
     except IsADirectoryError:
-        raise LogFormatError(f"{name} is a folder; give a log file written by vramscope or nvidia-smi") from None
+        raise LogFormatError(f"{name} is a folder; give {what}") from None
     except OSError as exc:
         raise LogFormatError(f"cannot read log {name}: {exc.strerror or exc}") from None
+
+
+def _read_one(name: str) -> LogTable:
+    # Bytes, decoded in one go: text mode's newline translation would cost as much as the split.
+    data = read_log_bytes(name, "a log written by vramscope or nvidia-smi")
     fast = _located(data)
     if fast is not None:
         return LogTable(name, LazyText(fast))

@@ -27,8 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from vramscope.inputfile import NotRegularFileError, read_regular_file
-from vramscope.logfile import LogFormatError, LogTable, UnknownLogError, read_log, read_nvidia_smi_text
+from vramscope.logfile import (
+    LogFormatError,
+    LogTable,
+    UnknownLogError,
+    read_log,
+    read_log_bytes,
+    read_nvidia_smi_text,
+)
 from vramscope.schema import iso_time
 from vramscope.units import GIB, MIB
 
@@ -162,16 +168,7 @@ def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | N
 
 
 def _read_text(name: str) -> str:
-    try:
-        data = read_regular_file(name, "a memory log (a CSV)")
-    except NotRegularFileError as exc:  # a FIFO would block, /dev/zero never end
-        raise LogFormatError(str(exc)) from None
-    except FileNotFoundError:
-        raise LogFormatError(f"log {name} does not exist; check the path") from None
-    except IsADirectoryError:
-        raise LogFormatError(f"{name} is a folder; give a log file") from None
-    except OSError as exc:
-        raise LogFormatError(f"cannot read log {name}: {exc.strerror or exc}") from None
+    data = read_log_bytes(name, "a memory log (a CSV)")
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise LogFormatError(f"log {name} is empty; was the run started with --log?")
