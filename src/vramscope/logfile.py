@@ -33,6 +33,8 @@ from math import isfinite
 from operator import add, eq, itemgetter, methodcaller, sub, truediv
 from typing import Protocol
 
+import numpy as np
+
 from vramscope import smi_samples
 from vramscope.inputfile import NotRegularFileError, read_regular_file
 from vramscope.schema import COLUMNS
@@ -51,6 +53,52 @@ class UnknownLogError(LogFormatError):
     def __init__(self, message: str, first_line: str) -> None:
         super().__init__(message)
         self.first_line = first_line
+
+
+@dataclass(frozen=True)
+class Column:
+    """One log column as numbers for whole-column work: ``values[i]`` means something only where ``known[i]``.
+
+    Unknown cells (empty, damaged, out of range) hold 0 in ``values``; ``values`` is int64 for the byte,
+    step and count columns and float64 for seconds.
+    """
+
+    values: np.ndarray
+    known: np.ndarray  # bool, one per row
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def any_known(self) -> bool:
+        return bool(self.known.any())
+
+    def all_known(self) -> bool:
+        return bool(self.known.all())
+
+    def tolist(self) -> list[int | float | None]:
+        """The cells as Python numbers, None where unknown (the JSON edge, tests)."""
+        return [v if k else None for v, k in zip(self.values.tolist(), self.known.tolist(), strict=True)]
+
+
+@dataclass(frozen=True)
+class Labels:
+    """A text column as codes into its distinct cells: ``names[codes[i]]``, code -1 for an empty cell."""
+
+    codes: np.ndarray  # int32
+    names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def tolist(self) -> list[str | None]:
+        names = self.names
+        return [names[c] if c >= 0 else None for c in self.codes.tolist()]
+
+
+def _column(cells: Sequence[int | float | None], dtype: type) -> Column:
+    known = np.fromiter((c is not None for c in cells), dtype=bool, count=len(cells))
+    values: np.ndarray = np.fromiter((0 if c is None else c for c in cells), dtype=dtype, count=len(cells))
+    return Column(values, known)
 
 
 @dataclass
@@ -122,6 +170,23 @@ class LogTable:
                 parsed = _convert(self.raw.get(column), len(self), float, _to_float)
             self._cache[key] = parsed
         return self._cache[key]  # type: ignore[return-value]
+
+    def int_column(self, column: str) -> Column:
+        """The column as int64 numbers with a known-mask (a missing column is all unknown)."""
+        return _column(self.ints(column), np.int64)
+
+    def float_column(self, column: str) -> Column:
+        """The column as float64 numbers with a known-mask (a missing column is all unknown)."""
+        return _column(self.floats(column), np.float64)
+
+    def labels(self, column: str) -> Labels:
+        """A text column (phase, time, ...) as codes into its distinct non-empty cells, in order of appearance."""
+        cells = self.strings(column)
+        index: dict[str, int] = {}
+        codes = np.fromiter(
+            (-1 if c is None else index.setdefault(c, len(index)) for c in cells), dtype=np.int32, count=len(cells)
+        )
+        return Labels(codes, list(index))
 
     def gpus(self) -> list[int | None]:
         """The distinct GPU indices in order of appearance (None for host-only rows)."""
