@@ -280,7 +280,9 @@ def _logits(shape: ModelShape, fw: Framework, pr: Precision, batch: int, seq: in
         # per-token statistics come out (log-prob, entropy, top-1: ~40 bytes a token). Backward recomputes the
         # tiles into a second buffer and accumulates the hidden states' gradient in fp32, then casts it and
         # scatters it back through the gather and the shift (two more stream-dtype copies, erring high).
-        tile = 2 * min(T, TOKEN_TILE) * min(V, VOCAB_TILE)
+        # The buffer is [min(T, 4096), 32768] even for a smaller vocabulary (trl 1.16 allocates ``chunk_size``
+        # columns and views the vocabulary's part; 2x low on an 8000-word model before, tests/test_planner_trl_tile.py).
+        tile = 2 * min(T, TOKEN_TILE) * VOCAB_TILE
         fwd_tile = bwd_tile = tile
         if pr.params == 4:
             # an fp32 lm_head and stream: each tile's weight rows and hidden rows are cast to half; backward
