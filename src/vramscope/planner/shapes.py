@@ -149,7 +149,20 @@ def _int(cfg: Mapping[str, Any], key: str, default: int | None = None, *, where:
         raise PlanInputError(f"{where} field {key!r} must be a whole number, got {value!r}")
     if value <= 0:
         raise PlanInputError(f"{where} field {key!r} must be positive, got {value}")
+    limit = _FIELD_LIMITS.get(key, _ANY_FIELD_LIMIT)
+    if value > limit:
+        # A damaged or fuzzed config (2.3 billion layers) would otherwise build per-layer tables until memory ran out.
+        raise PlanInputError(f"{where} field {key!r} is {value}, more than any model has (at most {limit}); "
+                             "check the config.json")
     return value
+
+
+# Far above every published model (405B: 126 layers, hidden 16384, 128 heads; vocabularies up to ~260k) and far below
+# what makes the planner's per-layer tables run out of memory.
+_FIELD_LIMITS = {"num_hidden_layers": 10_000, "num_attention_heads": 100_000, "num_key_value_heads": 100_000,
+                 "num_kv_heads": 100_000, "num_local_experts": 100_000, "num_experts": 100_000,
+                 "num_experts_per_tok": 100_000}
+_ANY_FIELD_LIMIT = 1 << 40  # hidden, intermediate, vocab, head_dim: sizes multiply into bytes, not into tables
 
 
 def _bool(cfg: Mapping[str, Any], key: str, default: bool, *, where: str = "config") -> bool:
