@@ -19,7 +19,7 @@ from vramscope.cli.common import (
 )
 from vramscope.sampler import Collector, Sampler
 from vramscope.sinks import CsvSink
-from vramscope.sinks.base import LogPathError, Sink
+from vramscope.sinks.base import LogPathError, Sink, existing_log_files, free_log_name
 from vramscope.tui.snapshot import snapshot_dict
 from vramscope.tui.text import host_line, snapshot_lines
 from vramscope.types import Sample
@@ -32,6 +32,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=gpu_list, metavar="0,1", help="only these GPUs (NVML indices)")
     parser.add_argument("--csv", metavar="FILE", help="also log every reading to this CSV file")
     parser.add_argument("--fsync", action="store_true", help="force every --csv row to disk (survives power loss)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a --csv file that already exists; without it, that is refused")
     parser.add_argument("--max-log-mb", dest="max_log_bytes", type=log_megabytes, metavar="MIB",
                         help="start a new --csv file (FILE.1, FILE.2, ...) before one passes this size")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
@@ -52,12 +54,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--once exits at once, so nothing could scrape --prometheus; drop --once or use --push")
     if (args.max_log_bytes is not None or args.fsync) and not args.csv:
         raise UsageError("--max-log-mb and --fsync apply to the --csv log; add --csv FILE")
+    if args.csv and not args.overwrite:
+        _refuse_an_existing_csv(args.csv)
     # Sinks of the sampler: every reading the loop takes reaches the exporter, whose HTTP server answers
     # scrapes on its own threads while the dashboard or plain loop runs.
     sinks: list[Sink] = open_exporters_from_args(args)
     if args.csv:
         try:
-            sinks.append(CsvSink(args.csv, fsync=args.fsync, max_bytes=args.max_log_bytes))
+            sinks.append(CsvSink(args.csv, fsync=args.fsync, max_bytes=args.max_log_bytes, overwrite=args.overwrite))
         except LogPathError as exc:
             for sink in sinks:  # free the exporter's port before reporting the bad path
                 sink.close()
@@ -112,3 +116,12 @@ def _live(sampler: Sampler, args: argparse.Namespace) -> None:
     from vramscope.tui.dashboard import live
 
     live(sampler.sample_now, list(sampler.history), args.interval, _ticks(args))
+
+
+def _refuse_an_existing_csv(path: str) -> None:
+    """A --csv file from an earlier watch is someone's record: refused as `run --log` refuses, with a free name."""
+    existing = existing_log_files(path)
+    if existing:
+        free = free_log_name(path, taken=lambda name: bool(existing_log_files(name)))
+        raise UsageError(f"{existing[0]} already exists; give a new name, e.g. --csv {free}, "
+                         "or add --overwrite to replace it")
