@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from vramscope.atomicfile import write_atomically
 from vramscope.oom.classify import oom_kind
 from vramscope.oom.env import DEFAULT_MAX_ENTRIES, ENV_MAX_ENTRIES, ENV_VAR
 from vramscope.oom.records import OomEvent
@@ -206,7 +207,7 @@ class OomRecorder:
         try:
             raw = json.loads(event_file.read_text(encoding="utf-8"))
             raw["message"] = message
-            event_file.write_text(json.dumps(raw, indent=2, default=str), encoding="utf-8")
+            write_atomically(event_file, json.dumps(raw, indent=2, default=str).encode("utf-8"))
             report = report_from_files(Path(raw["snapshot_file"]), event_file, model=self.model, spec=self.spec)
             write_report(report, self.out_dir, self.reports[-1].stem)
         except (OSError, ValueError, KeyError) as exc:  # pragma: no cover - best effort

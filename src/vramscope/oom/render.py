@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vramscope.atomicfile import write_atomically
 from vramscope.oom.records import Advice, OomReport
 from vramscope.types import MemoryBreakdown
 from vramscope.units import human
@@ -158,7 +159,9 @@ def write_report(report: OomReport, out_dir: str | os.PathLike[str], stem: str) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / f"{stem}.md", "html": out / f"{stem}.html", "json": out / f"{stem}.json"}
-    paths["md"].write_text(render_markdown(report), encoding="utf-8")
-    paths["html"].write_text(render_html(report), encoding="utf-8")
-    paths["json"].write_text(json.dumps(report.to_dict(), indent=2, default=str), encoding="utf-8")
+    # Whole or not at all: the recorder rewrites these files when the OOM's message arrives, and a full disk then
+    # must not leave a half report where a good one was.
+    write_atomically(paths["md"], render_markdown(report).encode("utf-8"))
+    write_atomically(paths["html"], render_html(report).encode("utf-8"))
+    write_atomically(paths["json"], json.dumps(report.to_dict(), indent=2, default=str).encode("utf-8"))
     return paths
