@@ -56,7 +56,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tune(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
-    code = main(["tune", "--memory-limit", f"{LIMIT}", "--json", *argv])
+    code = main(["tune", "--memory-limit", f"{LIMIT // 2**20}MiB", "--json", *argv])  # a bare number is refused
     captured = capsys.readouterr()
     assert code == 0, captured.err
     return json.loads(captured.out)  # type: ignore[no-any-return]

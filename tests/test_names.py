@@ -120,7 +120,8 @@ def test_plan_with_nvidia_smis_gpu_name_states_the_unit() -> None:
     ("size", "says"),
     [("24", "write 24GiB (binary, as nvidia-smi and torch count) or 24GB (10^9 bytes), or name the card: "
             "--gpu RTX-3090 or RTX-4090"),
-     ("24564", "nvidia-smi's unit is MiB: write 24564MiB"), ("0", "must be positive")],
+     ("24564", "nvidia-smi's unit is MiB: write 24564MiB"), ("6442450944", "if it counts bytes, write 6GiB"),
+     ("0", "must be positive")],
 )
 def test_a_size_without_a_unit_is_refused_with_its_readings(size: str, says: str) -> None:
     with pytest.raises(PlanInputError, match=r"no unit|positive"):

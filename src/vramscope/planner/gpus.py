@@ -96,7 +96,9 @@ def parse_gpu_memory(text: str) -> int:
         if number * MIB > MAX_BYTES:  # the largest reading below (MiB) stays within the bounds of a size
             raise PlanInputError(f"GPU memory {text[:40]!r} has no unit and is out of range; write it like 24GiB")
         shown = f"{number:g}"
-        if number >= 1024:  # a count of MiB, as nvidia-smi shows memory.total
+        if number >= 2**20:  # more MiB than any GPU has (a TiB): a count of bytes, as torch's counters give
+            readings = f"if it counts bytes, write {number / GIB:.4g}GiB"
+        elif number >= 1024:  # a count of MiB, as nvidia-smi shows memory.total
             readings = f"nvidia-smi's unit is MiB: write {shown}MiB"
         else:
             readings = f"write {shown}GiB (binary, as nvidia-smi and torch count) or {shown}GB (10^9 bytes)"
