@@ -1,7 +1,8 @@
 """The live memory breakdown of real H200 runs beside the planner's breakdown for the same runs.
 
 Reads the breakdown files that ``vramscope run``'s injected callback wrote beside each step log in the
-framework benchmark (bench/framework_measure.py, part 9: bench/results/frameworks/part9/logs.tar.gz; again in session4-breakdown/) and
+framework benchmark (bench/framework_measure.py, part 9: bench/results/frameworks/part9/logs.tar.gz; run again
+after the optimizer-state fix: bench/results/frameworks/session4-breakdown/logs.tar.gz) and
 prints, per run, the measured categories next to ``vramscope plan``'s for the same model, shapes, recipe
 and framework. Markdown, for docs/training.md.
 
