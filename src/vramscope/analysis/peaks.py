@@ -10,8 +10,8 @@ from functools import partial
 from operator import is_not, lt
 from typing import Any
 
-from vramscope.sampling.peaks import GpuPeak as GpuPeak, PeakTracker as PeakTracker  # moved; the old path still works
-
+from vramscope.sampling.peaks import GpuPeak as GpuPeak  # moved; the old path still works
+from vramscope.sampling.peaks import PeakTracker as PeakTracker
 
 # -- peaks of whole columns ------------------------------------------------------------------------
 #

@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
-from vramscope.sampling.peaks import PeakTracker
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
+from vramscope.sampling.peaks import PeakTracker
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S, Collector, Sampler
 from vramscope.sinks import CsvSink, JsonlSink, log_sink
 from vramscope.sinks.base import Sink
