@@ -10,8 +10,7 @@ from functools import partial
 from operator import is_not, lt
 from typing import Any
 
-from vramscope.sampling.peaks import GpuPeak as GpuPeak  # moved; the old path still works
-from vramscope.sampling.peaks import PeakTracker as PeakTracker
+from vramscope.sampling.peaks import GpuPeak, PeakTracker  # noqa: F401  (moved to sampling/; old imports still work)
 
 # -- peaks of whole columns ------------------------------------------------------------------------
 #
