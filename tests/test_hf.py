@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from vramscope.integrations import hf  # noqa: E402
 from vramscope.integrations.hf import MemoryMonitorCallback, prometheus_address  # noqa: E402
 from vramscope.logfile import read_log  # noqa: E402
+from vramscope.training import hf  # noqa: E402
 
 VOCAB = 128
 

@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning.pytorch")
 
-from vramscope.integrations import lightning as vs_lightning  # noqa: E402
 from vramscope.integrations.lightning import MemoryMonitorCallback  # noqa: E402
 from vramscope.logfile import read_log  # noqa: E402
+from vramscope.training import lightning as vs_lightning  # noqa: E402
 
 VOCAB = 64
 
@@ -150,7 +150,7 @@ def _trainer(tmp_path: Path, callbacks: list[Any] | None = None) -> Any:
 
 
 def test_attach_lightning_adds_the_callback_once_and_leaves_the_users_own(tmp_path: Path) -> None:
-    from vramscope.integrations.inject import ENV_STEP_LOG, attach_lightning
+    from vramscope.training.inject import ENV_STEP_LOG, attach_lightning
 
     env = {ENV_STEP_LOG: str(tmp_path / "mem.steps.csv")}
     trainer = _trainer(tmp_path)
