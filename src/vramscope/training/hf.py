@@ -2,7 +2,7 @@
 
 ::
 
-    from vramscope.integrations.hf import MemoryMonitorCallback  # the public path, which re-exports this module's
+    from vramscope.integrations.hf import MemoryMonitorCallback  # the public path: it re-exports this
     trainer = Trainer(..., callbacks=[MemoryMonitorCallback(log="memory_log.csv")])
 
 The callback drives a :class:`~vramscope.training.monitor.MemoryMonitor`: one row per

@@ -2,7 +2,7 @@
 
 ::
 
-    from vramscope.integrations.lightning import MemoryMonitorCallback  # the public path, which re-exports this module's
+    from vramscope.integrations.lightning import MemoryMonitorCallback  # the public path: it re-exports this
     trainer = L.Trainer(callbacks=[MemoryMonitorCallback(log="memory_log.csv")])
 
 The same rows as the plain-loop monitor: one per ``every_n_steps`` optimizer steps

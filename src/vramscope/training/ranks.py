@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vramscope.atomicfile import write_atomically
+from vramscope.output.atomic import write_atomically
 
 
 def current_rank() -> int:
