@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vramscope.output.names import sibling
+
 SITE_DIR = str(Path(__file__).resolve().with_name("_sitecustomize"))
 ENV_INJECT = "VRAMSCOPE_INJECT"
 ENV_STEP_LOG = "VRAMSCOPE_STEP_LOG"
@@ -34,9 +36,8 @@ _trainers = itertools.count(1)
 def steps_log_path(log_path: str | os.PathLike[str]) -> str:
     """``runs/mem.csv`` -> ``/abs/runs/mem.steps.csv`` (absolute: the child may change directory)."""
     path = Path(log_path).resolve()
-    suffix = path.suffix if path.suffix in (".csv", ".jsonl", ".ndjson") else ".csv"
-    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
-    return str(path.with_name(f"{stem}.steps{suffix}"))
+    suffix = path.suffix if path.suffix in (".csv", ".jsonl", ".ndjson") else ".csv"  # a format the callback writes
+    return sibling(path, tag="steps", suffix=suffix)
 
 
 def child_env(log_path: str | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -97,8 +98,7 @@ def _callback_options(env: Mapping[str, str]) -> dict[str, Any]:
     log_path = env.get(ENV_STEP_LOG) or None
     number = next(_trainers)
     if log_path is not None and number > 1:  # a second Trainer in the same program gets its own log
-        path = Path(log_path)
-        log_path = str(path.with_name(f"{path.stem}.trainer{number}{path.suffix}"))
+        log_path = sibling(log_path, tag=f"trainer{number}")
     try:
         every = max(1, int(env.get(ENV_EVERY, "1")))
     except ValueError:

@@ -28,8 +28,9 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
+
+from vramscope.training.ranks import rank_path
 
 ENV_TRIAL = "VRAMSCOPE_TRIAL"
 OOM_EXIT_CODE = 3  # the trial child ran out of GPU memory (its record says which kind)
@@ -61,11 +62,8 @@ class TrialRequest:
 
 
 def record_path(record: str, rank: int) -> str:
-    """Rank 0 writes ``record``; rank k > 0 writes ``<stem>.rank<k><suffix>`` beside it."""
-    if rank == 0:
-        return record
-    p = Path(record)
-    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+    """Rank 0 writes ``record``; rank k > 0 writes ``<stem>.rank<k><suffix>`` beside it, as a rank's log."""
+    return rank_path(record, rank)
 
 
 def _rank() -> int:
