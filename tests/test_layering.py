@@ -22,7 +22,7 @@ KNOWN_CYCLES: set[frozenset[str]] = {
 }
 
 # What may never import vramscope.backends, not even inside a function.
-NO_BACKENDS = ("vramscope.analysis", "vramscope.report", "vramscope.tui")
+NO_BACKENDS = ("vramscope.analysis", "vramscope.report", "vramscope.tui", "vramscope.output")
 
 # Each library in its place (a module name, or a package name ending in "."): the core stays light, and a
 # newcomer finds the NVML code in backends/nvml.py. ruff's banned-api (pyproject.toml) says the same but can only
