@@ -183,10 +183,10 @@ class RunSamplerArm(Arm):
         self._started = 0.0
 
     def start(self, block: int) -> None:
-        from vramscope.analysis.peaks import PeakTracker
         from vramscope.backends.host import HostBackend
         from vramscope.backends.nvml import NvmlBackend
-        from vramscope.sampler import Collector, Sampler
+        from vramscope.sampling.peaks import PeakTracker
+        from vramscope.sampling.sampler import Collector, Sampler
         from vramscope.sinks import CsvSink
 
         self._log_path = self._logs / f"run_10hz-{block}.csv"
