@@ -26,6 +26,7 @@ from vramscope.cli.common import (
     log_megabytes,
     open_exporters_from_args,
 )
+from vramscope.output.names import sibling
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S
 from vramscope.sinks.base import LogPathError, existing_log_files, free_log_name
 from vramscope.training.runner import ProgramNotFoundError, RunResult, exit_like, run_monitored
@@ -159,8 +160,7 @@ def files_written(result: RunResult, started: float, oom_dir: str | None = None)
     if result.log_path is not None:
         from vramscope.training.inject import steps_log_path
 
-        steps = steps_log_path(result.log_path)
-        stem = steps[: -len(os.path.splitext(steps)[1])]
+        stem = sibling(steps_log_path(result.log_path), suffix="")  # mem.steps: the start of every file beside it
         for path in sorted(glob.glob(glob.escape(stem) + "*")):
             try:
                 if os.path.isfile(path) and os.stat(path).st_mtime >= started - 1:
