@@ -231,3 +231,8 @@ def test_a_log_that_cannot_be_created_never_stops_the_fit(tmp_path: Path, caplog
         trainer.fit(TinyLM(), loader([8] * 12, 2))
     assert trainer.global_step == 3  # all steps trained
     assert sum("memory callback stopped" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_public_path_is_the_training_callback_itself() -> None:
+    # Users import vramscope.integrations.lightning (README, docs); the injection sees vramscope.training.lightning.
+    assert MemoryMonitorCallback is vs_lightning.MemoryMonitorCallback
