@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from vramscope.atomicfile import write_atomically
 from vramscope.logfile import LogFormatError, read_log
-from vramscope.output.atomic import write_atomically
 from vramscope.schema import COLUMNS
 
 PYTHON = sys.executable
