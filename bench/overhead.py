@@ -1,7 +1,7 @@
 """What watching memory costs a real QLoRA fine-tune: step time with each monitor, side by side.
 
 One model (Llama-2-7B architecture, random weights, the QLoRA reference recipe from
-``vramscope.integrations.qlora``: NF4, LoRA on every linear layer, gradient checkpointing, paged AdamW)
+``vramscope.training.qlora``: NF4, LoRA on every linear layer, gradient checkpointing, paged AdamW)
 is built once and trained on random tokens (batch 4 x 1024 tokens by default). The monitors ("arms"):
 
 - ``none``: the baseline.
