@@ -144,8 +144,8 @@ def write_dataset(folder: Path, longest: int, rows: int = 96) -> None:
 def make_checkpoints(archs: list[str], root: Path) -> dict[str, dict[str, Any]]:
     import torch
 
-    from vramscope.integrations.qlora import write_random_checkpoint
     from vramscope.planner import registry
+    from vramscope.training.qlora import write_random_checkpoint
 
     configs: dict[str, dict[str, Any]] = {}
     for arch in archs:

@@ -107,7 +107,7 @@ class SeriesRecorder:
 
     def __init__(self, reset_peak: bool, interval: float, uuid: str | None) -> None:
         from vramscope.backends.nvml import NvmlBackend
-        from vramscope.sampler import Collector, Sampler
+        from vramscope.sampling.sampler import Collector, Sampler
 
         allocator = None
         if common.cuda_available():

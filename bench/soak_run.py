@@ -40,9 +40,9 @@ sys.path.insert(0, str(REPO / "bench"))  # common
 import fake_nvml  # noqa: E402
 from vramscope.backends.host import HostBackend  # noqa: E402
 from vramscope.backends.nvml import NvmlBackend  # noqa: E402
-from vramscope.runner import run_monitored  # noqa: E402
-from vramscope.sampler import Collector  # noqa: E402
+from vramscope.sampling.sampler import Collector  # noqa: E402
 from vramscope.sinks import log_parts  # noqa: E402
+from vramscope.training.runner import run_monitored  # noqa: E402
 from vramscope.types import HostReading  # noqa: E402
 
 DAY_S = 86400.0

@@ -139,7 +139,7 @@ def real_point(point: tuple[str, int | None, str, int, int, bool], ckpt_dir: Pat
 
 
 def write_checkpoint(name: str, layers: int | None, root: Path) -> Path:
-    from vramscope.integrations.qlora import write_random_checkpoint
+    from vramscope.training.qlora import write_random_checkpoint
 
     out = root / (name if layers is None else f"{name}-{layers}L")
     if not (out / "config.json").exists():

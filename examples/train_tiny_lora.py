@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainingArguments
 
-from vramscope.integrations.qlora import QLoraSpec, load_model, write_random_checkpoint
+from vramscope.recipe import QLoraSpec
+from vramscope.training.qlora import load_model, write_random_checkpoint
 
 TINY_LLAMA = {
     "model_type": "llama",

@@ -36,8 +36,8 @@ import pytest
 import fake_nvml
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logfile import read_log
-from vramscope.runner import run_monitored
 from vramscope.sinks import CsvSink
+from vramscope.training.runner import run_monitored
 from vramscope.types import Sample
 
 GIB = fake_nvml.GIB
@@ -583,7 +583,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from vramscope.backends.host import HostBackend
-    from vramscope.sampler import Collector, Sampler
+    from vramscope.sampling.sampler import Collector, Sampler
     from vramscope.sinks import log_sink
     sink = log_sink(sys.argv[1])
     def done(sample):
@@ -795,7 +795,7 @@ def fake_samples(n: int, gpus: int = 2) -> list[Sample]:
     fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(used=(i + 1) * GIB) for i in range(gpus)])
     clock = iter(range(10**9))
     from vramscope.backends.host import HostBackend
-    from vramscope.sampler import Collector
+    from vramscope.sampling.sampler import Collector
 
     collector = Collector(nvml=NvmlBackend(nvml=fake), host=HostBackend(), clock=lambda: 1.7e9 + next(clock))
     return [collector.collect(step=i) for i in range(n)]

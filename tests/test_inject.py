@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from vramscope.integrations.inject import (
+from vramscope.training.inject import (
     ENV_INJECT,
     ENV_STEP_LOG,
     SITE_DIR,

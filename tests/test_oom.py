@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import torch
 
-from vramscope.integrations.qlora import QLoraSpec
 from vramscope.oom import (
     ENV_MAX_ENTRIES,
     ENV_VAR,
@@ -36,6 +35,7 @@ from vramscope.oom import (
     site_of,
     write_report,
 )
+from vramscope.recipe import QLoraSpec
 
 MIB = 1024 * 1024
 GIB = 1024**3

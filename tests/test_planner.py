@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.integrations.qlora import QLoraSpec
 from vramscope.planner import PlanInputError, estimate, plan, recommend, resolve_model, shape_from_config
 from vramscope.planner.frameworks import HARNESS
 from vramscope.planner.memory import Hardware, layer_bytes, lora_tensors, uses_math_attention
+from vramscope.recipe import QLoraSpec
 
 DATA = Path(__file__).parent / "data" / "planner" / "h200_measurements.csv"
 GIB = 2**30

@@ -26,7 +26,7 @@ import fake_nvml
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.cli import main
-from vramscope.sampler import Collector
+from vramscope.sampling.sampler import Collector
 from vramscope.sinks.prometheus import (
     METRICS,
     PrometheusAddressError,

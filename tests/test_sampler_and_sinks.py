@@ -16,7 +16,7 @@ import fake_nvml
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logfile import read_log
-from vramscope.sampler import Collector, Sampler
+from vramscope.sampling.sampler import Collector, Sampler
 from vramscope.schema import CORE_COLUMNS
 from vramscope.sinks import CsvSink, JsonlSink, LogPathError, log_sink
 from vramscope.types import AllocatorReading, Sample

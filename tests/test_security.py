@@ -27,7 +27,7 @@ from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.cli import main
 from vramscope.logfile import read_log
-from vramscope.sampler import Collector
+from vramscope.sampling.sampler import Collector
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "vramscope"
 PYTHON = sys.executable

@@ -57,11 +57,11 @@ SOAK = textwrap.dedent(
     import psutil
     sys.path.insert(0, sys.argv[1])
     import fake_nvml
-    from vramscope.analysis.peaks import PeakTracker
+    from vramscope.sampling.peaks import PeakTracker
     from vramscope.backends.host import HostBackend
     from vramscope.backends.nvml import NvmlBackend
     from vramscope.logfile import read_log
-    from vramscope.sampler import Collector, Sampler
+    from vramscope.sampling.sampler import Collector, Sampler
     from vramscope.sinks import CsvSink, log_parts
     from vramscope.sinks.prometheus import PrometheusSink
     from vramscope.types import HostReading

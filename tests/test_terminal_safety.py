@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from vramscope.safetext import inert, printable
+from vramscope.output.safetext import inert, printable
 from vramscope.schema import COLUMNS
 
 PYTHON = sys.executable

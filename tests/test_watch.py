@@ -16,7 +16,7 @@ from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.cli import main
 from vramscope.logfile import read_log
-from vramscope.sampler import Collector
+from vramscope.sampling.sampler import Collector
 from vramscope.tui.dashboard import render
 from vramscope.tui.text import snapshot_lines, sparkline
 

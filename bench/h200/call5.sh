@@ -58,7 +58,7 @@ import io, sys, time
 from rich.console import Console
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.sampler import Collector, Sampler
+from vramscope.sampling.sampler import Collector, Sampler
 from vramscope.tui.dashboard import render
 nvml = NvmlBackend()
 sampler = Sampler(Collector(nvml=nvml, host=HostBackend(), name_processes=True), [], interval=1.0, history=64)

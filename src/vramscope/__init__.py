@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 from vramscope.types import AllocatorReading, GpuReading, HostReading, MemoryBreakdown, ProcessGpuReading, Sample
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these resolve lazily (see __getattr__)
-    from vramscope.sampler import Collector as Collector
-    from vramscope.sampler import Sampler as Sampler
+    from vramscope.sampling.sampler import Collector as Collector
+    from vramscope.sampling.sampler import Sampler as Sampler
 
 __version__ = "0.1.0"
 
 # Public names that live in modules with heavier imports (psutil, NVML, torch); resolved on first access, so
 # that reading a log or planning a run imports none of them.
 _LAZY = {
-    "Collector": "vramscope.sampler",
-    "Sampler": "vramscope.sampler",
+    "Collector": "vramscope.sampling.sampler",
+    "Sampler": "vramscope.sampling.sampler",
     "MemoryMonitor": "vramscope.training.monitor",
     "find_max_batch_size": "vramscope.tuner",
     "plan": "vramscope.planner",

@@ -1,83 +1,16 @@
-"""Peaks: running peaks over a stream of samples, kept in O(GPUs) memory (a sink, so it sees every
-sample), and the peaks of a log's whole columns, read one cache-sized stretch of rows at a time."""
+"""Peaks: the peaks of a log's whole columns, read one cache-sized stretch of rows at a time.
+(The running peaks of a stream of samples, :class:`PeakTracker`, are :mod:`vramscope.sampling.peaks`.)"""
 
 from __future__ import annotations
 
 import bisect
 import itertools
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from operator import is_not, lt
 from typing import Any
 
-from vramscope.types import Sample
-
-
-@dataclass
-class GpuPeak:
-    index: int
-    name: str | None = None
-    total_bytes: int | None = None
-    process_bytes: int | None = None  # the watched tree's peak on this GPU
-    device_used_bytes: int | None = None
-    allocated_bytes: int | None = None  # allocator peak, where the sample carries one
-    reserved_bytes: int | None = None
-    process_peak_elapsed_s: float | None = None
-
-
-@dataclass
-class PeakTracker:
-    """Consumes samples and remembers each GPU's peaks, the tree's total GPU peak and the host peak."""
-
-    gpus: dict[int, GpuPeak] = field(default_factory=dict)
-    tree_gpu_bytes: int | None = None  # the watched tree's GPU memory summed over GPUs, at its peak instant
-    host_rss_bytes: int | None = None
-    samples: int = 0
-    first_time: float | None = None
-    last_time: float | None = None
-
-    def write(self, sample: Sample) -> None:
-        self.samples += 1
-        self.first_time = sample.time if self.first_time is None else self.first_time
-        self.last_time = sample.time
-        self.host_rss_bytes = _max(self.host_rss_bytes, sample.host.rss_bytes)
-        tree_total: int | None = None
-        for gpu in sample.gpus:
-            peak = self.gpus.setdefault(gpu.index, GpuPeak(index=gpu.index))
-            peak.name = gpu.name or peak.name
-            peak.total_bytes = gpu.total_bytes or peak.total_bytes
-            peak.device_used_bytes = _max(peak.device_used_bytes, gpu.used_bytes)
-            used = sample.process_bytes(gpu.index)
-            if used is not None:
-                tree_total = (tree_total or 0) + used
-                if peak.process_bytes is None or used > peak.process_bytes:
-                    peak.process_bytes = used
-                    peak.process_peak_elapsed_s = sample.elapsed_s
-        for reading in sample.allocator:
-            peak = self.gpus.setdefault(reading.device, GpuPeak(index=reading.device))
-            value = (
-                reading.peak_allocated_bytes if reading.peak_allocated_bytes is not None else reading.allocated_bytes
-            )
-            peak.allocated_bytes = _max(peak.allocated_bytes, value)
-            peak.reserved_bytes = _max(peak.reserved_bytes, reading.reserved_bytes)
-        self.tree_gpu_bytes = _max(self.tree_gpu_bytes, tree_total)
-
-    def close(self) -> None:
-        """Nothing to release; a tracker is a sink so that it sees exactly what the log sees."""
-
-    @property
-    def duration_s(self) -> float:
-        if self.first_time is None or self.last_time is None:
-            return 0.0
-        return self.last_time - self.first_time
-
-
-def _max(current: int | None, new: int | None) -> int | None:
-    if new is None:
-        return current
-    return new if current is None or new > current else current
-
+from vramscope.sampling.peaks import GpuPeak, PeakTracker  # noqa: F401  (moved to sampling/; old imports still work)
 
 # -- peaks of whole columns ------------------------------------------------------------------------
 #

@@ -16,7 +16,7 @@ from importlib import import_module
 
 from vramscope import __version__
 from vramscope.cli.common import CommandError, UsageError
-from vramscope.safetext import printable
+from vramscope.output.safetext import printable
 
 # Subcommand modules, in the order --help lists them. Imported lazily so that `vramscope watch`
 # never pays for the planner or the report's imports.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vramscope.sampler import MAX_INTERVAL_S, MIN_INTERVAL_S
+from vramscope.sampling.sampler import MAX_INTERVAL_S, MIN_INTERVAL_S
 from vramscope.sinks.base import Sink
 from vramscope.units import MIB
 

@@ -26,9 +26,10 @@ from vramscope.cli.common import (
     log_megabytes,
     open_exporters_from_args,
 )
-from vramscope.runner import ProgramNotFoundError, RunResult, exit_like, run_monitored
-from vramscope.sampler import DEFAULT_INTERVAL_S
+from vramscope.output.names import sibling
+from vramscope.sampling.sampler import DEFAULT_INTERVAL_S
 from vramscope.sinks.base import LogPathError, existing_log_files, free_log_name
+from vramscope.training.runner import ProgramNotFoundError, RunResult, exit_like, run_monitored
 from vramscope.units import gib
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -108,7 +109,7 @@ def _refuse_existing_logs(log: str, steps: bool) -> None:
     def taken(path: str) -> list[str]:
         found = existing_log_files(path)
         if steps:
-            from vramscope.integrations.inject import steps_log_path
+            from vramscope.training.inject import steps_log_path
 
             found += existing_log_files(steps_log_path(path))
         return found
@@ -145,7 +146,7 @@ def _say(text: str, stream: TextIO) -> None:
 def _injection_env(args: argparse.Namespace) -> dict[str, str]:
     """Environment that makes HF Trainers inside the child log step-aligned memory (training integration)."""
     try:
-        inject = importlib.import_module("vramscope.integrations.inject")
+        inject = importlib.import_module("vramscope.training.inject")
     except ModuleNotFoundError:
         return {}
     env: dict[str, str] = inject.child_env(log_path=args.log)
@@ -157,10 +158,9 @@ def files_written(result: RunResult, started: float, oom_dir: str | None = None)
     beside it (``mem.steps.csv``, its analysis and warnings, other ranks' and trainers' logs)."""
     files = list(result.log_files)
     if result.log_path is not None:
-        from vramscope.integrations.inject import steps_log_path
+        from vramscope.training.inject import steps_log_path
 
-        steps = steps_log_path(result.log_path)
-        stem = steps[: -len(os.path.splitext(steps)[1])]
+        stem = sibling(steps_log_path(result.log_path), suffix="")  # mem.steps: the start of every file beside it
         for path in sorted(glob.glob(glob.escape(stem) + "*")):
             try:
                 if os.path.isfile(path) and os.stat(path).st_mtime >= started - 1:

@@ -17,7 +17,7 @@ from vramscope.cli.common import (
     open_exporters_from_args,
     positive_int,
 )
-from vramscope.sampler import Collector, Sampler
+from vramscope.sampling.sampler import Collector, Sampler
 from vramscope.sinks import CsvSink
 from vramscope.sinks.base import LogPathError, Sink, existing_log_files, free_log_name
 from vramscope.tui.snapshot import snapshot_dict

@@ -1,5 +1,8 @@
-"""Kept so that ``from vramscope.integrations.loop import MemoryMonitor`` still works: the monitor is
-:mod:`vramscope.training.monitor`, its parts in :mod:`vramscope.training`."""
+"""Public path: ``from vramscope.integrations.loop import MemoryMonitor`` (a hand-written training loop).
+
+The monitor lives in :mod:`vramscope.training.monitor`, its parts in :mod:`vramscope.training`; this module
+only re-exports them, so that users' imports keep working. It is meant to stay.
+"""
 
 from __future__ import annotations
 

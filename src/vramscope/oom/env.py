@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vramscope.output.names import sibling
+
 ENV_VAR = "VRAMSCOPE_OOM_SNAPSHOT"
 """``vramscope run --oom-snapshot DIR`` sets this to DIR's absolute path for the child; a training
 process that sees it records allocator history and writes OOM post-mortems into DIR."""
@@ -27,8 +29,7 @@ def snapshot_env(out_dir: str | None, log_path: str | None = None) -> dict[str, 
     if out_dir:
         target = Path(out_dir)
     elif log_path:
-        log = Path(log_path)
-        target = log.with_name((log.stem if log.suffix else log.name) + ".oom")
+        target = Path(sibling(log_path, suffix=".oom"))
     else:
         target = Path(DEFAULT_DIR)
     target = target.resolve()  # the child may change directory

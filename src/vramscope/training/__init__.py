@@ -12,7 +12,13 @@
 * :mod:`~vramscope.training.strategy`: how the run is spread (FSDP / ZeRO / DDP).
 * :mod:`~vramscope.training.guard`: the guard that keeps a callback's failure out of the training.
 
-The adapters to trainers stay in ``integrations/`` and point this way only: the callbacks
-(``vramscope.integrations.hf``, ``.lightning``), the ``vramscope run`` injection (``.inject``, whose
-start-up hook lives beside it) and the QLoRA model builders (``.qlora``). Importing this package imports nothing.
+* :mod:`~vramscope.training.hf`, :mod:`~vramscope.training.lightning`: the callbacks for HF's and Lightning's
+  ``Trainer`` (users import them from ``vramscope.integrations.hf`` / ``.lightning``, which re-export them and stay).
+* :mod:`~vramscope.training.inject`: ``vramscope run`` attaching the callback with no code change, through the
+  start-up hook in ``_sitecustomize/`` (copied into the child's path, standard library only).
+* :mod:`~vramscope.training.trial`: a ``vramscope tune -- CMD`` trial child (``VRAMSCOPE_TRIAL``).
+* :mod:`~vramscope.training.qlora`: build and step a real QLoRA/LoRA model (tune, calibration, benchmarks).
+* :mod:`~vramscope.training.runner`: ``vramscope run``: a command under the sampler, signals forwarded.
+
+Importing this package imports nothing.
 """

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from vramscope.sampling.devices import gpu_of
 from vramscope.types import MemoryBreakdown
 
 _QUANT_STATE_TENSORS = ("absmax", "code", "offset")
@@ -168,10 +169,10 @@ def summary(model: Any, optimizer: Any = None) -> MemoryBreakdown:
     process = None
     nvml = NvmlBackend()
     try:
-        for gpu in nvml.read():
-            if reading.uuid is not None and gpu.uuid == reading.uuid and gpu.processes_known:
-                mine = [p.gpu_bytes for p in gpu.processes if p.pid == os.getpid() and p.gpu_bytes is not None]
-                process = sum(mine) if mine else None
+        gpu = gpu_of(reading, nvml.read())
+        if gpu is not None and gpu.processes_known:
+            mine = [p.gpu_bytes for p in gpu.processes if p.pid == os.getpid() and p.gpu_bytes is not None]
+            process = sum(mine) if mine else None
     finally:
         nvml.close()
     return with_readings(static, peak_allocated=reading.peak_allocated_bytes, reserved=reading.reserved_bytes,
@@ -229,10 +230,8 @@ class BreakdownTracker:
         reading = next(iter(getattr(sample, "allocator", ())), None)
         if reading is None:
             return static
-        process = None
-        for gpu in getattr(sample, "gpus", ()):
-            if reading.uuid is not None and gpu.uuid == reading.uuid:
-                process = sample.process_bytes(gpu.index)
+        gpu = gpu_of(reading, getattr(sample, "gpus", ()))
+        process = None if gpu is None else sample.process_bytes(gpu.index)
         return with_readings(static, peak_allocated=self.peak_allocated, reserved=reading.reserved_bytes,
                              allocated=reading.allocated_bytes, process=process)
 

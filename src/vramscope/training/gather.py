@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from vramscope.sampling.devices import gpu_of
 from vramscope.types import AllocatorReading, GpuReading, HostReading, ProcessGpuReading, Sample
 
 # What one rank sends rank 0 at a logged step, in this order; -1 = unknown (every real value is >= 0).
@@ -74,9 +75,7 @@ def row_numbers(sample: Sample, rank: int) -> list[int]:
     reading = sample.allocator[0] if sample.allocator else None
     gpu: GpuReading | None = None
     if reading is not None:
-        gpu = next((g for g in sample.gpus if reading.uuid and g.uuid == reading.uuid), None)
-        if gpu is None and (reading.uuid is None or all(g.uuid is None for g in sample.gpus)):
-            gpu = next((g for g in sample.gpus if g.index == reading.device), None)
+        gpu = gpu_of(reading, sample.gpus)
     elif len(sample.gpus) == 1:
         gpu = sample.gpus[0]
     values: dict[str, int | None] = {

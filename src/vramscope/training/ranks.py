@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
-from vramscope.atomicfile import write_atomically
+from vramscope.output.atomic import write_atomically
+from vramscope.output.names import sibling
 
 
 def current_rank() -> int:
@@ -29,17 +29,13 @@ def current_rank() -> int:
 
 
 def rank_path(path: str, rank: int) -> str:
-    """``mem.csv`` for rank 0, ``mem.rank3.csv`` for rank 3."""
-    if rank == 0:
-        return path
-    p = Path(path)
-    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+    """``mem.csv`` for rank 0, ``mem.rank3.csv`` for rank 3 (:func:`vramscope.output.names.sibling`)."""
+    return path if rank == 0 else sibling(path, tag=f"rank{rank}")
 
 
 def beside(path: str, suffix: str) -> str:
-    """``runs/mem.csv`` + ``.analysis.json`` -> ``runs/mem.analysis.json``."""
-    p = Path(path)
-    return str(p.with_name(p.stem + suffix))
+    """``runs/mem.csv`` + ``.analysis.json`` -> ``runs/mem.analysis.json`` (:func:`vramscope.output.names.sibling`)."""
+    return sibling(path, suffix=suffix)
 
 
 def write_json_beside(log_path: str, suffix: str, data: Any) -> str:

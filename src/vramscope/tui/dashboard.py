@@ -13,7 +13,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from vramscope.safetext import printable
+from vramscope.output.safetext import printable
 from vramscope.schema import iso_time
 from vramscope.tui.text import host_line, sparkline
 from vramscope.types import Sample

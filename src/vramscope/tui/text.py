@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vramscope.safetext import printable
+from vramscope.output.safetext import printable
 from vramscope.schema import iso_time
 from vramscope.types import GpuReading, HostReading, Sample
 from vramscope.units import gib, human

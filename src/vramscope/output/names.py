@@ -1,0 +1,34 @@
+"""The names of the files beside a log: one rule, so that what the monitor writes the report finds.
+
+A file that belongs to a log is named after the log without its last suffix (``runs/mem.csv`` ->
+``runs/mem``), in the log's folder:
+
+* another log of the same run takes a tag before the log's suffix: ``mem.rank3.csv`` (rank 3),
+  ``mem.steps.csv`` (the step log of ``vramscope run``), ``mem.trainer2.csv`` (a second Trainer);
+* a file of another kind takes its own suffix instead: ``mem.analysis.json``, ``mem.breakdown.json``,
+  ``mem.strategy.json``, ``mem.warnings.jsonl``, ``mem.oom/``.
+
+The parts of a rotated log are the one exception, by design: ``mem.csv.1``, ``mem.csv.2`` keep the whole
+name, as logrotate's do (``sinks.base.part_path``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def sibling(path: str | os.PathLike[str], *, tag: str | None = None, suffix: str | None = None) -> str:
+    """The file beside ``path`` named after it.
+
+    Args:
+        path: the log (``runs/mem.csv``).
+        tag: put before the suffix: ``tag="rank3"`` -> ``runs/mem.rank3.csv``.
+        suffix: instead of the log's own: ``suffix=".analysis.json"`` -> ``runs/mem.analysis.json``.
+
+    Raises:
+        ValueError: ``path`` has no file name (``""``, ``"/"``).
+    """
+    p = Path(path)
+    name = p.stem + (f".{tag}" if tag else "") + (p.suffix if suffix is None else suffix)
+    return str(p.with_name(name))
