@@ -1,8 +1,9 @@
-"""The log reader's fast path (one C split) must read exactly what the csv module reads.
+"""The log reader must read exactly what the csv module reads.
 
-The report's speed rests on ``logfile._split_plain``; these tests hold it against ``csv.reader`` on
-logs written by the real CSV sink, on hostile layouts (quotes, CRLF, ragged and torn lines) and on
-random tables (hypothesis), so that speed never costs a wrong column.
+The report's speed rests on cells located in the file's bytes (``vramscope.logs.locate``); these tests
+hold the public reader against ``csv.reader`` on logs written by the real CSV sink, on hostile layouts
+(quotes, CRLF, ragged and torn lines) and on random tables (hypothesis), so that speed never costs a
+wrong column.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from test_report_fixtures import Run, write_nvidia_smi_log, write_training_log
-from vramscope import logfile
-from vramscope.logfile import read_log
+from vramscope.logs.csv_reader import read_csv
+from vramscope.logs.reader import read_log
+from vramscope.logs.table import LogTable
 
 
 def csv_module_columns(text: str) -> dict[str, list[str]]:
@@ -32,10 +34,7 @@ def test_fast_path_reads_the_sink_output_like_csv_reader(tmp_path: Path) -> None
     path = write_training_log(tmp_path / "m.csv", Run(steps=60, gpus=2, eval_every=20, eval_steps=5))
     text = path.read_bytes().decode()
     assert "\r\n" in text  # the csv module's default line end: the fast path must handle it
-    fast = logfile._split_plain(text)
-    assert fast is not None
-    assert fast == csv_module_columns(text)
-    assert read_log(path).raw == fast
+    assert read_log(path).raw == csv_module_columns(text)
 
 
 def test_lf_line_ends_read_the_same(tmp_path: Path) -> None:
@@ -83,7 +82,7 @@ def test_header_only_has_no_rows(tmp_path: Path) -> None:
 
 
 def test_typed_columns_turn_gaps_and_damage_into_none() -> None:
-    table = logfile.LogTable("x", {"a": ["1", "", "2.5e3", "junk", "-4"], "f": ["0.5", "", "x", "1e3", "2"]})
+    table = LogTable("x", {"a": ["1", "", "2.5e3", "junk", "-4"], "f": ["0.5", "", "x", "1e3", "2"]})
     assert table.ints("a") == [1, None, 2500, None, -4]
     assert table.floats("f") == [0.5, None, None, 1000.0, 2.0]
     assert table.ints("missing") == [None] * 5
@@ -91,7 +90,7 @@ def test_typed_columns_turn_gaps_and_damage_into_none() -> None:
 
 
 def test_select_keeps_matching_rows_in_order() -> None:
-    table = logfile.LogTable("x", {"gpu": ["0", "1", "0", "1", ""], "v": ["a", "b", "c", "d", "e"]})
+    table = LogTable("x", {"gpu": ["0", "1", "0", "1", ""], "v": ["a", "b", "c", "d", "e"]})
     assert table.select(gpu=1).raw == {"gpu": ["1", "1"], "v": ["b", "d"]}
     assert table.select(gpu=None).raw == {"gpu": [""], "v": ["e"]}
     assert table.select(gpu=0, v="c").raw == {"gpu": ["0"], "v": ["c"]}
@@ -126,6 +125,4 @@ def test_fast_path_matches_csv_reader_on_random_tables(width: int, data: st.Data
     if torn and rows:
         text += "partial,"
     expected = csv_module_columns(text.replace("\r\n", "\n"))
-    assert logfile._read_csv("random.csv", text).raw == expected
-    if width > 1:  # a one-column file always goes through the csv module
-        assert logfile._split_plain(text) == expected
+    assert read_csv("random.csv", text.encode()).raw == expected

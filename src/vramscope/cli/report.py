@@ -17,8 +17,8 @@ from typing import Any
 from vramscope.atomicfile import write_atomically
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.cli.recipe import add_framework_argument
-from vramscope.logfile import LogFormatError
-from vramscope.logs_import import ColumnsError, ColumnSpec, parse_columns
+from vramscope.logs.errors import LogFormatError
+from vramscope.logs.mapping import ColumnsError, ColumnSpec, parse_columns
 from vramscope.planner import PlanInputError, load_config_file
 from vramscope.planner.settings import STYLES
 from vramscope.recipe import QLoraSpec

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import os
 
-from vramscope.sinks.base import (
+from vramscope.logs.csv_sink import CsvSink
+from vramscope.logs.files import (
     LogExistsError,
     LogLockedError,
     LogPathError,
-    Sink,
     existing_log_files,
     free_log_name,
     log_parts,
     part_path,
 )
-from vramscope.sinks.csvlog import CsvSink
-from vramscope.sinks.jsonl import JsonlSink
+from vramscope.logs.jsonl_sink import JsonlSink
+from vramscope.sinks.base import Sink
 
 __all__ = [
     "CsvSink",
