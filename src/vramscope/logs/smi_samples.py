@@ -9,13 +9,12 @@ found in the gaps themselves: sorted, the distinct positive gaps jump from the f
 between the GPUs of a sample to the sampling interval. The split is kept only when it gives samples
 of one size (at least 90% of the rows), more GPUs than identical stamps alone give, and no more than
 :data:`MAX_GPUS`; otherwise rows group by identical stamps, as before (a single GPU whose interval
-jitters, or that stalled once, stays a single GPU). Pure functions: ``logfile`` runs them over lists,
-``fastcsv`` over numpy arrays, and both give the same positions.
+jitters, or that stalled once, stays a single GPU). Pure functions of the gaps, which
+:func:`vramscope.logs.smi_reader.tick_positions` applies to the whole column at once.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
 
@@ -57,31 +56,3 @@ def tolerance_is_better(exact: Mapping[int, int], tolerant: Mapping[int, int]) -
     """Whether grouping within the tolerance (sample sizes ``tolerant``) beats identical stamps (``exact``)."""
     size, share = usual_size(tolerant)
     return usual_size(exact)[0] < size <= MAX_GPUS and share >= REGULAR_SHARE
-
-
-def positions(millis: Sequence[int | None]) -> list[int]:
-    """Each row's place in its sample (its GPU), from the rows' stamps in ms (None: unknown, a sample alone)."""
-    n = len(millis)
-    if n == 0:
-        return []
-    gaps = [None if a is None or b is None else b - a for a, b in pairwise(millis)]
-    known = [g for g in gaps if g is not None and g > 0]
-    tolerance = None
-    if known and max(known) >= MIN_JUMP * min(known):
-        tolerance = within_sample_tolerance(sorted(set(known)))
-    exact = [g != 0 for g in gaps]  # a new sample at row i + 1 (None != 0: an unknown stamp starts one)
-    starts = exact
-    if tolerance is not None:
-        tolerant = [g is None or not 0 <= g <= tolerance for g in gaps]
-        if tolerance_is_better(sample_sizes(exact, n), sample_sizes(tolerant, n)):
-            starts = tolerant
-    out = [0] * n
-    for i, new in enumerate(starts, start=1):
-        out[i] = 0 if new else out[i - 1] + 1
-    return out
-
-
-def sample_sizes(starts: Sequence[bool], n: int) -> Counter[int]:
-    """{size: samples} of ``n`` rows where ``starts[i]`` says row i + 1 begins a new sample."""
-    begins = [0] + [i for i, new in enumerate(starts, start=1) if new] + [n]
-    return Counter(b - a for a, b in pairwise(begins))
