@@ -1,9 +1,12 @@
 """What `vramscope report` costs in memory, on generated logs (issue 14, item 7; docs/reliability.md).
 
 Two logs are generated, then each is reported by ``python -m vramscope report`` in a child process
-whose peak RSS (``ru_maxrss`` of the child) and wall time are recorded; the reading alone
-(``fastcsv.locate`` for the CSV) is measured the same way. Run it against two source trees to compare
-(``--src``, default this checkout's ``src``); nothing is asserted, the figures go to ``--out``.
+whose peak RSS (``ru_maxrss`` of the child) and wall time are recorded; the reading alone is measured
+the same way, twice: the cells located (``read_log``) and every column made into its numpy arrays
+(``int_column``/``float_column``, ``labels`` for the text columns: what the analysis reads). Run it
+against two source trees to compare (``--src``, default this checkout's ``src``; a tree from before
+issue 15 has no ``vramscope.logs`` and is read through ``vramscope.logfile``); nothing is asserted, the
+figures go to ``--out``.
 
 * ``csv``: a vramscope CSV of two GPUs at 10 Hz with every schema column filled (about 236 bytes a row);
 * ``jsonl-keys``: a JSON Lines log whose every row brings a key no other row has (a loop logging a
@@ -26,14 +29,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vramscope.schema import COLUMNS  # noqa: E402
+from vramscope.logs.schema import COLUMNS  # noqa: E402
 
-LOCATE_ONLY = (
-    "import sys, time\n"
-    "from vramscope import fastcsv\n"
-    "data = open(sys.argv[1], 'rb').read()\n"
-    "cells = fastcsv.locate(data)\n"
-    "assert cells is not None\n"
+READ = (
+    "import sys\n"
+    "try:\n"
+    "    from vramscope.logs.reader import read_log\n"
+    "except ImportError:  # a tree from before issue 15\n"
+    "    from vramscope.logfile import read_log\n"
+    "table = read_log(sys.argv[1])\n"
+)
+READ_INTO_ARRAYS = READ + (
+    "for name in table.columns:\n"
+    "    if name in ('time', 'phase', 'gpu_uuid'):\n"
+    "        table.labels(name)\n"
+    "    elif name == 'elapsed_s':\n"
+    "        table.float_column(name)\n"
+    "    else:\n"
+    "        table.int_column(name)\n"
 )
 
 
@@ -101,7 +114,8 @@ def main() -> None:
     results = []
     for src in args.src or [str(ROOT / "src")]:
         for what, child in (("jsonl-keys report", ["-m", "vramscope", "report", str(keys_log)]),
-                            ("csv reading (fastcsv.locate)", ["-c", LOCATE_ONLY, str(csv_log)]),
+                            ("csv reading (read_log: cells located)", ["-c", READ, str(csv_log)]),
+                            ("csv reading into arrays (every column)", ["-c", READ_INTO_ARRAYS, str(csv_log)]),
                             ("csv report", ["-m", "vramscope", "report", str(csv_log)])):
             figures = measure(src, child)
             log = keys_log if what.startswith("jsonl") else csv_log

@@ -176,7 +176,10 @@ def ints(cells: CellRanges, one: Callable[[str], int | None] | None = None) -> C
     :func:`int_of`)."""
     starts, ends = cells.starts, cells.ends
     lengths = ends - starts
-    plain = (lengths > 0) & (lengths <= _INT_DIGITS) & (ends >= _INT_DIGITS)
+    filled = lengths > 0
+    if not filled.any():
+        return unknown_column(len(cells), np.int64)  # a column never logged: nothing to parse
+    plain = filled & (lengths <= _INT_DIGITS) & (ends >= _INT_DIGITS)
     at = np.where(plain, ends, _INT_DIGITS)  # where a cell is not plain, a harmless place to read
     keep = np.where(plain, lengths, 0)
     # Each byte's 8-byte word (a strided view, no copy); a buffer too short for a plain cell reads zeros.
@@ -191,7 +194,7 @@ def ints(cells: CellRanges, one: Callable[[str], int | None] | None = None) -> C
     known = plain & digits_only
     out = values.view(np.int64)
     out[~known] = 0
-    return _per_cell(cells, Column(out, known), lengths > 0, one or int_of)
+    return _per_cell(cells, Column(out, known), filled, one or int_of)
 
 
 def floats(cells: CellRanges, one: Callable[[str], float | None] | None = None) -> Column:
@@ -201,6 +204,8 @@ def floats(cells: CellRanges, one: Callable[[str], float | None] | None = None) 
     n = len(starts)
     lengths = ends - starts
     filled = lengths > 0
+    if not filled.any():
+        return unknown_column(n, np.float64)
     short = filled & (lengths <= _FLOAT_DIGITS + 1)
     width = int(lengths[short].max()) if short.any() else 1
     plain = short & (ends >= width)
@@ -339,8 +344,9 @@ def labels(cells: CellRanges) -> Labels:
     rank[order] = np.arange(len(order), dtype=np.int32)
     codes = np.full(n, -1, dtype=np.int32)
     codes[rows] = rank[inverse.ravel()]
-    names = [cells.cell(int(rows[first[j]])) for j in order.tolist()]
-    return Labels(codes, names)
+    firsts = rows[first[order]]  # each distinct cell where it first appears, in that order
+    names = texts(CellRanges(cells.data, cells.starts[firsts], cells.ends[firsts]))
+    return Labels(codes, names)  # type: ignore[arg-type]  # no name is empty: none is None
 
 
 def fixed_rows(data: bytes, starts: np.ndarray, width: int) -> np.ndarray:
