@@ -24,8 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vramscope.cli import main
-from vramscope.logfile import LogFormatError, LogTable, read_log
-from vramscope.schema import COLUMNS
+from vramscope.logs.errors import LogFormatError
+from vramscope.logs.reader import read_log
+from vramscope.logs.schema import COLUMNS
+from vramscope.logs.table import LogTable
 
 CRASH_MARK = "run with --debug for the traceback"
 EXAMPLES = int(os.environ.get("VRAMSCOPE_FUZZ_EXAMPLES", "40"))

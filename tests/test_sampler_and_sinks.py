@@ -15,9 +15,9 @@ import pytest
 import fake_nvml
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
+from vramscope.logs.schema import CORE_COLUMNS
 from vramscope.sampling.sampler import Collector, Sampler
-from vramscope.schema import CORE_COLUMNS
 from vramscope.sinks import CsvSink, JsonlSink, LogPathError, log_sink
 from vramscope.types import AllocatorReading, Sample
 
@@ -150,7 +150,7 @@ def test_unwritable_log_paths_say_what_to_do(tmp_path: Path) -> None:
 
 
 def test_a_training_process_logs_only_the_gpus_its_allocator_uses() -> None:
-    from vramscope.schema import sample_rows
+    from vramscope.logs.schema import sample_rows
 
     nvml = fake_nvml.two_healthy_gpus(pid=os.getpid())
     gpus = NvmlBackend(nvml=nvml).read()
