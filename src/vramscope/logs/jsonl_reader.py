@@ -13,7 +13,7 @@ from array import array
 
 import numpy as np
 
-from vramscope.logs.cells import pack
+from vramscope.logs.cells import CellRanges, pack
 from vramscope.logs.csv_reader import complete_lines
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.schema import COLUMNS
@@ -42,7 +42,26 @@ def read_jsonl(name: str, text: str) -> LogTable:
         count += 1
     if count == 0:
         raise LogFormatError(f"{name} holds no complete JSON row; is it a vramscope .jsonl log?")
-    return LogTable(name, {key: cells.column(count) for key, cells in columns.items()}, kind="jsonl", rows=count)
+    return LogTable(name, _packed(columns, count), kind="jsonl", rows=count)
+
+
+def _packed(columns: dict[str, _Cells], count: int) -> dict[str, ColumnData]:
+    """Every key's cells packed into one buffer; a key on every row is a plain column, any other a sparse one."""
+    shared = pack([value for cells in columns.values() for value in cells.values])
+    rows = array("q")  # one array for every key's rows: a numpy array per key would cost more than its cells
+    for cells in columns.values():
+        rows.extend(cells.rows if cells.rows is not None else range(len(cells.values)))
+    where = np.frombuffer(rows, dtype=np.int64) if rows else np.zeros(0, dtype=np.int64)
+    out: dict[str, ColumnData] = {}
+    lo = 0
+    for key, cells in columns.items():
+        hi = lo + len(cells.values)
+        if cells.rows is None and hi - lo == count:
+            out[key] = TextColumn(CellRanges(shared.data, shared.starts[lo:hi], shared.ends[lo:hi]))
+        else:
+            out[key] = SparseTextColumn(shared, where, lo, hi, count)
+        lo = hi
+    return out
 
 
 class _Cells:
@@ -62,10 +81,3 @@ class _Cells:
             self.rows = array("q", range(len(self.values)))
         self.rows.append(row)
         self.values.append(value)
-
-    def column(self, count: int) -> ColumnData:
-        if self.rows is None and len(self.values) == count:
-            return TextColumn(pack(self.values))
-        where = np.arange(len(self.values), dtype=np.int64) if self.rows is None else np.frombuffer(
-            self.rows, dtype=np.int64)
-        return SparseTextColumn(pack(self.values), where, count)

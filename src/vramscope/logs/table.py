@@ -68,27 +68,33 @@ class TextColumn:
 
 
 class SparseTextColumn:
-    """Text cells of a few rows of ``rows`` (JSON Lines keys that come and go): the rest are unknown.
+    """Text cells of a few of ``rows`` rows (JSON Lines keys that come and go): the rest are unknown.
 
-    A log whose every row brings a new key then costs the cells in the file, not rows x keys.
+    The cells are ``cells[lo:hi]``, on rows ``where[lo:hi]`` (increasing), of ranges shared by every such
+    column of the log: a log whose every row brings a new key then costs the cells in the file and a few
+    numbers a key, not rows x keys, nor arrays of its own for each key.
     """
 
-    def __init__(self, cells: CellRanges, where: np.ndarray, rows: int) -> None:
+    __slots__ = ("cells", "hi", "lo", "rows", "where")
+
+    def __init__(self, cells: CellRanges, where: np.ndarray, lo: int, hi: int, rows: int) -> None:
         self.cells = cells
-        self.where = where  # int64, the row of each cell, increasing
+        self.where = where
+        self.lo, self.hi = lo, hi
         self.rows = rows
 
     def __len__(self) -> int:
         return self.rows
 
     def filled(self) -> bool:
-        return self.cells.filled()
+        return bool((self.cells.ends[self.lo : self.hi] > self.cells.starts[self.lo : self.hi]).any())
 
     def _whole(self) -> TextColumn:
         starts = np.zeros(self.rows, dtype=np.int64)
         ends = np.zeros(self.rows, dtype=np.int64)
-        starts[self.where] = self.cells.starts
-        ends[self.where] = self.cells.ends
+        where = self.where[self.lo : self.hi]
+        starts[where] = self.cells.starts[self.lo : self.hi]
+        ends[where] = self.cells.ends[self.lo : self.hi]
         return TextColumn(CellRanges(self.cells.data, starts, ends))
 
     def ints(self) -> Column:
