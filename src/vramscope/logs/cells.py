@@ -52,8 +52,9 @@ _TEXT_CHUNK_ROWS = 1 << 16
 # Bytes that may end each cell when a column's text is packed for one split; the first not found in
 # the column's cells is used.
 _SEPARATORS = (b",", b"\n", b"\x00", b"\x1f")
-# Labels are found by sorting the cells as fixed-width rows up to this width; wider text is coded by a dict.
+# Labels are found by sorting the cells' keys up to this width; wider text is coded by a dict.
 _LABEL_WIDTH = 64
+_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, odd: a bijective mixing step
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,13 @@ def _text_chunk(cells: CellRanges, data: np.ndarray, starts: np.ndarray, ends: n
     lengths = ends - starts
     if not lengths.any():
         return [None] * len(starts)
+    width = int(lengths[0])
+    if (lengths == width).all():  # cells of one width (a time, a UUID): copied as rows, no gather index
+        rows = fixed_rows(cells.data, starts, width + 1)
+        for separator in _SEPARATORS:
+            if not (rows[:, :width] == separator[0]).any():
+                rows[:, width] = separator[0]
+                return rows.tobytes().decode("utf-8", errors="replace").split(separator.decode())[:-1]  # type: ignore[return-value]
     # Each cell's bytes and one byte after it, end to end: output byte k comes from data[k + shift[row]].
     spans = lengths + 1
     out_ends = np.cumsum(spans)
@@ -332,21 +340,47 @@ def labels(cells: CellRanges) -> Labels:
     if width > _LABEL_WIDTH:
         return _labels_by_dict(texts(cells))
     rows = np.flatnonzero(filled)
-    # Each cell as a fixed-width row (zeros after its end) and its length: equal rows, equal cells.
-    keyed = np.zeros((len(rows), width + 1), dtype=np.uint8)
-    keyed[:, :width] = fixed_rows(cells.data, cells.starts[rows], width)
-    keyed[:, :width][np.arange(width)[None, :] >= lengths[rows][:, None]] = 0
-    keyed[:, width] = lengths[rows]  # at most 64: one byte
-    keys = np.ascontiguousarray(keyed).view(np.dtype((np.void, width + 1))).ravel()
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    first, inverse = _distinct(cells, rows, lengths[rows], width)
     order = np.argsort(first, kind="stable")  # distinct cells by first appearance
     rank = np.empty(len(order), dtype=np.int32)
     rank[order] = np.arange(len(order), dtype=np.int32)
     codes = np.full(n, -1, dtype=np.int32)
-    codes[rows] = rank[inverse.ravel()]
+    codes[rows] = rank[inverse]
     firsts = rows[first[order]]  # each distinct cell where it first appears, in that order
     names = texts(CellRanges(cells.data, cells.starts[firsts], cells.ends[firsts]))
     return Labels(codes, names)  # type: ignore[arg-type]  # no name is empty: none is None
+
+
+def _distinct(cells: CellRanges, rows: np.ndarray, lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """For the cells at ``rows``: the index (into ``rows``) of each distinct cell's first appearance, and each
+    cell's distinct number, as ``np.unique(..., return_index, return_inverse)`` gives them.
+
+    Each cell becomes a fixed-width row of 8-byte words (zeros after its end) and one 64-bit key: the cell
+    itself when it is at most 7 bytes (its length in the eighth), else a hash of its words. Hashed keys
+    are checked against the rows they stand for, and on any collision the rows themselves are sorted.
+    """
+    words = -(-(width + 1) // 8)  # room for the length byte too
+    keyed = np.zeros((len(rows), words * 8), dtype=np.uint8)
+    keyed[:, :width] = fixed_rows(cells.data, cells.starts[rows], width)
+    keyed[:, :width][np.arange(width)[None, :] >= lengths[:, None]] = 0
+    keyed[:, -1] = lengths  # at most 64: one byte
+    lanes = keyed.view(np.uint64)
+    if words == 1:
+        key = lanes[:, 0]
+    else:
+        key = np.zeros(len(rows), dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            for k in range(words):
+                key ^= lanes[:, k]
+                key *= _HASH_MULTIPLIER
+                key ^= key >> np.uint64(29)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if words > 1 and not (lanes == lanes[first[inverse]]).all():  # two cells, one hash: sort the cells
+        voids = np.ascontiguousarray(keyed).view(np.dtype((np.void, words * 8))).ravel()
+        _, first, inverse = np.unique(voids, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+    return first, inverse
 
 
 def fixed_rows(data: bytes, starts: np.ndarray, width: int) -> np.ndarray:
