@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import isfinite
+from typing import Protocol
 
 import numpy as np
 
@@ -79,11 +80,13 @@ class Column:
 
     def tolist(self) -> list[int | float | None]:
         """The cells as Python numbers, None where unknown (the JSON edge, tests)."""
-        values: list[int | float | None] = self.values.tolist()
-        if not self.known.all():
-            for i in np.flatnonzero(~self.known).tolist():
-                values[i] = None
-        return values
+        if self.known.all():
+            return self.values.tolist()  # type: ignore[no-any-return]
+        if not self.known.any():
+            return [None] * len(self.values)
+        out = np.full(len(self.values), None, dtype=object)
+        out[self.known] = self.values[self.known].tolist()
+        return out.tolist()  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,18 @@ class CellRanges:
 
     def filled(self) -> bool:
         return bool((self.ends > self.starts).any())
+
+    def ranges(self) -> CellRanges:
+        """Itself (a :class:`CellSource` that is made already)."""
+        return self
+
+
+class CellSource(Protocol):
+    """A text column's cells, found but perhaps not yet made into ranges (a located file's column)."""
+
+    def __len__(self) -> int: ...
+    def filled(self) -> bool: ...
+    def ranges(self) -> CellRanges: ...
 
 
 def pack(cells: Sequence[str]) -> CellRanges:
@@ -183,12 +198,18 @@ def ints(cells: CellRanges, one: Callable[[str], int | None] | None = None) -> C
     plain = filled & (lengths <= _INT_DIGITS) & (ends >= _INT_DIGITS)
     at = np.where(plain, ends, _INT_DIGITS)  # where a cell is not plain, a harmless place to read
     keep = np.where(plain, lengths, 0)
-    # Each byte's 8-byte word (a strided view, no copy); a buffer too short for a plain cell reads zeros.
-    words = (np.ndarray(shape=(len(cells.data) - 7,), dtype="<u8", buffer=cells.data, strides=(1,))
-             if len(cells.data) >= _INT_DIGITS else np.zeros(_INT_DIGITS, dtype="<u8"))
-    values, digits_only = _eight_digits(words, at - 8, np.minimum(keep, 8))
-    if (keep > 8).any():
-        high, high_ok = _eight_digits(words, at - 16, np.clip(keep - 8, 0, 8))
+    two_words = bool((keep > 8).any())
+    span = 16 if two_words else 8
+    # The 8 or 16 bytes before each cell's end, in one gather: a column of a large file is a cache miss a
+    # row, so its bytes are fetched once, not once a word. A buffer too short for a plain cell reads zeros.
+    if len(cells.data) >= _INT_DIGITS:
+        window = np.lib.stride_tricks.sliding_window_view(np.frombuffer(cells.data, dtype=np.uint8), span)
+        words = window[at - span].view("<u8")
+    else:
+        words = np.zeros((len(cells), span // 8), dtype="<u8")
+    values, digits_only = _eight_digits(words[:, -1], np.minimum(keep, 8))
+    if two_words:
+        high, high_ok = _eight_digits(words[:, 0], np.clip(keep - 8, 0, 8))
         digits_only &= high_ok
         high *= np.uint64(10**8)
         values += high
@@ -252,14 +273,14 @@ def _per_cell(cells: CellRanges, parsed: Column, filled: np.ndarray,
     return parsed
 
 
-def _eight_digits(words: np.ndarray, at: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The number in the last ``keep`` of the 8 bytes at each ``at`` (the rest read as '0'); whether all are digits.
+def _eight_digits(word: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The number in the last ``keep`` of each word's 8 bytes (the rest read as '0'); whether all are digits.
 
     SWAR: the 8 bytes are loaded as one little-endian uint64 (first byte lowest) and combined in three
     multiply-shift steps, pairs, then fours, then eights, for the whole column at once. The steps work in
     place: a fresh 8 MB array per step would cost more than its arithmetic.
     """
-    word = words[at]
+    word = np.ascontiguousarray(word)  # a column of the gathered rows: made its own, then changed in place
     other = _KEEP_HIGH_BYTES[keep]
     word &= other
     np.invert(other, out=other)

@@ -14,6 +14,7 @@ import io
 
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.locate import locate
+from vramscope.logs.schema import FLOAT_COLUMNS, INT_COLUMNS
 from vramscope.logs.table import ColumnData, LogTable, TextColumn
 
 
@@ -21,8 +22,13 @@ def read_csv(name: str, data: bytes) -> LogTable:
     """A vramscope CSV log from its bytes (header first)."""
     located = locate(data)
     if located is not None:
-        # A header naming a column twice: the last one wins, as it always did.
-        columns: dict[str, ColumnData] = {h: TextColumn(located.cells(j)) for j, h in enumerate(located.header)}
+        # The schema's number columns are parsed now, all together (Located.numbers says why); other
+        # columns, and these as another type, when they are asked for.
+        index = {h: j for j, h in enumerate(located.header)}  # a name twice: the last one wins, as it always did
+        kinds = {j: "int" if h in INT_COLUMNS else "float" for h, j in index.items()
+                 if h in INT_COLUMNS or h in FLOAT_COLUMNS}
+        numbers = located.numbers(kinds)
+        columns: dict[str, ColumnData] = {h: TextColumn(located.column(j), numbers.get(j)) for h, j in index.items()}
         return LogTable(name, columns, rows=located.rows)
     header, rows = csv_columns(name, data.decode("utf-8", errors="replace"), "is it a vramscope log?")
     return LogTable(name, dict(zip(header, map(TextColumn.of, rows), strict=True)), rows=len(rows[0]) if rows

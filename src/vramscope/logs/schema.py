@@ -39,6 +39,10 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "system_used_bytes",
 )
 COLUMNS: tuple[str, ...] = CORE_COLUMNS + EXTRA_COLUMNS
+# What each column holds, for readers that parse numbers as they read: text, seconds, the rest integers.
+TEXT_COLUMNS: tuple[str, ...] = ("time", "phase", "gpu_uuid")
+FLOAT_COLUMNS: tuple[str, ...] = ("elapsed_s",)
+INT_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS + FLOAT_COLUMNS)
 
 Row = dict[str, Any]
 

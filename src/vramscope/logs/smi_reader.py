@@ -17,7 +17,7 @@ import numpy as np
 
 from vramscope.logs import cells as cellparse
 from vramscope.logs import smi_samples
-from vramscope.logs.cells import CellRanges, Column, Labels
+from vramscope.logs.cells import CellRanges, CellSource, Column, Labels
 from vramscope.logs.csv_reader import complete_lines, csv_columns
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.locate import locate
@@ -44,7 +44,7 @@ def read_nvidia_smi(name: str, text: str) -> LogTable:
     located = locate(data)
     if located is not None:
         header = [h.strip() for h in located.header]
-        columns = [located.cells(j) for j in range(len(header))]
+        columns: list[CellSource] = [located.column(j) for j in range(len(header))]
     else:
         header, rows = csv_columns(name, body, "is it an nvidia-smi --format=csv log?",
                                    skip_initial_space=True)
@@ -53,7 +53,7 @@ def read_nvidia_smi(name: str, text: str) -> LogTable:
     keys = [h.split(" [")[0] for h in header]
 
     def col(key: str) -> CellRanges | None:
-        return _strip(columns[keys.index(key)]) if key in keys else None  # the first of a repeated name
+        return _strip(columns[keys.index(key)].ranges()) if key in keys else None  # the first of a repeated name
 
     if "memory.used" not in keys:
         raise LogFormatError(

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from vramscope.logs import cells as cellparse
-from vramscope.logs.cells import CellRanges, Column, Labels, unknown_column
+from vramscope.logs.cells import CellRanges, CellSource, Column, Labels, unknown_column
 
 
 class ColumnData(Protocol):
@@ -35,10 +35,12 @@ class ColumnData(Protocol):
 
 
 class TextColumn:
-    """Text cells as ranges of a buffer (see :mod:`vramscope.logs.cells`), made on use by ``source``."""
+    """Text cells as ranges of a buffer (see :mod:`vramscope.logs.cells`); a located file's column makes
+    its ranges only while it is converted, so a read log costs its file and its index, not 16 bytes a cell."""
 
-    def __init__(self, cells: CellRanges) -> None:
-        self.cells = cells
+    def __init__(self, source: CellSource, numbers: Column | None = None) -> None:
+        self.source = source
+        self.numbers = numbers  # the cells as numbers, when the reader made them already (ints or floats)
 
     @classmethod
     def of(cls, values: Sequence[str]) -> TextColumn:
@@ -46,25 +48,30 @@ class TextColumn:
         return cls(cellparse.pack(values))
 
     def __len__(self) -> int:
-        return len(self.cells)
+        return len(self.source)
 
     def filled(self) -> bool:
-        return self.cells.filled()
+        return self.source.filled()
 
     def ints(self) -> Column:
-        return cellparse.ints(self.cells)
+        if self.numbers is not None and self.numbers.values.dtype == np.int64:
+            return self.numbers
+        return cellparse.ints(self.source.ranges())
 
     def floats(self) -> Column:
-        return cellparse.floats(self.cells)
+        if self.numbers is not None and self.numbers.values.dtype == np.float64:
+            return self.numbers
+        return cellparse.floats(self.source.ranges())
 
     def texts(self) -> list[str | None]:
-        return cellparse.texts(self.cells)
+        return cellparse.texts(self.source.ranges())
 
     def labels(self) -> Labels:
-        return cellparse.labels(self.cells)
+        return cellparse.labels(self.source.ranges())
 
     def take(self, rows: np.ndarray) -> TextColumn:
-        return TextColumn(CellRanges(self.cells.data, self.cells.starts[rows], self.cells.ends[rows]))
+        cells = self.source.ranges()
+        return TextColumn(CellRanges(cells.data, cells.starts[rows], cells.ends[rows]))
 
 
 class SparseTextColumn:
