@@ -3,8 +3,10 @@
 A reader hands :class:`LogTable` one :class:`ColumnData` per column: text cells in a buffer
 (:class:`TextColumn`, what a CSV or JSON Lines file holds), numbers it computed itself
 (:class:`NumberColumn`, nvidia-smi's bytes and seconds), or the parts of a rotated log end to end
-(:class:`JoinedColumn`). A column is converted when it is first asked for and the arrays are kept:
-``int_column`` / ``float_column`` -> :class:`Column`, ``labels`` -> :class:`Labels`.
+(:class:`JoinedColumn`). A column is converted once, when it is first asked for (a vramscope CSV's
+schema number columns as the file is read), and the arrays are kept: ``int_column`` /
+``float_column`` -> :class:`Column`, ``labels`` -> :class:`Labels`. They are the table's own: read
+them, do not change them in place.
 
 ``ints()`` / ``floats()`` / ``strings()`` (Python lists, None = unknown) and ``raw`` (text, '' =
 unknown) are kept for compatibility while the report and the analysis move to the arrays (issue 15):
@@ -337,6 +339,9 @@ class _RawText(Mapping[str, list[str]]):
         if name not in self._table.columns:
             raise KeyError(name)
         return self._table.text_cells(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table.columns  # without making the column's text
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._table.columns)
