@@ -25,7 +25,7 @@ _COMMA, _NEWLINE, _CARRIAGE = 44, 10, 13
 # temporary, so locating a large log costs the file and its index, not several times the file.
 CHUNK_BYTES = 1 << 22
 _MAX_LINE_BYTES = (1 << 16) - 1  # cell ends within a line are uint16; a longer line goes to the csv module
-_ROWS_AT_A_TIME = 1 << 15  # a few MB of lines: they stay in the cache while every column of them is read
+_ROWS_AT_A_TIME = 1 << 14  # a few MB of lines: they stay in the cache while every column of them is read
 
 
 class Located:
