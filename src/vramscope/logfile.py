@@ -10,11 +10,16 @@ from contextlib import contextmanager
 from vramscope.logs.cells import Column, Labels
 from vramscope.logs.errors import LogFormatError, UnknownLogError
 from vramscope.logs.reader import read_log, read_log_bytes
-from vramscope.logs.smi_reader import read_nvidia_smi as read_nvidia_smi_text
+from vramscope.logs.smi_reader import read_nvidia_smi
 from vramscope.logs.table import LogTable, step_series
 
 __all__ = ["Column", "Labels", "LogFormatError", "LogTable", "UnknownLogError", "gc_paused", "read_log",
            "read_log_bytes", "read_nvidia_smi_text", "step_series"]
+
+
+def read_nvidia_smi_text(name: str, text: str) -> LogTable:
+    """nvidia-smi's CSV from its text (compatibility: :func:`vramscope.logs.smi_reader.read_nvidia_smi` reads bytes)."""
+    return read_nvidia_smi(name, text.encode("utf-8", errors="replace"))
 
 
 @contextmanager

@@ -71,7 +71,7 @@ def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | N
         first_line = ",".join(table.columns)
     text = _read_text(name)
     if _is_headerless_smi(first_line):
-        return read_nvidia_smi(name, "timestamp, name, memory.used [MiB], memory.total [MiB]\n" + text)
+        return read_nvidia_smi(name, b"timestamp, name, memory.used [MiB], memory.total [MiB]\n" + text.encode())
     guessed = guess_columns(text)
     if guessed is not None:
         return read_mapped(name, text, guessed, kind="hand-written")

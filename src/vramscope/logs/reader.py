@@ -76,7 +76,7 @@ def _read_one(name: str) -> LogTable:
     end = data.find(b"\n")
     header = data[: end if end >= 0 else len(data)].decode("utf-8", errors="replace").rstrip("\r")
     if "memory.used" in header or "memory.total" in header:
-        return read_nvidia_smi(name, data.decode("utf-8", errors="replace"))
+        return read_nvidia_smi(name, data)
     cells = header.split(",")
     if "time" in cells and "gpu" in cells:
         return read_csv(name, data)

@@ -18,7 +18,7 @@ import numpy as np
 from vramscope.logs import cells as cellparse
 from vramscope.logs import smi_samples
 from vramscope.logs.cells import CellRanges, CellSource, Column, Labels
-from vramscope.logs.csv_reader import complete_lines, csv_columns
+from vramscope.logs.csv_reader import csv_columns
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.locate import locate
 from vramscope.logs.table import ColumnData, LogTable, NumberColumn, TextColumn
@@ -33,21 +33,21 @@ _STAMP_DIGIT_AT = [i for i in range(SMI_STAMP_WIDTH) if i not in dict(SMI_STAMP_
 _MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
 _ISO_WIDTH = 29  # "2026-11-29T10:00:00.123+00:00", the form of vramscope's own logs
 _SMI_NUMBER = re.compile(r"([0-9.]+)")
-_UNITS = (b" MiB", b" %")
+_UNITS = ((b" MiB", "<u4"), (b" %", "<u2"))
 
 
-def read_nvidia_smi(name: str, text: str) -> LogTable:
-    """nvidia-smi's CSV from its text, header first (:mod:`vramscope.logs.imports` gives a header-less one its own)."""
-    # A header without its line end (nvidia-smi killed at once) still names the columns; rows need an end.
-    body = complete_lines(text) or text + "\n"
-    data = body.encode("utf-8", errors="replace")
+def read_nvidia_smi(name: str, data: bytes) -> LogTable:
+    """nvidia-smi's CSV from its bytes, header first (:mod:`vramscope.logs.imports` gives a header-less one its
+    own). A last line without its line end is dropped."""
+    if b"\n" not in data:  # a header without its line end (nvidia-smi killed at once) still names the columns
+        data += b"\n"
     located = locate(data)
     if located is not None:
         header = [h.strip() for h in located.header]
         columns: list[CellSource] = [located.column(j) for j in range(len(header))]
     else:
-        header, rows = csv_columns(name, body, "is it an nvidia-smi --format=csv log?",
-                                   skip_initial_space=True)
+        text = data.decode("utf-8", errors="replace")
+        header, rows = csv_columns(name, text, "is it an nvidia-smi --format=csv log?", skip_initial_space=True)
         header = [h.strip() for h in header]
         columns = [cellparse.pack(c) for c in rows]
     keys = [h.split(" [")[0] for h in header]
@@ -105,12 +105,14 @@ def _numbers(cells: CellRanges) -> Column:
 def _without_units(cells: CellRanges) -> CellRanges:
     """The cells with a trailing " MiB" or " %" cut off, in whole-column operations."""
     ends = cells.ends.copy()
-    for unit in _UNITS:  # the usual units, cut off in whole-column operations
+    for unit, dtype in _UNITS:
         size = len(unit)
+        if len(cells.data) < size:
+            continue
+        # Every byte's next `size` bytes as one number (a strided view): one compare a cell.
+        tails = np.ndarray(shape=(len(cells.data) - size + 1,), dtype=dtype, buffer=cells.data, strides=(1,))
         long_enough = np.flatnonzero(ends - cells.starts > size)
-        if len(long_enough):
-            tails = cellparse.fixed_rows(cells.data, ends[long_enough] - size, size)
-            ends[long_enough[(tails == np.frombuffer(unit, dtype=np.uint8)).all(axis=1)]] -= size
+        ends[long_enough[tails[ends[long_enough] - size] == np.frombuffer(unit, dtype=dtype)[0]]] -= size
     return CellRanges(cells.data, cells.starts, ends)
 
 
