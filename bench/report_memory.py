@@ -21,10 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+
+import numpy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -123,7 +127,15 @@ def main() -> None:
             figures["ratio"] = round(figures["peak_rss_bytes"] / figures["file_bytes"], 2)
             results.append({"src": src, "what": what, **figures})
             print(json.dumps(results[-1]), flush=True)
-    (out / "report_memory.json").write_text(json.dumps(results, indent=1))
+    document = {
+        "benchmark": "report_memory",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                    "load_average": os.getloadavg(), "numpy": numpy.__version__},
+        "samples": args.samples,
+        "results": results,
+    }
+    (out / "report_memory.json").write_text(json.dumps(document, indent=1))
     csv_log.unlink()
     keys_log.unlink()
 
