@@ -37,8 +37,9 @@ class ColumnData(Protocol):
 
 
 class TextColumn:
-    """Text cells as ranges of a buffer (see :mod:`vramscope.logs.cells`); a located file's column makes
-    its ranges only while it is converted, so a read log costs its file and its index, not 16 bytes a cell."""
+    """Text cells as ranges of a buffer (see :mod:`vramscope.logs.cells`), and their numbers when the reader
+    parsed them as it read. A located file's column makes its ranges only while it is converted, so a read
+    log costs its file, its index and its number columns, not 16 bytes a cell more."""
 
     def __init__(self, source: CellSource, numbers: Column | None = None) -> None:
         self.source = source
@@ -73,7 +74,8 @@ class TextColumn:
 
     def take(self, rows: np.ndarray) -> TextColumn:
         cells = self.source.ranges()
-        return TextColumn(CellRanges(cells.data, cells.starts[rows], cells.ends[rows]))
+        numbers = Column(self.numbers.values[rows], self.numbers.known[rows]) if self.numbers is not None else None
+        return TextColumn(CellRanges(cells.data, cells.starts[rows], cells.ends[rows]), numbers)
 
 
 class SparseTextColumn:
