@@ -45,7 +45,7 @@ def evaluate(csv_path: Path, every: int = 5) -> dict[str, Any]:
     truth = json.loads(csv_path.with_name(csv_path.stem + ".truth.json").read_text())
     table = read_log(csv_path)
     series = primary_series(table)
-    final = analyze(table)
+    final = analyze(table).to_json()
     start = truth.get("leak_start_step")
     config = config_for(series.signal)  # what analyze() and the live monitor use for this signal
     first_x, _ = first_detection(series.xs, series.ys, every=every, config=config, tokens=series.tokens)

@@ -121,7 +121,11 @@ def _gpu_rows(n: int, gpu: int, allocated: object, reserved: object) -> list[dic
 def test_analyze_reports_the_leaking_gpu_with_slope_start_and_forecast() -> None:
     rows = _gpu_rows(300, 0, 10 * GIB, 12 * GIB) + _gpu_rows(
         300, 1, lambda s: 10 * GIB + max(0, s - 120) * 4 * MIB, lambda s: 14 * GIB + max(0, s - 120) * 4 * MIB)
-    result = analyze(_table(rows))
+    typed = analyze(_table(rows))
+    worst = typed.leak.worst
+    assert worst is not None and worst.detected and worst.gpu == 1
+    assert typed.forecast.soonest is not None and typed.forecast.soonest.key == "1"
+    result = typed.to_json()
     leak = result["leak"]
     assert leak["detected"] is True
     assert leak["gpu"] == 1
@@ -138,7 +142,7 @@ def test_analyze_reports_the_leaking_gpu_with_slope_start_and_forecast() -> None
 
 def test_analyze_calls_growing_reserved_with_flat_allocated_caching_not_a_leak() -> None:
     rows = _gpu_rows(300, 0, 10 * GIB, lambda s: 12 * GIB + s * 8 * MIB)
-    leak = analyze(_table(rows))["leak"]
+    leak = analyze(_table(rows)).to_json()["leak"]
     assert leak["detected"] is False
     assert leak["kind"] == "caching"
     assert "allocated memory is flat" in leak["verdict"]
@@ -149,7 +153,7 @@ def test_analyze_peaks_per_phase_with_their_step() -> None:
     rows = _gpu_rows(100, 0, 10 * GIB, 12 * GIB)
     rows[49]["peak_allocated_bytes"] = 15 * GIB  # a long batch at step 50
     rows.append({**rows[59], "phase": "eval", "peak_allocated_bytes": 13 * GIB})
-    peak = analyze(_table(rows))["peak"]
+    peak = analyze(_table(rows)).to_json()["peak"]
     gpu = peak["devices"]["0"]
     assert gpu["bytes"] == 15 * GIB and gpu["step"] == 50 and gpu["phase"] == "train"
     assert gpu["phases"]["eval"]["bytes"] == 13 * GIB and gpu["phases"]["eval"]["step"] == 60
@@ -160,7 +164,7 @@ def test_analyze_peaks_per_phase_with_their_step() -> None:
 def test_analyze_a_time_based_log_trends_per_second() -> None:
     rows = [{"time": "t", "elapsed_s": 1.0 * i, "gpu": 0, "device_used_bytes": 5 * GIB + i * 3 * MIB,
              "device_total_bytes": 80 * GIB} for i in range(200)]
-    result = analyze(_table(rows))
+    result = analyze(_table(rows)).to_json()
     assert result["leak"]["detected"] is True
     assert result["leak"]["slope_bytes_per_step"] is None
     assert result["leak"]["slope_bytes_per_second"] == pytest.approx(3 * MIB, rel=0.05)
@@ -168,7 +172,7 @@ def test_analyze_a_time_based_log_trends_per_second() -> None:
 
 
 def test_analyze_of_nothing_is_well_formed() -> None:
-    result = analyze_columns({})
+    result = analyze_columns({}).to_json()
     assert result["leak"]["detected"] is False
     assert result["forecast"]["steps_to_oom"] is None
     assert result["peak"]["overall"] is None

@@ -51,7 +51,7 @@ def _replay(path: Path) -> tuple[dict[str, Any], float | None, dict[str, Any]]:
     assert series.signal == truth["signal"], "the trace must be analysed on the signal it was recorded for"
     first, _ = first_detection(series.xs, series.ys, every=EVERY, config=config_for(series.signal),
                                tokens=series.tokens)
-    return truth, first, analyze(table)["leak"]["devices"][series.key]
+    return truth, first, analyze(table).to_json()["leak"]["devices"][series.key]
 
 
 def _observed_growth_per_step(path: Path, signal: str, start: int) -> float:

@@ -118,7 +118,7 @@ def test_a_planted_leak_is_warned_once_saved_beside_the_log_and_analysed(tmp_pat
     from_file = json.loads((tmp_path / "mem.analysis.json").read_text())
     assert from_file["leak"]["detected"] is True
     # The same verdict from the log on disk, as `vramscope report` would compute it.
-    assert analyze(read_log(log))["leak"]["detected"] is True
+    assert analyze(read_log(log)).to_json()["leak"]["detected"] is True
 
 
 def test_a_clean_loop_raises_no_warning(tmp_path: Path) -> None:

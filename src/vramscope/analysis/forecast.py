@@ -9,17 +9,18 @@ Two risks, two forecasts:
   and the cross-entropy scale with it). A robust line of peak against tokens predicts the peak of the
   longest batch the run can see, and the largest batch that still fits, before that batch arrives.
 
-Pure functions over lists of numbers; no numpy.
+Pure functions over lists of numbers; the results are the frozen types of :mod:`vramscope.analysis.results`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import Any
 
 from vramscope.analysis.leak import median, thin, trend
+from vramscope.analysis.results import LongestBatch, OomForecast
 from vramscope.units import GIB
 
 # Under this share of the capacity left free, a predicted peak counts as an OOM risk: the allocator
@@ -66,23 +67,6 @@ def _recent_pairs(a: Sequence[Any], b: Sequence[Any], recent: int) -> list[tuple
     return list(zip(a[-recent:], b[-recent:], strict=True))
 
 
-@dataclass
-class OomForecast:
-    """Steps and seconds until the leak takes the peak to the capacity; None where not predictable."""
-
-    steps_to_oom: float | None
-    seconds_to_oom: float | None
-    capacity_bytes: int | None
-    current_peak_bytes: int | None
-    headroom_bytes: int | None
-    slope_bytes_per_step: float | None
-    seconds_per_step: float | None
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def forecast_oom(
     slope_bytes_per_step: float | None,
     current_peak_bytes: int | None,
@@ -107,28 +91,6 @@ def forecast_oom(
     if slope_bytes_per_step is None or slope_bytes_per_step <= 0:
         return out(None, "memory is not growing", headroom)
     return out(headroom / slope_bytes_per_step, "the leak's growth reaches the capacity", headroom)
-
-
-@dataclass
-class LongestBatch:
-    """Peak against batch tokens, and what the longest batch will need."""
-
-    available: bool
-    reason: str
-    points: int = 0
-    bytes_per_token: float | None = None
-    base_bytes: float | None = None  # the fitted peak at zero tokens (weights, optimizer, ...)
-    tokens_seen_max: int | None = None
-    peak_at_seen_max_bytes: int | None = None  # the measured peak of the longest batch seen so far
-    max_tokens: int | None = None  # the longest batch the run can see (given, or the longest seen)
-    predicted_peak_bytes: float | None = None
-    capacity_bytes: int | None = None
-    max_tokens_that_fit: int | None = None
-    at_risk: bool = False
-    warning: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def longest_batch(
@@ -166,11 +128,12 @@ def longest_batch(
     )
     if len(distinct) < 3:
         # One batch shape: its peak is known, a slope is not.
-        result.reason = "every batch had the same size; the peak does not depend on tokens in this run"
-        result.predicted_peak_bytes = float(peak_at_max) if target == seen_max else None
-        result.available = target == seen_max
-        _judge(result)
-        return result
+        return _judged(replace(
+            result,
+            reason="every batch had the same size; the peak does not depend on tokens in this run",
+            predicted_peak_bytes=float(peak_at_max) if target == seen_max else None,
+            available=target == seen_max,
+        ))
     xs, ys = thin([float(t) for t, _ in sorted(pairs)], [float(p) for _, p in sorted(pairs)], 150)
     fit = trend(xs, ys)
     slope = max(0.0, fit.slope)
@@ -180,31 +143,28 @@ def longest_batch(
     upper = [a for a in above if a > 0]
     lift = median(upper) if upper else 0.0
     base = fit.intercept + lift
-    result.available = True
-    result.reason = "fitted"
-    result.bytes_per_token = slope
-    result.base_bytes = base
     predicted = base + slope * target
     # Never predict less than what was measured for the longest batch already seen.
     if target >= seen_max:
         predicted = max(predicted, float(peak_at_max))
-    result.predicted_peak_bytes = predicted
+    fits = None
     if capacity_bytes is not None and slope > 0:
         room = capacity_bytes * (1 - SAFETY_FRACTION) - base
-        result.max_tokens_that_fit = max(0, math.floor(room / slope))
-    _judge(result)
-    return result
+        fits = max(0, math.floor(room / slope))
+    return _judged(replace(result, available=True, reason="fitted", bytes_per_token=slope, base_bytes=base,
+                           predicted_peak_bytes=predicted, max_tokens_that_fit=fits))
 
 
-def _judge(result: LongestBatch) -> None:
+def _judged(result: LongestBatch) -> LongestBatch:
+    """``result`` with ``at_risk`` and its warning set when the longest batch would not fit."""
     if result.capacity_bytes is None or result.predicted_peak_bytes is None or result.max_tokens is None:
-        return
+        return result
     usable = result.capacity_bytes * (1 - SAFETY_FRACTION)
-    if result.predicted_peak_bytes >= usable:
-        result.at_risk = True
-        fit = f"; about {result.max_tokens_that_fit} tokens fit" if result.max_tokens_that_fit is not None else ""
-        result.warning = (
-            f"a batch of {result.max_tokens} tokens would peak at about {result.predicted_peak_bytes / GIB:.1f} GiB, "
-            f"over the {result.capacity_bytes / GIB:.1f} GiB the allocator can use{fit}: "
-            "cap the sequence length or lower the batch size before it arrives"
-        )
+    if result.predicted_peak_bytes < usable:
+        return result
+    fit = f"; about {result.max_tokens_that_fit} tokens fit" if result.max_tokens_that_fit is not None else ""
+    return replace(result, at_risk=True, warning=(
+        f"a batch of {result.max_tokens} tokens would peak at about {result.predicted_peak_bytes / GIB:.1f} GiB, "
+        f"over the {result.capacity_bytes / GIB:.1f} GiB the allocator can use{fit}: "
+        "cap the sequence length or lower the batch size before it arrives"
+    ))

@@ -31,6 +31,20 @@ from vramscope.analysis.forecast import (
 )
 from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig, LeakResult, detect_leak
 from vramscope.analysis.peaks import ColumnFacts, has_known, stretch_maxima
+from vramscope.analysis.results import (
+    AnalysisResult,
+    Caching,
+    DeviceAnalysis,
+    DeviceForecast,
+    DeviceLeak,
+    DevicePeak,
+    ForecastSummary,
+    LeakSummary,
+    PeakAt,
+    PeakSummary,
+    StepRange,
+    no_batch_fit,
+)
 from vramscope.logfile import LogTable
 from vramscope.units import MIB
 
@@ -75,7 +89,7 @@ def analyze(
     max_batch_tokens: int | None = None,
     config: LeakConfig = DEFAULT_CONFIG,
     facts: ColumnFacts | None = None,
-) -> dict[str, Any]:
+) -> AnalysisResult:
     """Analyse a log read by :func:`vramscope.logfile.read_log`.
 
     Args:
@@ -89,8 +103,8 @@ def analyze(
             its charts first), shared so that no column is read twice for the same answer.
 
     Returns:
-        ``{"leak": {...}, "peak": {...}, "forecast": {...}, "warnings": [...], "devices": [...], ...}``;
-        see docs/leak-detection.md for every key.
+        the typed result; its ``to_json()`` is ``{"leak": {...}, "peak": {...}, "forecast": {...},
+        "warnings": [...], "devices": [...], ...}`` (docs/leak-detection.md lists every key).
     """
     return _analyze(_TableColumns(table), len(table), capacity_bytes, max_batch_tokens, config, facts or ColumnFacts())
 
@@ -100,7 +114,7 @@ def analyze_columns(
     capacity_bytes: int | None = None,
     max_batch_tokens: int | None = None,
     config: LeakConfig = DEFAULT_CONFIG,
-) -> dict[str, Any]:
+) -> AnalysisResult:
     """The analysis over typed columns (ints/floats/str, None = unknown), one entry per log row."""
     n = max((len(v) for v in columns.values()), default=0)
     return _analyze(columns, n, capacity_bytes, max_batch_tokens, config, ColumnFacts())
@@ -113,7 +127,7 @@ def _analyze(
     max_batch_tokens: int | None,
     config: LeakConfig,
     facts: ColumnFacts,
-) -> dict[str, Any]:
+) -> AnalysisResult:
     # A log of one device (as a rule) has the whole columns as its rows: the device's analysis and the
     # totals below read them through one memo, so no column is scanned twice for the same answer.
     whole = _Rows(columns, None, n, facts)
@@ -124,22 +138,23 @@ def _analyze(
     devices = [_analyze_device(key, whole if rows is None else _Rows(columns, rows, n, facts), capacity_bytes,
                                max_batch_tokens, config)
                for key, rows in _device_groups(whole["gpu"]).items()]
-    first_step, last_step = whole.low("step"), whole.top("step")
     first_s, last_s = whole.low("elapsed_s"), whole.top("elapsed_s")
-    result: dict[str, Any] = {
-        "rows": n,
-        "steps": {"count": _distinct_known(whole, "step"), "first": first_step, "last": last_step},
-        "duration_s": (last_s - first_s) if last_s is not None else None,
-        "leak": _overall_leak(devices),
-        "peak": {"devices": {d["key"]: d["peak"] for d in devices}},
-        "forecast": _overall_forecast(devices),
-        "devices": [d["key"] for d in devices],
-    }
-    overall_peak = max((d["peak"] for d in devices if d["peak"].get("bytes") is not None),
-                       key=lambda p: p["bytes"], default=None)
-    result["peak"]["overall"] = overall_peak
-    result["warnings"] = _warnings(result, devices)
-    return result
+    peaks = {d.key: d.peak for d in devices}
+    # The highest peak; the first device of equals.
+    overall = max((p for p in peaks.values() if p.at is not None), key=lambda p: p.at.bytes if p.at else 0,
+                  default=None)
+    leak = _overall_leak([d.leak for d in devices])
+    forecast = _overall_forecast([d.forecast for d in devices])
+    return AnalysisResult(
+        rows=n,
+        steps=StepRange(_distinct_known(whole, "step"), whole.low("step"), whole.top("step")),
+        duration_s=(last_s - first_s) if last_s is not None else None,
+        leak=leak,
+        peak=PeakSummary(peaks, overall),
+        forecast=forecast,
+        devices=tuple(devices),
+        warnings=tuple(_warnings(devices)),
+    )
 
 
 # A day of rows is a million cells per column: the helpers below work on whole columns with builtins
@@ -274,6 +289,10 @@ class _Rows:
                 self._picked[name] = _take(values, self.rows)
         return self._picked[name]
 
+    def row(self, i: int) -> int:
+        """The table row of the device's ``i``-th row."""
+        return i if self.rows is None else self.rows[i]
+
     def top(self, name: str) -> Any:
         """The column's largest known value; None when none is known."""
         return self.facts.top(self[name])
@@ -371,10 +390,14 @@ MIN_RUN_ROWS = 16
 MAX_PHASES_BY_COLUMN = 32
 
 
-def _peaks(dev: _Rows, peak_name: str | None) -> dict[str, Any]:
+def _peaks(dev: _Rows, key: str, peak_name: str | None) -> DevicePeak:
     """The highest reading, overall and per phase, with its step, time and phase (first one of equals)."""
-    peak: dict[str, Any] = {"metric": peak_name, "bytes": None, "step": None, "time": None, "elapsed_s": None,
-                            "phase": None, "phases": {}}
+    totals = dev["device_total_bytes"]
+    last_total = _last_known(totals)
+    peak = DevicePeak(key=key, metric=peak_name, at=None, phases={},
+                      max_reserved_bytes=dev.top("reserved_bytes"), max_device_used_bytes=dev.top("device_used_bytes"),
+                      max_host_rss_bytes=dev.top("host_rss_bytes"),
+                      total_bytes=None if last_total is None else totals[last_total])
     if peak_name is None:
         return peak
     step, elapsed, times = dev["step"], dev["elapsed_s"], dev["time"]
@@ -382,18 +405,16 @@ def _peaks(dev: _Rows, peak_name: str | None) -> dict[str, Any]:
     labels = _phase_labels(dev["phase"], step)
     found = _phase_maxima(dev, peak_name, labels)
 
-    def where(i: int) -> dict[str, Any]:
-        return {"bytes": values[i], "step": step[i], "time": times[i], "elapsed_s": elapsed[i]}
+    def where(i: int) -> PeakAt:
+        return PeakAt(row=dev.row(i), bytes=values[i], step=step[i], phase=labels[i], time=times[i],
+                      elapsed_s=elapsed[i])
 
     if not found:
         return peak
-    for label, (_, i) in found.items():
-        peak["phases"][label] = where(i)
     # The run's peak is the highest phase peak; among equal ones, the earliest row (the first of equals).
     top = max(v for v, _ in found.values())
     i = min(i for v, i in found.values() if v == top)
-    peak.update(where(i), phase=labels[i])
-    return peak
+    return replace(peak, at=where(i), phases={label: where(j) for label, (_, j) in found.items()})
 
 
 def _phase_maxima(dev: _Rows, name: str, labels: Sequence[Any]) -> dict[Any, tuple[Any, int]]:
@@ -451,30 +472,23 @@ def _analyze_device(
     capacity_bytes: int | None,
     max_batch_tokens: int | None,
     config: LeakConfig,
-) -> dict[str, Any]:
+) -> DeviceAnalysis:
     step = dev["step"]
     elapsed = dev["elapsed_s"]
     level_name = _signal(dev, LEVEL_SIGNALS)
     peak_name = _signal(dev, PEAK_SIGNALS)
 
     # Peaks, overall and per phase, with where they happened.
-    peak = _peaks(dev, peak_name)
-    for extra in ("reserved_bytes", "device_used_bytes", "host_rss_bytes"):
-        peak[f"max_{extra}"] = dev.top(extra)
-    totals = dev["device_total_bytes"]
-    last_total = _last_known(totals)
-    peak["total_bytes"] = None if last_total is None else totals[last_total]
-    peak["gpu"] = None if key == "host" else int(key)
-    peak["key"] = key
+    peak = _peaks(dev, key, peak_name)
 
     # The leak test on the training steps' rows (eval rows hold eval's own memory).
     train, unit = _train_rows(dev)
-    leak = _leak_on(level_name, train, dev, config, unit)
-    leak_dict = _leak_dict(leak, level_name, key, unit)
-    if level_name == "allocated_bytes" and not leak.detected:
+    found = _leak_on(level_name, train, dev, config, unit)
+    leak = _device_leak(found, level_name, key, unit)
+    if level_name == "allocated_bytes" and not found.detected:
         cached = _leak_on("reserved_bytes", train, dev, config, unit)
         if cached.detected:
-            leak_dict.update(_caching(cached, train, dev, unit))
+            leak = replace(leak, caching=_caching(cached, train, dev, unit))
 
     # The forecast: room between the recent peak and the capacity, at the leak's slope.
     capacity = _capacity(dev, level_name, capacity_bytes)
@@ -485,15 +499,12 @@ def _analyze_device(
         timed = dev.both(train, "elapsed_s")
         step_s = seconds_per_step(_tail(step, timed, RECENT_STEP_TIMES), _tail(elapsed, timed, RECENT_STEP_TIMES),
                                   recent=RECENT_STEP_TIMES)
-    slope_per_step = leak.slope_per_x if leak.detected and unit == "step" else None
+    slope_per_step = found.slope_per_x if found.detected and unit == "step" else None
     fc = forecast_oom(slope_per_step, recent_peak, capacity, step_s)
-    if leak.detected and unit == "s" and leak.slope_per_x and capacity is not None and recent_peak is not None:
+    if found.detected and unit == "s" and found.slope_per_x and capacity is not None and recent_peak is not None:
         # A time-based log: the same arithmetic per second.
-        seconds = forecast_oom(leak.slope_per_x, recent_peak, capacity, 1.0)
-        fc.seconds_to_oom = seconds.steps_to_oom
-        fc.reason = seconds.reason
-    forecast = fc.to_dict()
-    forecast["key"] = key
+        seconds = forecast_oom(found.slope_per_x, recent_peak, capacity, 1.0)
+        fc = replace(fc, seconds_to_oom=seconds.steps_to_oom, reason=seconds.reason)
 
     tokens = dev["tokens"]
     peaks = dev["peak_allocated_bytes"]
@@ -504,11 +515,9 @@ def _analyze_device(
         # The fit reads the newest rows only: they are picked from the end.
         lb = longest_batch(_tail(tokens, tok_rows, RECENT_BATCHES), _tail(peaks, tok_rows, RECENT_BATCHES), capacity,
                            max_batch_tokens, recent=RECENT_BATCHES)
-        forecast["longest_batch"] = lb.to_dict()
     else:
-        why = "no token counts in the log" if not has_known(tokens) else "no per-step peaks"
-        forecast["longest_batch"] = {"available": False, "reason": why, "at_risk": False, "warning": None}
-    return {"key": key, "peak": peak, "leak": leak_dict, "forecast": forecast}
+        lb = no_batch_fit("no token counts in the log" if not has_known(tokens) else "no per-step peaks")
+    return DeviceAnalysis(key, peak, leak, DeviceForecast(key, fc, lb))
 
 
 def _train_rows(dev: _Rows) -> tuple[list[bool] | None, str]:
@@ -575,26 +584,13 @@ def _leak_on(name: str | None, train: list[bool] | None, dev: _Rows, config: Lea
                        tokens=known if has_known(known) else None, rising=dev.rising(x))
 
 
-def _leak_dict(leak: LeakResult, signal: str | None, key: str, unit: str) -> dict[str, Any]:
-    per_step = unit == "step"
-    return {
-        "detected": leak.detected,
-        "kind": leak.kind,
-        "verdict": leak.verdict,
-        "slope_bytes_per_step": leak.slope_per_x if per_step else None,
-        "slope_bytes_per_second": None if per_step else leak.slope_per_x,
-        "start_step": round(leak.start_x) if per_step and leak.start_x is not None else None,
-        "start_elapsed_s": None if per_step else leak.start_x,
-        "growth_bytes": leak.growth_bytes,
-        "z": leak.z,
-        "points": leak.points,
-        "signal": signal,
-        "key": key,
-        "gpu": None if key == "host" else int(key),
-    }
+def _device_leak(leak: LeakResult, signal: str | None, key: str, unit: str) -> DeviceLeak:
+    return DeviceLeak(key=key, detected=leak.detected, kind=leak.kind, verdict=leak.verdict, signal=signal, unit=unit,
+                      slope_per_x=leak.slope_per_x, start_x=leak.start_x, growth_bytes=leak.growth_bytes, z=leak.z,
+                      points=leak.points)
 
 
-def _caching(cached: LeakResult, train: list[bool] | None, dev: _Rows, unit: str) -> dict[str, Any]:
+def _caching(cached: LeakResult, train: list[bool] | None, dev: _Rows, unit: str) -> Caching:
     # Reserved grows while allocated does not: the allocator keeps more blocks. When the cached but
     # unusable part (inactive split blocks) grows along, the cause is fragmentation.
     known = _known_values(_select(dev["inactive_split_bytes"], train))
@@ -603,15 +599,15 @@ def _caching(cached: LeakResult, train: list[bool] | None, dev: _Rows, unit: str
     )
     what = "fragmentation (inactive split blocks grow with it)" if fragmented else "caching"
     rate = (cached.slope_per_x or 0.0) / MIB
-    return {
-        "kind": "fragmentation" if fragmented else "caching",
-        "verdict": (
+    return Caching(
+        kind="fragmentation" if fragmented else "caching",
+        verdict=(
             f"no leak: allocated memory is flat while reserved grows {rate:.2f} MiB/{unit}: the allocator is {what}; "
             "it gives the memory back under pressure (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True limits it)"
         ),
-        "reserved_slope_bytes_per_step": cached.slope_per_x if unit == "step" else None,
-        "reserved_growth_bytes": cached.growth_bytes,
-    }
+        reserved_slope_bytes_per_step=cached.slope_per_x if unit == "step" else None,
+        reserved_growth_bytes=cached.growth_bytes,
+    )
 
 
 def _capacity(dev: _Rows, level: str | None, given: int | None) -> int | None:
@@ -637,51 +633,42 @@ def _recent_max(dev: _Rows, name: str | None) -> int | None:
     return int(max(_tail(values, dev.known(name), max(20, count // 10))))
 
 
-def _overall_leak(devices: list[dict[str, Any]]) -> dict[str, Any]:
-    leaks = [d["leak"] for d in devices]
-    found = [lk for lk in leaks if lk["detected"]]
+# Which verdict stands for the log when no device leaks: the most telling kind (caching says what to do).
+_KIND_RANK = {"caching": 0, "fragmentation": 0, "batch_growth": 0, "unconfirmed": 1, "none": 1, "plateau": 1,
+              "insufficient": 2}
+
+
+def _overall_leak(leaks: list[DeviceLeak]) -> LeakSummary:
+    found = [lk for lk in leaks if lk.detected]
+    worst: DeviceLeak | None
     if found:
-        worst = max(found, key=lambda lk: lk["slope_bytes_per_step"] or lk["slope_bytes_per_second"] or 0.0)
+        worst = max(found, key=lambda lk: lk.slope_per_x or 0.0)
     else:
-        rank = {"caching": 0, "fragmentation": 0, "batch_growth": 0, "unconfirmed": 1, "none": 1, "plateau": 1,
-                "insufficient": 2}
-        worst = min(leaks, key=lambda lk: rank.get(lk["kind"], 3)) if leaks else {
-            "detected": False, "kind": "insufficient", "verdict": "the log has no rows", "slope_bytes_per_step": None,
-            "start_step": None}
-    out = dict(worst)
-    out["devices"] = {lk["key"]: lk for lk in leaks}
-    return out
+        worst = min(leaks, key=lambda lk: _KIND_RANK.get(lk.shown_kind, 3), default=None)
+    return LeakSummary(worst, {lk.key: lk for lk in leaks})
 
 
-def _overall_forecast(devices: list[dict[str, Any]]) -> dict[str, Any]:
-    forecasts = [d["forecast"] for d in devices]
+def _overall_forecast(forecasts: list[DeviceForecast]) -> ForecastSummary:
     if not forecasts:
-        return {"steps_to_oom": None, "seconds_to_oom": None, "longest_batch": {"available": False,
-                "reason": "the log has no rows", "at_risk": False, "warning": None}, "devices": {}}
-    soonest = min(forecasts, key=lambda f: (f["steps_to_oom"] is None, f["steps_to_oom"] or 0.0,
-                                            f["seconds_to_oom"] is None, f["seconds_to_oom"] or 0.0))
-    out = {k: v for k, v in soonest.items() if k != "longest_batch"}
-    batches = [f["longest_batch"] for f in forecasts]
-    risky = [b for b in batches if b.get("at_risk")]
-    fitted = [b for b in batches if b.get("available")]
-    out["longest_batch"] = (risky or fitted or batches)[0]
-    out["devices"] = {f["key"]: f for f in forecasts}
-    return out
+        return ForecastSummary(None, no_batch_fit("the log has no rows"), {})
+    soonest = min(forecasts, key=lambda f: (f.oom.steps_to_oom is None, f.oom.steps_to_oom or 0.0,
+                                            f.oom.seconds_to_oom is None, f.oom.seconds_to_oom or 0.0))
+    batches = [f.longest_batch for f in forecasts]
+    risky = [b for b in batches if b.at_risk]
+    fitted = [b for b in batches if b.available]
+    return ForecastSummary(soonest, (risky or fitted or batches)[0], {f.key: f for f in forecasts})
 
 
-def _warnings(result: dict[str, Any], devices: list[dict[str, Any]]) -> list[str]:
+def _warnings(devices: list[DeviceAnalysis]) -> list[str]:
     warnings: list[str] = []
     for d in devices:
-        leak = d["leak"]
-        where = "host" if d["key"] == "host" else f"GPU {d['key']}"
-        if leak["detected"] or leak["kind"] in ("caching", "fragmentation"):
-            warnings.append(f"{where}: {leak['verdict']}")
-        fc = d["forecast"]
-        if fc["steps_to_oom"] is not None and leak["detected"]:
-            when = f" (~{fc['seconds_to_oom'] / 60:.0f} min)" if fc["seconds_to_oom"] is not None else ""
-            steps = f"~{fc['steps_to_oom']:.0f} steps{when}"
-            warnings.append(f"{where}: at this rate the run runs out of memory in {steps}")
-        lb = fc.get("longest_batch") or {}
-        if lb.get("warning"):
-            warnings.append(f"{where}: {lb['warning']}")
+        leak, fc = d.leak, d.forecast.oom
+        where = "host" if d.key == "host" else f"GPU {d.key}"
+        if leak.detected or leak.shown_kind in ("caching", "fragmentation"):
+            warnings.append(f"{where}: {leak.shown_verdict}")
+        if fc.steps_to_oom is not None and leak.detected:
+            when = f" (~{fc.seconds_to_oom / 60:.0f} min)" if fc.seconds_to_oom is not None else ""
+            warnings.append(f"{where}: at this rate the run runs out of memory in ~{fc.steps_to_oom:.0f} steps{when}")
+        if d.forecast.longest_batch.warning:
+            warnings.append(f"{where}: {d.forecast.longest_batch.warning}")
     return warnings

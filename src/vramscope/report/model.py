@@ -25,6 +25,7 @@ from operator import eq, ge, is_not, itemgetter
 from typing import Any
 
 from vramscope.analysis.peaks import ColumnFacts, Stretch, combine, has_known, regroup, top_and_gap
+from vramscope.analysis.results import AnalysisResult
 from vramscope.analysis.summary import analyze
 from vramscope.logfile import LogTable
 from vramscope.report.advice import RunSettings, advise, planner_advice
@@ -146,6 +147,9 @@ class LogReport:
     summary: dict[str, Any]
     devices: list[DeviceView]
     breakdown: MemoryBreakdown | None = None  # what held memory, from the monitor's file beside the log
+    result: AnalysisResult | None = None  # the analysis, typed: what the renderers read
+    # ``result.to_json()``, for the renderers that still read dicts: it goes once they read ``result``.
+    analysis: dict[str, Any] = field(default_factory=dict)
 
 
 class EmptyLogError(ValueError):
@@ -178,7 +182,8 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
                   for key, sel in _device_rows(cols.gpu).items()]
     for dev in per_device:
         dev.read()  # before the analysis, which then finds what it asks of these columns known
-    analysis = analyze(table, facts=facts, capacity_bytes=capacity_bytes)
+    result = analyze(table, facts=facts, capacity_bytes=capacity_bytes)
+    analysis = result.to_json()
     _name_the_capacity_flag(analysis)
     devices: list[DeviceView] = []
     device_summaries: dict[str, dict[str, Any]] = {}
@@ -215,7 +220,7 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
         urgent = [a for a in advice if a["urgent"]]
         advice = urgent + planner_advice(summary, settings) + [a for a in advice if not a["urgent"]]
     summary["recommendations"] = advice
-    return LogReport(table.path, _json_safe(summary), devices)
+    return LogReport(table.path, _json_safe(summary), devices, result=result, analysis=analysis)
 
 
 def _name_the_capacity_flag(analysis: dict[str, Any]) -> None:

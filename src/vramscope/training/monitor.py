@@ -576,7 +576,7 @@ class MemoryMonitor:
             system_total = self._system_total
         capacity = self.capacity_bytes if self.capacity_bytes is not None else (None if has_gpu else system_total)
         return analyze_columns(columns, capacity_bytes=capacity, max_batch_tokens=self.max_batch_tokens,
-                               config=self.leak_config)
+                               config=self.leak_config).to_json()
 
     def update_analysis(self) -> dict[str, Any]:
         """Analyse now: update :attr:`last_analysis`, Prometheus, and the warnings."""
