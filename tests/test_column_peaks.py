@@ -1,110 +1,97 @@
-"""Whole columns read a stretch at a time (vramscope.analysis.peaks), and the report built on that read.
-
-A report reads each memory column once and combines its stretches' answers; the shortcuts it takes
-(steps that rise, a count of zeros, the few stretches that can hold the longest batches' peaks) must
-give, to the byte, what a plain pass over the whole column gives: the same values, first of equals.
+"""Whole columns in numpy (vramscope.analysis.devices, .details, report.downsample): the answers of a plain
+pass over the rows, to the byte, the first of equals; and one grouping of devices and phases that the
+analysis and the report share.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from test_report_fixtures import MIB, Run, write_training_log
-from vramscope.analysis import summary
+from vramscope.analysis.columns import LogColumns
+from vramscope.analysis.devices import DeviceRows, device_rows
 from vramscope.analysis.leak import detect_leak, median, trend
-from vramscope.analysis.peaks import ColumnFacts, combine, regroup, runs, stretch_extremes, stretch_maxima, top_and_gap
+from vramscope.analysis.summary import analyze, analyze_columns
+from vramscope.cli import main
 from vramscope.logfile import read_log
-from vramscope.report import model
-from vramscope.report.downsample import bucket_cuts, minmax_from_stretches, minmax_indices
+from vramscope.report.downsample import minmax_indices, minmax_positions
 from vramscope.report.model import build_report
 
 # Few distinct values: ties everywhere, so "the first of equals" is tested, not only "the largest".
 CELLS = st.lists(st.one_of(st.none(), st.integers(min_value=-4, max_value=4)), max_size=300)
 
 
-def cuts_within(data: st.DataObject, n: int, *required: int) -> list[int]:
-    """Ascending cut positions from 0 to n, at least at ``required``, more where hypothesis likes."""
-    extra = data.draw(st.lists(st.integers(min_value=0, max_value=n), max_size=40))
-    return sorted({0, n, *required, *extra})
+def plain_phase_peaks(values: list[int | None], labels: list[str]) -> dict[str, int]:
+    """Each label's first row of its largest known value, in order of the label's first known value."""
+    best: dict[str, int] = {}
+    for j, (v, label) in enumerate(zip(values, labels, strict=True)):
+        if v is not None and (label not in best or v > values[best[label]]):  # type: ignore[operator]
+            best[label] = j
+    return best
 
 
 @settings(max_examples=200, deadline=None)
 @given(values=CELLS, data=st.data())
-def test_stretches_combine_to_the_whole_columns_extremes(values: list[int | None], data: st.DataObject) -> None:
-    cuts = cuts_within(data, len(values))
-    stretches, gap = stretch_extremes(values, cuts)
-    maxima, gap_too = stretch_maxima(values, cuts)
-    assert gap == gap_too == (None in values)
-    assert maxima == [None if s is None else (s[2], s[3]) for s in stretches]
-    known = [v for v in values if v is not None]
-    found = combine(stretches)
-    if not known:
-        assert found is None
-    else:
-        low, high = min(known), max(known)
-        assert found == (low, values.index(low), high, values.index(high))
-    assert top_and_gap(values) == (max(known, default=None), None in values)
-
-
-@settings(max_examples=200, deadline=None)
-@given(values=CELLS, buckets=st.integers(min_value=1, max_value=60), data=st.data())
-def test_buckets_from_finer_stretches_keep_the_same_points(values: list[int | None], buckets: int,
-                                                           data: st.DataObject) -> None:
+def test_phase_peaks_are_the_plain_pass(values: list[int | None], data: st.DataObject) -> None:
     n = len(values)
-    cuts = cuts_within(data, n, *bucket_cuts(n, buckets))
-    stretches = stretch_extremes(values, cuts)[0]
-    assert minmax_from_stretches(values, buckets, cuts, stretches) == minmax_indices(values, buckets)
-    edges = sorted(set(bucket_cuts(n, buckets)))
-    for part, (lo, hi) in zip(regroup(stretches, cuts, edges), itertools.pairwise(edges), strict=True):
-        known = [(v, lo + i) for i, v in enumerate(values[lo:hi]) if v is not None]
-        top = combine(part)
-        assert (top[2] if top else None) == max((v for v, _ in known), default=None)
+    phases = data.draw(st.lists(st.sampled_from(["train", "eval", None]), min_size=n, max_size=n))
+    steps = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 50)), min_size=n, max_size=n))
+    cols = LogColumns.from_lists({"allocated_bytes": values, "phase": phases, "step": steps})
+    rows = device_rows(cols)
+    if not n:
+        assert rows == {}
+        return
+    dev = DeviceRows("host", rows["host"], cols)
+    # One rule for a row without a phase: "train" with a step, "run" without one.
+    labels = [p or ("train" if s is not None else "run") for p, s in zip(phases, steps, strict=True)]
+    assert [dev.label(j) for j in range(n)] == labels
+    found = dev.phase_maxima("allocated_bytes")
+    assert found == plain_phase_peaks(values, labels)
+    assert list(found) == list(plain_phase_peaks(values, labels))  # the same order too
+    known = [v for v in values if v is not None]
+    top = dev.argmax("allocated_bytes")
+    assert (None if top is None else values[top]) == max(known, default=None)
+    if known:
+        assert top == values.index(max(known))
+    stretches = [(label, start, start + len(list(group))) for start, (label, group) in
+                 zip(itertools.accumulate([0] + [len(list(g)) for _, g in itertools.groupby(labels)]),
+                     itertools.groupby(labels))]
+    assert [(s.phase, s.start, s.end) for s in dev.stretches()] == stretches
 
 
-@given(labels=st.lists(st.sampled_from(["train", "eval", None]), max_size=100), limit=st.integers(0, 30))
-def test_runs_of_labels(labels: list[str | None], limit: int) -> None:
-    expected = []
-    start = 0
-    for label, group in itertools.groupby(labels):
-        size = len(list(group))
-        expected.append((label, start, start + size))
-        start += size
-    assert runs(labels) == expected
-    assert runs(labels, limit) == (expected if len(expected) <= limit else None)
-    facts = ColumnFacts()
-    assert facts.runs(labels, limit) == runs(labels, limit)
-    assert facts.runs(labels) == expected  # a limit met first does not stand in for the whole answer
+@settings(max_examples=100, deadline=None)
+@given(gpus=st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=1, max_size=60), interleave=st.booleans())
+def test_devices_are_grouped_in_order_of_first_appearance(gpus: list[int | None], interleave: bool) -> None:
+    if interleave:
+        gpus = [g for _ in range(5) for g in dict.fromkeys(gpus)]
+    cols = LogColumns.from_lists({"gpu": gpus})
+    groups = device_rows(cols)
+    plain: dict[str, list[int]] = {}
+    for i, g in enumerate(gpus):
+        plain.setdefault("host" if g is None else str(g), []).append(i)
+    assert list(groups) == list(plain)
+    assert {k: np.arange(len(gpus))[sel].tolist() for k, sel in groups.items()} == plain
+    if interleave:
+        assert all(isinstance(sel, slice) for sel in groups.values())  # views, not copies
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=CELLS, rising=st.booleans())
-def test_column_facts_are_the_plain_answers(values: list[int | None], rising: bool) -> None:
-    if rising:
-        values = list(range(len(values)))
-    known = [v for v in values if v is not None]
-    facts = ColumnFacts()
-    is_rising = facts.rising(values)
-    assert is_rising == (bool(values) and None not in values and all(a < b for a, b in itertools.pairwise(values)))
-    assert facts.top(values) == max(known, default=None)
-    assert facts.low(values) == min(known, default=None)
-    assert facts.gap(values) == (None in values)
-
-
-def test_column_facts_know_a_column_by_identity() -> None:
-    facts = ColumnFacts()
-    column = [3, 1, 2]
-    assert facts.read(column, [0, 2, 3]) == [(1, 1, 3, 0), (2, 2, 2, 2)]
-    assert facts.stretches(column) == ([0, 2, 3], [(1, 1, 3, 0), (2, 2, 2, 2)])
-    assert facts.stretches(list(column)) is None  # an equal list is another column
-    assert facts.top(column) == 3 and facts.gap(column) is False
+@given(values=CELLS, buckets=st.integers(min_value=1, max_value=60))
+def test_minmax_of_arrays_is_the_one_of_lists(values: list[int | None], buckets: int) -> None:
+    known = np.array([v is not None for v in values], dtype=bool)
+    ints = np.array([0 if v is None else v for v in values], dtype=np.int64)
+    assert minmax_positions(ints, known, buckets).tolist() == minmax_indices(values, buckets)
 
 
 def pairwise_trend(xs: list[float], ys: list[float]) -> tuple[float, int]:
@@ -136,44 +123,62 @@ def test_a_caller_that_knows_x_rises_gets_the_same_leak_verdict() -> None:
     xs = list(range(400))
     ys = [1e9 + (2 * MIB * (x - 150) if x > 150 else 0) + (x % 7) * 1e5 for x in xs]
     assert detect_leak(xs, ys, rising=True) == detect_leak(xs, ys)
+    assert detect_leak(np.array(xs), np.array(ys)) == detect_leak(xs, ys)
 
 
 @pytest.fixture(scope="module")
 def eval_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Short eval stretches every 50 steps and a planted leak: many phase stretches, every path taken.
+    # Short eval stretches every 50 steps and a planted leak: many phase stretches.
     run = Run(steps=1500, eval_every=50, eval_steps=7, leak_per_step=MIB, leak_from=600, seed=5)
     return write_training_log(tmp_path_factory.mktemp("logs") / "eval.csv", run)
 
 
-def report_of(path: Path, buckets: int) -> dict[str, Any]:
-    report = build_report(read_log(path), buckets=buckets)
-    return {"summary": report.summary, "devices": [dataclasses.asdict(d) for d in report.devices]}
-
-
-@pytest.mark.parametrize("buckets", [7, 40, 1500])
-def test_a_report_read_by_stretches_is_the_one_read_phase_by_phase(eval_log: Path, buckets: int,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    fast = report_of(eval_log, buckets)
-    # Phases that "change too often": each phase's rows are picked whole, the longest batches by length.
-    monkeypatch.setattr(model, "MIN_RUN_ROWS", 10**9)
-    monkeypatch.setattr(summary, "MIN_RUN_ROWS", 10**9)
-    monkeypatch.setattr(model, "RANK_CUT_ROWS", 0)  # and the rows that cannot rank dropped first
-    monkeypatch.setattr(model, "RANK_CHUNK", 2)
-    assert report_of(eval_log, buckets) == fast
-    assert fast["summary"]["leak"]["detected"] is True
-
-
-def test_longest_batches_from_the_peak_stretches_are_the_ranked_ones(eval_log: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    fast = report_of(eval_log, 40)
-    monkeypatch.setattr(model._Device, "_rank_longest", lambda self, metric: None)
-    assert report_of(eval_log, 40) == fast
-    assert len(fast["summary"]["devices"]["0"]["longest_batches"]) == model.LONGEST_BATCHES
-
-
-def test_the_analysis_gives_the_same_answer_with_the_reports_facts(eval_log: Path) -> None:
+def test_the_report_shows_the_analysis_it_ran_once(eval_log: Path) -> None:
     table = read_log(eval_log)
-    alone = summary.analyze(table).to_json()
+    alone = analyze(table).to_json()
     report = build_report(table)
-    assert summary.analyze(table).to_json() == alone
+    assert report.result is not None and report.result.to_json() == alone == report.analysis
     assert report.summary["leak"] == alone["leak"] and report.summary["peak"] == alone["peak"]
+    assert alone["leak"]["detected"] is True
+    # The phases of the analysis' peak and of the report's per-column peaks are the same phases, with the
+    # same peak of the same column.
+    peak = alone["peak"]["devices"]["0"]
+    phases = report.summary["devices"]["0"]["phases"]
+    assert list(peak["phases"]) == list(phases) == ["train", "eval"]
+    for label, found in peak["phases"].items():
+        mine = phases[label][peak["metric"]]
+        assert (mine["bytes"], mine["step"], mine["time"]) == (found["bytes"], found["step"], found["time"])
+
+
+def test_the_monitors_lists_get_the_analysis_of_the_log(eval_log: Path) -> None:
+    table = read_log(eval_log)
+    lists: dict[str, Any] = {name: table.ints(name) for name in ("step", "gpu", "allocated_bytes", "reserved_bytes",
+                                                                 "peak_allocated_bytes", "device_used_bytes",
+                                                                 "device_total_bytes", "tokens",
+                                                                 "inactive_split_bytes")}
+    lists["elapsed_s"] = table.floats("elapsed_s")
+    lists["phase"] = table.strings("phase")
+    lists["time"] = table.strings("time")
+    live, logged = analyze_columns(lists).to_json(), analyze(table).to_json()
+    assert live["leak"] == logged["leak"] and live["forecast"] == logged["forecast"]
+    assert live["peak"] == logged["peak"]
+
+
+def test_a_vramscope_run_log_names_its_rows_the_same_everywhere(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A `vramscope run` log has no steps and no phases: its rows are the command's run, "run" both under
+    the analysis' peak and under the report's per-device phases (they once said "untagged" and "run")."""
+    log = tmp_path / "run.csv"
+    child = "import time\nx = []\nfor _ in range(10):\n    x.append(bytearray(4_000_000)); time.sleep(0.06)\n"
+    done = subprocess.run([sys.executable, "-m", "vramscope", "run", "--quiet", "--interval", "0.05", "--log",
+                           str(log), "--", sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert main(["report", str(log), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    key = data["log"]["devices"][0]
+    peak = data["peak"]["devices"][key]
+    assert peak["phase"] == "run"
+    assert list(peak["phases"]) == ["run"] == list(data["devices"][key]["phases"])
+    assert data["devices"][key]["phases"]["run"]["rows"] == data["log"]["rows"]
+    found = data["devices"][key]["peaks"][peak["metric"]]
+    assert (found["bytes"], found["phase"], found["time"]) == (peak["bytes"], "run", peak["time"])

@@ -17,19 +17,20 @@ The test is built to stay silent on what is not a leak:
   :func:`vramscope.analysis.summary.analyze` runs it on reserved memory too and calls that caching.
 
 Windows of several lengths ending at the newest step are tried, so a leak that begins late in a long
-run is caught about as fast as one that begins at once. Pure Python (no numpy), O(n^2) on at most
-``max_points`` points, so it is cheap enough to run every few dozen steps inside training.
+run is caught about as fast as one that begins at once. The series is read as numpy arrays; each test
+looks at most at ``max_points`` points (O(n^2) pairs, in one numpy pass), so it is cheap enough to run
+every few dozen steps inside training.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from vramscope.units import MIB, human_precise
 
@@ -98,39 +99,36 @@ class LeakResult:
         return out
 
 
-def median(values: Sequence[float]) -> float:
+def median(values: Sequence[float] | np.ndarray) -> float:
     """The median (mean of the middle two for an even count)."""
-    ordered = sorted(values)
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
     n = len(ordered)
     if n == 0:
         raise ValueError("median of an empty sequence")
     mid = n // 2
-    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+    return float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2.0
 
 
-def trend(xs: Sequence[float], ys: Sequence[float]) -> Trend:
+def trend(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> Trend:
     """Theil-Sen slope (median of pairwise slopes) and the Mann-Kendall z of ``ys`` ordered by ``xs``.
 
-    One pass over the pairs gives both. The z uses the variance with the correction for tied values
-    (memory readings are often exactly equal); a series with no variation has z = 0.
+    Every pair at once: the differences, the signs of the rises, and the slopes where x moved. The z uses
+    the variance with the correction for tied values (memory readings are often exactly equal); a
+    series with no variation has z = 0.
     """
-    n = len(xs)
-    slopes: list[float] = []
-    s = 0
-    zeros = itertools.repeat(0)
-    for i in range(n - 1):
-        # Point i against every later point at once, each step in C: the differences, the signs of the
-        # rises, and the slopes where x moved (a difference of 0 is false, so compress() skips it).
-        dys = list(map(operator.sub, ys[i + 1 :], itertools.repeat(ys[i])))
-        dxs = list(map(operator.sub, xs[i + 1 :], itertools.repeat(xs[i])))
-        s += sum(map(operator.gt, dys, zeros)) - sum(map(operator.lt, dys, zeros))
-        slopes += map(operator.truediv, itertools.compress(dys, dxs), filter(None, dxs))
-    slope = median(slopes) if slopes else 0.0
-    intercept = median([y - slope * x for x, y in zip(xs, ys, strict=True)]) if n else 0.0
-    ties: dict[float, int] = {}
-    for y in ys:
-        ties[y] = ties.get(y, 0) + 1
-    var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18.0
+    x = np.asarray(xs, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    n = len(x)
+    first, second = np.triu_indices(n, 1)  # pairs (i, j), i < j, in the order i, then j
+    dys = y[second] - y[first]
+    dxs = x[second] - x[first]
+    s = int(np.count_nonzero(dys > 0)) - int(np.count_nonzero(dys < 0))
+    moved = dxs != 0
+    slopes = dys[moved] / dxs[moved]
+    slope = median(slopes) if len(slopes) else 0.0
+    intercept = median(y - slope * x) if n else 0.0
+    ties = np.unique(y, return_counts=True)[1].tolist() if n else []
+    var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties)) / 18.0
     z = 0.0 if var <= 0 or s == 0 else (s - 1 if s > 0 else s + 1) / math.sqrt(var)
     return Trend(slope=slope, intercept=intercept, z=z, n=n)
 
@@ -237,15 +235,14 @@ def find_start(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
 
 
 class _Ordered:
-    """A series in (x, y) order, read in place.
+    """A series in (x, y) order, as float arrays.
 
     The test only ever looks at a bounded number of points (``max_points`` per window, a few rows
-    around a confirmation horizon), so nothing here copies or converts the whole series: a day of
-    rows costs the same few hundred cell reads as a short run. Cells are converted with ``float``
-    when read, as the test's arithmetic expects.
+    around a confirmation horizon), picked by position: a day of rows costs the same few hundred
+    reads as a short run.
     """
 
-    def __init__(self, xs: Sequence[float], ys: Sequence[float], increasing: bool) -> None:
+    def __init__(self, xs: np.ndarray, ys: np.ndarray, increasing: bool) -> None:
         self.xs = xs
         self.ys = ys
         self.increasing = increasing  # x strictly rises from point to point (no tie, no NaN)
@@ -255,26 +252,20 @@ class _Ordered:
 
     def thinned(self, lo: int, hi: int, limit: int) -> tuple[list[float], list[float]]:
         """:func:`thin` of the points from ``lo`` up to ``hi`` (exclusive), as floats."""
-        xs, ys = self.xs, self.ys
-        picks = thin_positions(hi - lo, limit)
-        return [float(xs[lo + i]) for i in picks], [float(ys[lo + i]) for i in picks]
+        picks = lo + np.asarray(thin_positions(hi - lo, limit), dtype=np.int64)
+        return self.xs[picks].tolist(), self.ys[picks].tolist()
 
     def level(self, end: int, width: int = 5) -> float:
         """Memory around row ``end`` (exclusive): the median of the few rows before it."""
-        window = [float(self.ys[i]) for i in range(max(0, end - width), end)]
-        return median(window) if window else 0.0
+        window = self.ys[max(0, end - width) : end]
+        return median(window) if len(window) else 0.0
 
 
-def _order(xs: Sequence[float], ys: Sequence[float]) -> list[int] | None:
-    """The positions of the points in (x, y) order, ties kept in input order; None when already in order.
-
-    A log's rows come in step (or time) order, which one C-level pass confirms. Otherwise a sort of
-    (x, y, position) tuples gives the same order as a stable sort on (x, y), without calling a Python
-    key function per point.
-    """
-    if all(map(operator.lt, xs, itertools.islice(xs, 1, None))):
+def _order(xs: np.ndarray, ys: np.ndarray) -> np.ndarray | None:
+    """The positions of the points in (x, y) order, ties kept in input order; None when already in order."""
+    if bool(np.all(xs[1:] > xs[:-1])):
         return None
-    return [i for _, _, i in sorted(zip(xs, ys, range(len(xs)), strict=True))]
+    return np.lexsort((np.arange(len(xs)), ys, xs))
 
 
 def _confirmed(series: _Ordered, n: int, slope: float, config: LeakConfig) -> bool:
@@ -343,11 +334,11 @@ def _scan(
 
 
 def detect_leak(
-    xs: Sequence[float],
-    ys: Sequence[float],
+    xs: Sequence[float] | np.ndarray,
+    ys: Sequence[float] | np.ndarray,
     config: LeakConfig = DEFAULT_CONFIG,
     unit: str = "step",
-    tokens: Sequence[int | None] | None = None,
+    tokens: Sequence[int | None] | np.ndarray | None = None,
     rising: bool = False,
 ) -> LeakResult:
     """Test whether ``ys`` (bytes left after each step) keeps growing with ``xs`` (steps).
@@ -357,7 +348,7 @@ def detect_leak(
         ys: bytes at each x.
         config: thresholds.
         unit: what x counts, for the verdict ("step" or "s").
-        tokens: each row's batch tokens, when known. Caches sized for the longest batch so far grow
+        tokens: each row's batch tokens (None or NaN where unknown). Caches sized for the longest batch so far grow
             while longer batches keep arriving (a length curriculum); when that explains the growth
             as well as the steps do, it is reported as ``batch_growth``, not as a leak.
         rising: the caller knows that ``xs`` rises strictly from point to point (a log's steps, as a
@@ -367,14 +358,16 @@ def detect_leak(
         A :class:`LeakResult`; ``detected`` is True only for a significant, continuing growth of at
         least ``config.min_growth_bytes``.
     """
-    n = len(xs)
-    order = None if rising else _order(xs, ys)
-    toks: Sequence[int | None] | None = tokens if tokens is not None and len(tokens) == n else None
+    x = np.asarray(xs, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    n = len(x)
+    toks = _token_array(tokens) if tokens is not None and len(tokens) == n else None
+    order = None if rising else _order(x, y)
     if order is None:
-        series = _Ordered(xs, ys, increasing=True)
+        series = _Ordered(x, y, increasing=True)
     else:
-        series = _Ordered([xs[i] for i in order], [ys[i] for i in order], increasing=False)
-        toks = [toks[i] for i in order] if toks is not None else None
+        series = _Ordered(x[order], y[order], increasing=False)
+        toks = toks[order] if toks is not None else None
     found, checked, plateau = _scan(series, n, config)
     if found is None:
         if plateau == "insufficient":
@@ -464,34 +457,14 @@ def _size(n: float) -> str:
     return human_precise(n)  # "+0 MiB so far" would hide a small leak's growth
 
 
-def _max_known(values: Sequence[int | None]) -> int | None:
-    try:
-        top = max(values, default=None)  # type: ignore[type-var]  # one C pass when no count is missing
-    except TypeError:  # a None among numbers
-        top = None
-    return top if top is not None else max((v for v in values if v is not None), default=None)
+def _token_array(tokens: Sequence[int | None] | np.ndarray) -> np.ndarray:
+    """Token counts as floats, NaN where unknown."""
+    if isinstance(tokens, np.ndarray):
+        return tokens.astype(np.float64)
+    return np.array([math.nan if t is None else float(t) for t in tokens], dtype=np.float64)
 
 
-def _longest_at(tokens: Sequence[int | None], positions: Sequence[int]) -> dict[int, int | None]:
-    """The longest batch seen up to each of ``positions`` (ascending), None before any count is known.
-
-    Built from the maximum of each stretch between two positions: C passes over the counts instead
-    of a Python step per row.
-    """
-    out: dict[int, int | None] = {}
-    longest: int | None = None
-    done = 0
-    for p in positions:
-        if p >= done:
-            top = _max_known(tokens[done : p + 1])
-            if top is not None and (longest is None or top > longest):
-                longest = top
-            done = p + 1
-        out[p] = longest
-    return out
-
-
-def _follows_longest_batch(series: _Ordered, tokens: Sequence[int | None], start: float) -> tuple[int, int] | None:
+def _follows_longest_batch(series: _Ordered, tokens: np.ndarray, start: float) -> tuple[int, int] | None:
     """(tokens at the start, tokens now) of the longest batch so far, when it explains the growth.
 
     Since ``start``, memory is fitted once against the step and once against the longest batch seen
@@ -499,28 +472,27 @@ def _follows_longest_batch(series: _Ordered, tokens: Sequence[int | None], start
     growth is given to the batches, because memory that follows them stops when they stop.
     """
     n = len(tokens)
-    known_from = next((i for i, t in enumerate(tokens) if t is not None), None)
-    if known_from is None or start != start:  # no count at all, or no start (NaN): nothing to compare
+    known = np.flatnonzero(~np.isnan(tokens))
+    if not len(known) or start != start:  # no count at all, or no start (NaN): nothing to compare
         return None
-    since: Sequence[int]
+    known_from = int(known[0])
+    since: np.ndarray
     if series.increasing:
-        # x rises from row to row (so does float(x), never falling): the rows from the start on are
-        # a tail, found by bisection.
-        since = range(max(known_from, bisect.bisect_left(series.xs, start, key=float)), n)
+        # x rises from row to row: the rows from the start on are a tail, found by bisection.
+        since = np.arange(max(known_from, int(np.searchsorted(series.xs, start, side="left"))), n)
     else:
-        after = list(itertools.compress(range(n), map(operator.ge, map(float, series.xs), itertools.repeat(start))))
-        since = after[bisect.bisect_left(after, known_from) :]
+        after = np.flatnonzero(series.xs >= start)
+        since = after[after >= known_from]
     if len(since) < 8:
         return None
-    picks = [since[p] for p in thin_positions(len(since), 120)]
-    running = _longest_at(tokens, sorted({since[0], since[-1], *picks}))
-    first, last = running[since[0]], running[since[-1]]
-    assert first is not None and last is not None
+    picks = since[np.asarray(thin_positions(len(since), 120), dtype=np.int64)]
+    running = np.fmax.accumulate(tokens)  # the longest batch seen up to each row (NaN: none yet)
+    first, last = int(running[since[0]]), int(running[since[-1]])
     if last < 1.1 * first:
         return None  # the batches stopped growing before the memory did
-    xs = [float(series.xs[i]) for i in picks]
-    ys = [float(series.ys[i]) for i in picks]
-    ms = [float(running[i] or 0) for i in picks]
+    xs = series.xs[picks].tolist()
+    ys = series.ys[picks].tolist()
+    ms = running[picks].tolist()
     by_step = _segment_cost(xs, ys)[0]
     by_batch, fit = _segment_cost(ms, ys)
     if fit.slope > 0 and by_batch <= 1.1 * by_step:
@@ -529,33 +501,35 @@ def _follows_longest_batch(series: _Ordered, tokens: Sequence[int | None], start
 
 
 def first_detection(
-    xs: Sequence[float],
-    ys: Sequence[float],
+    xs: Sequence[float] | np.ndarray,
+    ys: Sequence[float] | np.ndarray,
     every: float = 5,
     config: LeakConfig = DEFAULT_CONFIG,
     after: float | None = None,
-    tokens: Sequence[int | None] | None = None,
+    tokens: Sequence[int | None] | np.ndarray | None = None,
 ) -> tuple[float | None, LeakResult | None]:
     """Replay a series as a live monitor sees it: test each prefix ending every ``every`` x.
 
     Returns the first x at which the test fires, with its result, or ``(None, None)``. ``after``
     skips the prefixes ending before it (to ask "when was this leak, which began at x, caught").
     """
-    order = _order(xs, ys)
+    x = np.asarray(xs, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    toks = _token_array(tokens) if tokens is not None else None
+    order = _order(x, y)
     if order is not None:
-        xs, ys = [xs[i] for i in order], [ys[i] for i in order]
-        tokens = [tokens[i] for i in order] if tokens is not None else None
-    n = len(xs)
+        x, y = x[order], y[order]
+        toks = toks[order] if toks is not None else None
+    n = len(x)
     if not n:
         return None, None
-    end = xs[-1]
-    t = xs[0] + every
+    end = float(x[-1])
+    t = float(x[0]) + every
     count = 0
     while t <= end + every:
-        while count < n and xs[count] <= t:
-            count += 1
+        count = int(np.searchsorted(x, t, side="right"))  # the points up to t
         if after is None or t >= after:
-            result = detect_leak(xs[:count], ys[:count], config, tokens=tokens[:count] if tokens is not None else None)
+            result = detect_leak(x[:count], y[:count], config, tokens=toks[:count] if toks is not None else None)
             if result.detected:
                 return min(t, end), result
         if count >= n:

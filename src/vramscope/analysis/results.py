@@ -8,8 +8,10 @@ steps or seconds; None means unknown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 # The version of the JSON of a report (``report --json``): raised when a field changes meaning or goes.
 SCHEMA_VERSION = 1
@@ -405,6 +407,7 @@ class DeviceDetail:
 
     key: str
     rows: int
+    table_rows: slice | np.ndarray  # the device's rows of the table: a slice (all, or an interleave) or positions
     step_range: tuple[int, int] | None  # the first and last known step; None: no step logged
     stretches: tuple[PhaseStretch, ...]  # the device's rows, cut where the phase changes
     peaks: dict[str, PeakAt]  # each memory column's peak, first of equals
@@ -478,7 +481,7 @@ class DeviceAnalysis:
     peak: DevicePeak
     leak: DeviceLeak
     forecast: DeviceForecast
-    detail: DeviceDetail | None = None  # None only while the report still derives it (issue 15, step 2)
+    detail: DeviceDetail
 
 
 @dataclass(frozen=True)
@@ -493,8 +496,10 @@ class AnalysisResult:
     forecast: ForecastSummary
     devices: tuple[DeviceAnalysis, ...]  # in order of each device's first row
     warnings: tuple[str, ...]
-    ranks: RankImbalance | None = None
-    phases: tuple[str, ...] = field(default=())  # the logged phases' names, in order of first appearance
+    ranks: RankImbalance | None = None  # a log of several ranks: each rank's peaks
+    phases: tuple[str, ...] = ()  # the logged phases' names, in order of first appearance
+    start: str | None = None  # the first row's time, as logged
+    clock_duration_s: float | None = None  # from the first to the last row's time (else logged seconds)
 
     @property
     def keys(self) -> list[str]:

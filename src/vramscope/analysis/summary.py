@@ -1,26 +1,29 @@
-"""One analysis of a memory log: peaks, leak verdict and OOM forecast, as a JSON-ready dict.
+"""One analysis of a memory log: peaks, leak verdict and OOM forecast, as typed results.
 
 :func:`analyze` reads a :class:`~vramscope.logfile.LogTable` (what ``vramscope report`` loads);
-:func:`analyze_columns` does the work on plain columns, so that a live
-:class:`~vramscope.integrations.loop.MemoryMonitor` gets exactly the same answer from what it holds in
-memory. Every number is bytes (int or float), steps or seconds; ``None`` means unknown.
+:func:`analyze_columns` takes the plain columns a live :class:`~vramscope.training.monitor.MemoryMonitor`
+holds in memory and builds the same arrays, so that it gets exactly the same answer. Both return an
+:class:`~vramscope.analysis.results.AnalysisResult` (``to_json()`` is the JSON ``report --json`` prints).
+Every number is bytes, steps or seconds; None means unknown.
 
 Per device (``"0"``, ``"1"``, ... for GPUs; ``"host"`` for a log without GPUs) the analysis picks the
 best signal the log has: the allocator's ``allocated_bytes`` (what stays after each step) and
 ``peak_allocated_bytes`` (the exact per-step peak) when the training process logged them; else the
-process's or the device's memory from NVML; else the host RSS.
+process's or the device's memory from NVML; else the host RSS. Devices and phases are grouped once
+(:mod:`vramscope.analysis.devices`); the report reads the same groups from the result.
 """
 
 from __future__ import annotations
 
-import itertools
-import operator
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
-from operator import itemgetter
-from typing import Any, overload
+from typing import Any
 
+import numpy as np
+
+from vramscope.analysis.columns import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, Clock, LogColumns, tail
+from vramscope.analysis.details import device_detail, rank_imbalance
+from vramscope.analysis.devices import DeviceRows, device_rows
 from vramscope.analysis.forecast import (
     RECENT_BATCHES,
     RECENT_STEP_TIMES,
@@ -30,7 +33,6 @@ from vramscope.analysis.forecast import (
     seconds_per_step,
 )
 from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig, LeakResult, detect_leak
-from vramscope.analysis.peaks import ColumnFacts, has_known, stretch_maxima
 from vramscope.analysis.results import (
     AnalysisResult,
     Caching,
@@ -40,6 +42,8 @@ from vramscope.analysis.results import (
     DevicePeak,
     ForecastSummary,
     LeakSummary,
+    LongestBatch,
+    OomForecast,
     PeakAt,
     PeakSummary,
     StepRange,
@@ -48,30 +52,25 @@ from vramscope.analysis.results import (
 from vramscope.logfile import LogTable
 from vramscope.units import MIB
 
-INT_COLUMNS = (
-    "step",
-    "gpu",
-    "allocated_bytes",
-    "reserved_bytes",
-    "peak_allocated_bytes",
-    "device_used_bytes",
-    "device_total_bytes",
-    "process_bytes",
-    "host_rss_bytes",
-    "tokens",
-    "inactive_split_bytes",
-    "rank",
-)
-FLOAT_COLUMNS = ("elapsed_s",)
-TEXT_COLUMNS = ("time", "phase")
+__all__ = [
+    "FLOAT_COLUMNS",
+    "INT_COLUMNS",
+    "TEXT_COLUMNS",
+    "LeakSeries",
+    "analyze",
+    "analyze_columns",
+    "config_for",
+    "leak_series",
+]
+
 # Signals for the leak test, best first: what stays allocated after a step, then coarser views.
 LEVEL_SIGNALS = ("allocated_bytes", "process_bytes", "device_used_bytes", "host_rss_bytes")
 PEAK_SIGNALS = ("peak_allocated_bytes", "allocated_bytes", "process_bytes", "device_used_bytes", "host_rss_bytes")
-TRAIN_PHASES = (None, "", "train")
 # Signals that include an allocator's cache (glibc's heap in the RSS, torch's reserved memory in the
 # device's and the process's figures) climb for a while after the start as the caches fill: a longer
 # warm-up is skipped on them than on what the allocator has handed out.
 CACHED_SIGNAL_WARMUP_POINTS = 50
+CAPACITY_UNKNOWN = "capacity unknown"  # how the forecast's reason begins when no capacity is known
 
 
 def config_for(signal: str | None, config: LeakConfig = DEFAULT_CONFIG) -> LeakConfig:
@@ -80,15 +79,14 @@ def config_for(signal: str | None, config: LeakConfig = DEFAULT_CONFIG) -> LeakC
         return config
     return replace(config, min_warmup_points=max(config.min_warmup_points, CACHED_SIGNAL_WARMUP_POINTS))
 
-Columns = Mapping[str, Sequence[Any]]
-
 
 def analyze(
     table: LogTable,
     capacity_bytes: int | None = None,
     max_batch_tokens: int | None = None,
     config: LeakConfig = DEFAULT_CONFIG,
-    facts: ColumnFacts | None = None,
+    capacity_hint: str | None = None,
+    columns: LogColumns | None = None,
 ) -> AnalysisResult:
     """Analyse a log read by :func:`vramscope.logfile.read_log`.
 
@@ -99,489 +97,149 @@ def analyze(
         max_batch_tokens: the longest batch the run can see (batch size x maximum sequence length),
             for the longest-batch forecast; None uses the longest batch seen.
         config: leak-test thresholds.
-        facts: what the caller has already worked out about the table's columns (a report reads them for
-            its charts first), shared so that no column is read twice for the same answer.
+        capacity_hint: the forecast's reason when no capacity is known, said the caller's way (the
+            report names its ``--capacity`` option).
+        columns: the table's columns, when the caller reads them too (a report draws them): each is
+            read once for both.
 
     Returns:
         the typed result; its ``to_json()`` is ``{"leak": {...}, "peak": {...}, "forecast": {...},
         "warnings": [...], "devices": [...], ...}`` (docs/leak-detection.md lists every key).
     """
-    return _analyze(_TableColumns(table), len(table), capacity_bytes, max_batch_tokens, config, facts or ColumnFacts())
+    cols = columns if columns is not None else LogColumns.from_table(table)
+    return _analyze(cols, capacity_bytes, max_batch_tokens, config, capacity_hint)
 
 
 def analyze_columns(
-    columns: Columns,
+    columns: Mapping[str, Sequence[Any]],
     capacity_bytes: int | None = None,
     max_batch_tokens: int | None = None,
     config: LeakConfig = DEFAULT_CONFIG,
 ) -> AnalysisResult:
     """The analysis over typed columns (ints/floats/str, None = unknown), one entry per log row."""
-    n = max((len(v) for v in columns.values()), default=0)
-    return _analyze(columns, n, capacity_bytes, max_batch_tokens, config, ColumnFacts())
+    return _analyze(LogColumns.from_lists(columns), capacity_bytes, max_batch_tokens, config, None)
 
 
 def _analyze(
-    columns: Columns,
-    n: int,
+    cols: LogColumns,
     capacity_bytes: int | None,
     max_batch_tokens: int | None,
     config: LeakConfig,
-    facts: ColumnFacts,
+    capacity_hint: str | None,
 ) -> AnalysisResult:
-    # A log of one device (as a rule) has the whole columns as its rows: the device's analysis and the
-    # totals below read them through one memo, so no column is scanned twice for the same answer.
-    whole = _Rows(columns, None, n, facts)
-    # Steps and seconds rise from row to row as a rule: one pass that finds it out gives their range, and
-    # spares the leak test the same pass.
-    whole.rising("step")
-    whole.rising("elapsed_s")
-    devices = [_analyze_device(key, whole if rows is None else _Rows(columns, rows, n, facts), capacity_bytes,
-                               max_batch_tokens, config)
-               for key, rows in _device_groups(whole["gpu"]).items()]
-    first_s, last_s = whole.low("elapsed_s"), whole.top("elapsed_s")
+    clock = Clock(cols)
+    devices: list[DeviceAnalysis] = []
+    for key, sel in device_rows(cols).items():
+        dev = DeviceRows(key, sel, cols)
+        devices.append(_analyze_device(dev, clock, capacity_bytes, max_batch_tokens, config, capacity_hint))
+    elapsed = cols.column("elapsed_s")
+    seconds = elapsed.values[elapsed.known]
     peaks = {d.key: d.peak for d in devices}
     # The highest peak; the first device of equals.
     overall = max((p for p in peaks.values() if p.at is not None), key=lambda p: p.at.bytes if p.at else 0,
                   default=None)
-    leak = _overall_leak([d.leak for d in devices])
-    forecast = _overall_forecast([d.forecast for d in devices])
     return AnalysisResult(
-        rows=n,
-        steps=StepRange(_distinct_known(whole, "step"), whole.low("step"), whole.top("step")),
-        duration_s=(last_s - first_s) if last_s is not None else None,
-        leak=leak,
+        rows=cols.n,
+        steps=_step_range(cols),
+        duration_s=float(seconds.max() - seconds.min()) if len(seconds) else None,
+        leak=_overall_leak([d.leak for d in devices]),
         peak=PeakSummary(peaks, overall),
-        forecast=forecast,
+        forecast=_overall_forecast([d.forecast for d in devices]),
         devices=tuple(devices),
         warnings=tuple(_warnings(devices)),
+        ranks=rank_imbalance(cols),
+        phases=tuple(cols.labels("phase").names),
+        start=clock.start,
+        clock_duration_s=clock.duration_s(),
     )
 
 
-# A day of rows is a million cells per column: the helpers below work on whole columns with builtins
-# that loop in C (``count``, ``max``, ``compress``, ``map`` over ``operator`` functions) rather than
-# with a Python loop per row.
-
-_is_known = partial(operator.is_not, None)  # a C-level "is not None" for filter() and map()
-
-
-def _col(columns: Columns, name: str, n: int) -> Sequence[Any]:
-    values = columns.get(name)
-    return values if values is not None and len(values) == n else [None] * n
+def _step_range(cols: LogColumns) -> StepRange:
+    step = cols.column("step")
+    known = step.values if step.known.all() else step.values[step.known]
+    if not len(known):
+        return StepRange(0, None, None)
+    rising = bool(np.all(known[1:] > known[:-1]))  # as a rule: then every step is distinct, with no sort
+    count = len(known) if rising else len(np.unique(known))
+    return StepRange(count, int(known.min()), int(known.max()))
 
 
-def _known_values(values: Sequence[Any]) -> Sequence[Any]:
-    """The known values, in order (the column itself when it has no gap)."""
-    return values if None not in values else list(filter(_is_known, values))
+def _signal(dev: DeviceRows, candidates: Sequence[str]) -> str | None:
+    return next((name for name in candidates if dev.column(name).known.any()), None)
 
 
-def _tail(values: Sequence[Any], mask: Sequence[bool] | None, count: int) -> list[Any]:
-    """The last ``count`` cells where ``mask`` is true (of all cells without a mask): ``_select(...)[-count:]``,
-    reading only rows near the end (a stretch twice as long each time until it holds enough)."""
-    if mask is None:
-        return list(values[-count:])
-    picked: list[Any] = []
-    end, size = len(values), count
-    while end > 0 and len(picked) < count:
-        start = max(0, end - size)
-        picked[:0] = itertools.compress(values[start:end], mask[start:end])
-        end, size = start, size * 2
-    return picked[-count:]
-
-
-def _last_known(values: Sequence[Any]) -> int | None:
-    """The position of the last known value (the last row, as a rule), or None."""
-    return next((i for i in range(len(values) - 1, -1, -1) if values[i] is not None), None)
-
-
-def _device_groups(gpus: Sequence[Any]) -> dict[str, list[int] | None]:
-    """Each device's rows, in order of first appearance; None stands for all the rows (one device)."""
-    if gpus and gpus.count(gpus[0]) == len(gpus):  # one device, as a rule: no dict built over a million rows
-        return {"host" if gpus[0] is None else str(gpus[0]): None}
-    distinct = list(dict.fromkeys(gpus))
-    keys = ["host" if g is None else str(g) for g in distinct]
-    if len(distinct) <= 1:
-        return {keys[0]: None} if keys else {}
-    # Grouping by equality in C is only the same as grouping by the key's text for ints and None
-    # (0 and 0.0, or 1 and True, are equal but not spelled alike): anything else takes the row loop.
-    if len(set(keys)) == len(keys) and set(map(type, gpus)) <= {int, type(None)}:
-        return {key: list(itertools.compress(range(len(gpus)), map(operator.eq, gpus, itertools.repeat(g))))
-                for key, g in zip(keys, distinct, strict=True)}
-    groups: dict[str, list[int] | None] = {}
-    for i, gpu in enumerate(gpus):
-        groups.setdefault("host" if gpu is None else str(gpu), []).append(i)  # type: ignore[union-attr]
-    return groups
-
-
-class _TableColumns(Mapping[str, Sequence[Any]]):
-    """A table's columns as the analysis reads them, each converted when first read: a log's reader
-    converts a column of a day of rows at some cost, and the analysis never reads some (the rank)."""
-
-    def __init__(self, table: LogTable) -> None:
-        self.table = table
-
-    def __getitem__(self, name: str) -> Sequence[Any]:
-        if name in INT_COLUMNS:
-            return self.table.ints(name)
-        if name in FLOAT_COLUMNS:
-            return self.table.floats(name)
-        if name == "time" and "time" in self.table.raw:
-            # The analysis reads the time of a few rows (the peaks'): those cells are read as they are asked for.
-            return _TextCells(self.table.raw["time"])
-        if name in TEXT_COLUMNS:
-            return self.table.strings(name)
-        raise KeyError(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter((*INT_COLUMNS, *FLOAT_COLUMNS, *TEXT_COLUMNS))
-
-    def __len__(self) -> int:
-        return len(INT_COLUMNS) + len(FLOAT_COLUMNS) + len(TEXT_COLUMNS)
-
-
-class _TextCells(Sequence[str | None]):
-    """A text column whose cells are read when asked for, an empty cell as None (as ``LogTable.strings``)."""
-
-    def __init__(self, raw: Sequence[str]) -> None:
-        self.raw = raw
-
-    def __len__(self) -> int:
-        return len(self.raw)
-
-    @overload
-    def __getitem__(self, i: int) -> str | None: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str | None]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str | None] | None:
-        if isinstance(i, slice):
-            return [v or None for v in self.raw[i]]
-        return self.raw[i] or None
-
-
-class _Rows:
-    """One device's cells of the columns, picked once per column (all of them: the column itself).
-
-    What several parts of the analysis ask of a column (its largest value, whether a cell is unknown, its
-    cells on the training rows) is worked out once (``facts``): each answer is a pass over a million cells.
-    """
-
-    def __init__(self, columns: Columns, rows: list[int] | None, n: int, facts: ColumnFacts | None = None) -> None:
-        self.columns = columns
-        self.rows = rows
-        self.n = n
-        self.m = n if rows is None else len(rows)
-        self.facts = facts or ColumnFacts()
-        self._picked: dict[str, Sequence[Any]] = {}
-        self._known: dict[str, list[bool]] = {}
-        self._selected: dict[tuple[str, int], tuple[Sequence[bool], Sequence[Any]]] = {}
-
-    def __getitem__(self, name: str) -> Sequence[Any]:
-        if name not in self._picked:
-            values = self.columns.get(name)
-            if values is None or len(values) != self.n:
-                self._picked[name] = [None] * self.m
-            elif self.rows is None:
-                self._picked[name] = values
-            elif isinstance(values, _TextCells):
-                self._picked[name] = _TextCells(_take(values.raw, self.rows))
-            else:
-                self._picked[name] = _take(values, self.rows)
-        return self._picked[name]
-
-    def row(self, i: int) -> int:
-        """The table row of the device's ``i``-th row."""
-        return i if self.rows is None else self.rows[i]
-
-    def top(self, name: str) -> Any:
-        """The column's largest known value; None when none is known."""
-        return self.facts.top(self[name])
-
-    def low(self, name: str) -> Any:
-        """The column's smallest known value; None when none is known."""
-        return self.facts.low(self[name])
-
-    def has_gap(self, name: str) -> bool:
-        """True when some cell of the column is unknown (None)."""
-        return self.facts.gap(self[name])
-
-    def rising(self, name: str) -> bool:
-        """True when every cell of the column is known and larger than the one before."""
-        return self.facts.rising(self[name])
-
-    def known(self, name: str) -> list[bool] | None:
-        """The cells of the column that are known, as a mask; None (all of them) when it has no gap."""
-        if not self.has_gap(name):
-            return None
-        if name not in self._known:
-            self._known[name] = list(map(_is_known, self[name]))
-        return self._known[name]
-
-    def both(self, mask: list[bool] | None, name: str) -> list[bool] | None:
-        """``mask`` narrowed to the cells where the column is known; None (all) when that is every cell."""
-        known = self.known(name)
-        if known is None:
-            return mask
-        return known if mask is None else list(map(operator.and_, mask, known))
-
-    def select(self, name: str, mask: list[bool] | None) -> Sequence[Any]:
-        """The column's cells where ``mask`` is true, picked once per mask (two leak tests share the steps)."""
-        if mask is None:
-            return self[name]
-        key = (name, id(mask))
-        hit = self._selected.get(key)
-        if hit is None or hit[0] is not mask:  # the mask is kept with the cells, so its id stays its own
-            hit = self._selected[key] = (mask, _select(self[name], mask))
-        return hit[1]
-
-    def stretches(self, labels: Sequence[Any]) -> list[tuple[Any, int, int]] | None:
-        """:func:`~vramscope.analysis.peaks.runs` of a label column (None: it changes too often to read so)."""
-        return self.facts.runs(labels, limit=len(labels) // MIN_RUN_ROWS + 1)
-
-
-def _distinct_known(dev: _Rows, name: str) -> int:
-    """How many distinct known values the column holds."""
-    if dev.rising(name):
-        return dev.m
-    return len(set(dev[name])) - dev.has_gap(name)  # set() keeps one None for all the unknown cells
-
-
-def _take(values: Sequence[Any], rows: list[int]) -> list[Any]:
-    # itemgetter picks many positions in C; it returns a bare item (not a tuple) for one position.
-    if len(rows) == 1:
-        return [values[rows[0]]]
-    return list(itemgetter(*rows)(values)) if rows else []
-
-
-def _select(values: Sequence[Any], mask: Sequence[bool] | None) -> Sequence[Any]:
-    """The cells where ``mask`` is true (all cells, uncopied, without a mask)."""
-    return values if mask is None else list(itertools.compress(values, mask))
-
-
-def _both(mask: list[bool] | None, values: Sequence[Any]) -> list[bool] | None:
-    """``mask`` narrowed to the cells where ``values`` is known; None (all) when that is every cell."""
-    if None not in values:
-        return mask
-    if mask is None:
-        return list(map(_is_known, values))
-    return list(map(operator.and_, mask, map(_is_known, values)))
-
-
-def _signal(dev: _Rows, candidates: Sequence[str]) -> str | None:
-    return next((name for name in candidates if has_known(dev[name])), None)
-
-
-def _phase_labels(phase: Sequence[Any], step: Sequence[Any]) -> Sequence[str]:
-    """Each row's phase for the peaks: the logged one, else "train" on a step row, else "untagged"."""
-    if all(phase):
-        return phase  # every row has its phase (a step-aligned log): no copy
-    if not any(phase):
-        if None not in step:
-            return ["train"] * len(step)
-        if not has_known(step):
-            return ["untagged"] * len(step)
-    return [p if p else ("train" if s is not None else "untagged") for p, s in zip(phase, step, strict=True)]
-
-
-# Per-phase peaks read the column one stretch of a phase at a time. A log whose phase changes every
-# few rows (on average, more often than every MIN_RUN_ROWS rows) takes one C pass over the rows per
-# phase instead; past MAX_PHASES_BY_COLUMN phases, one Python pass.
-MIN_RUN_ROWS = 16
-MAX_PHASES_BY_COLUMN = 32
-
-
-def _peaks(dev: _Rows, key: str, peak_name: str | None) -> DevicePeak:
-    """The highest reading, overall and per phase, with its step, time and phase (first one of equals)."""
-    totals = dev["device_total_bytes"]
-    last_total = _last_known(totals)
-    peak = DevicePeak(key=key, metric=peak_name, at=None, phases={},
-                      max_reserved_bytes=dev.top("reserved_bytes"), max_device_used_bytes=dev.top("device_used_bytes"),
-                      max_host_rss_bytes=dev.top("host_rss_bytes"),
-                      total_bytes=None if last_total is None else totals[last_total])
-    if peak_name is None:
-        return peak
-    step, elapsed, times = dev["step"], dev["elapsed_s"], dev["time"]
-    values = dev[peak_name]
-    labels = _phase_labels(dev["phase"], step)
-    found = _phase_maxima(dev, peak_name, labels)
-
-    def where(i: int) -> PeakAt:
-        return PeakAt(row=dev.row(i), bytes=values[i], step=step[i], phase=labels[i], time=times[i],
-                      elapsed_s=elapsed[i])
-
-    if not found:
-        return peak
-    # The run's peak is the highest phase peak; among equal ones, the earliest row (the first of equals).
-    top = max(v for v, _ in found.values())
-    i = min(i for v, i in found.values() if v == top)
-    return replace(peak, at=where(i), phases={label: where(j) for label, (_, j) in found.items()})
-
-
-def _phase_maxima(dev: _Rows, name: str, labels: Sequence[Any]) -> dict[Any, tuple[Any, int]]:
-    """Each phase's largest known value of a column and its first row, in order of the phase's first reading."""
-    values = dev[name]
-    stretches = dev.stretches(labels)
-    if stretches is None:
-        return _phase_maxima_by_mask(values, labels)
-    starts = [start for _, start, _ in stretches]
-    read = dev.facts.stretches(values)
-    if read is not None and set(starts) <= set(read[0]):
-        # The column was read already, cut at least wherever the phase changes (a report's charts cut it
-        # so): each phase's peak comes from those stretches.
-        starts = read[0][:-1]
-        maxima = [None if s is None else (s[2], s[3]) for s in read[1]]
-    else:
-        maxima, gap = stretch_maxima(values, [*starts, len(values)])
-        dev.facts.learn_gap(values, gap)
-    found: dict[Any, tuple[Any, int]] = {}
-    for start, m in zip(starts, maxima, strict=True):
-        label = labels[start]  # a stretch lies within one phase
-        if m is not None and (label not in found or m[0] > found[label][0]):  # strict: the first of equals
-            found[label] = m
-    return found
-
-
-def _phase_maxima_by_mask(values: Sequence[Any], labels: Sequence[Any]) -> dict[Any, tuple[Any, int]]:
-    """:func:`_phase_maxima` for a phase that changes every few rows: each phase's rows picked in C."""
-    known = _both(None, values)
-    vals, labs = _select(values, known), _select(labels, known)
-    rows: Sequence[int] = range(len(values)) if known is None else list(itertools.compress(range(len(values)), known))
-    phases = list(dict.fromkeys(labs))  # in order of each phase's first reading
-    found: dict[Any, tuple[Any, int]] = {}
-    if len(phases) > MAX_PHASES_BY_COLUMN:
-        for j, v in enumerate(vals):
-            current = found.get(labs[j])
-            if current is None or v > current[0]:
-                found[labs[j]] = (v, rows[j])
-        return found
-    for label in phases:
-        if len(phases) == 1:
-            top = max(vals)
-            found[label] = (top, rows[vals.index(top)])  # max() keeps the first of equals, as index() finds
-            continue
-        mask = list(map(operator.eq, labs, itertools.repeat(label)))
-        mine = list(itertools.compress(vals, mask))
-        top = max(mine)
-        found[label] = (top, list(itertools.compress(rows, mask))[mine.index(top)])
-    return found
-
-
-def _analyze_device(
-    key: str,
-    dev: _Rows,
-    capacity_bytes: int | None,
-    max_batch_tokens: int | None,
-    config: LeakConfig,
-) -> DeviceAnalysis:
-    step = dev["step"]
-    elapsed = dev["elapsed_s"]
+def _analyze_device(dev: DeviceRows, clock: Clock, capacity_bytes: int | None, max_batch_tokens: int | None,
+                    config: LeakConfig, capacity_hint: str | None) -> DeviceAnalysis:
     level_name = _signal(dev, LEVEL_SIGNALS)
     peak_name = _signal(dev, PEAK_SIGNALS)
+    peak = _peak(dev, clock, peak_name)
 
-    # Peaks, overall and per phase, with where they happened.
-    peak = _peaks(dev, key, peak_name)
-
-    # The leak test on the training steps' rows (eval rows hold eval's own memory).
-    train, unit = _train_rows(dev)
-    found = _leak_on(level_name, train, dev, config, unit)
-    leak = _device_leak(found, level_name, key, unit)
+    # The leak test on the training steps' rows (eval rows hold eval's own memory); against time in a log
+    # without steps (a `vramscope run` log).
+    unit = "step" if dev.has_steps else "s"
+    train = dev.training() if unit == "step" else dev.column("elapsed_s").known
+    found = _leak_on(dev, level_name, train, config, unit)
+    leak = _device_leak(found, level_name, dev.key, unit)
     if level_name == "allocated_bytes" and not found.detected:
-        cached = _leak_on("reserved_bytes", train, dev, config, unit)
+        cached = _leak_on(dev, "reserved_bytes", train, config, unit)
         if cached.detected:
-            leak = replace(leak, caching=_caching(cached, train, dev, unit))
+            leak = replace(leak, caching=_caching(dev, cached, train, unit))
 
-    # The forecast: room between the recent peak and the capacity, at the leak's slope.
     capacity = _capacity(dev, level_name, capacity_bytes)
-    recent_peak = _recent_max(dev, peak_name)
-    step_s = None
-    if unit == "step":
-        # Only the newest rows count: picked from the end, not from a copy of a day of rows.
-        timed = dev.both(train, "elapsed_s")
-        step_s = seconds_per_step(_tail(step, timed, RECENT_STEP_TIMES), _tail(elapsed, timed, RECENT_STEP_TIMES),
-                                  recent=RECENT_STEP_TIMES)
-    slope_per_step = found.slope_per_x if found.detected and unit == "step" else None
-    fc = forecast_oom(slope_per_step, recent_peak, capacity, step_s)
-    if found.detected and unit == "s" and found.slope_per_x and capacity is not None and recent_peak is not None:
-        # A time-based log: the same arithmetic per second.
-        seconds = forecast_oom(found.slope_per_x, recent_peak, capacity, 1.0)
-        fc = replace(fc, seconds_to_oom=seconds.steps_to_oom, reason=seconds.reason)
-
-    tokens = dev["tokens"]
-    peaks = dev["peak_allocated_bytes"]
-    tok_rows: list[bool] | None = []  # no row has both, as a rule because one of them is never logged
-    if has_known(tokens) and has_known(peaks):
-        tok_rows = dev.both(dev.both(train, "tokens"), "peak_allocated_bytes")
-    if tok_rows is None or any(tok_rows):  # None: every row has both
-        # The fit reads the newest rows only: they are picked from the end.
-        lb = longest_batch(_tail(tokens, tok_rows, RECENT_BATCHES), _tail(peaks, tok_rows, RECENT_BATCHES), capacity,
-                           max_batch_tokens, recent=RECENT_BATCHES)
-    else:
-        lb = no_batch_fit("no token counts in the log" if not has_known(tokens) else "no per-step peaks")
-    return DeviceAnalysis(key, peak, leak, DeviceForecast(key, fc, lb))
+    oom = _oom(dev, found, unit, train, peak_name, capacity)
+    if capacity_hint is not None and oom.reason.startswith(CAPACITY_UNKNOWN):
+        oom = replace(oom, reason=capacity_hint)
+    forecast = DeviceForecast(dev.key, oom, _longest_batch(dev, train, capacity, max_batch_tokens))
+    return DeviceAnalysis(dev.key, peak, leak, forecast, device_detail(dev, clock, capacity_bytes))
 
 
-def _train_rows(dev: _Rows) -> tuple[list[bool] | None, str]:
-    """The rows the leak test runs on (a mask; None for all), and what x counts: training steps, or
-    seconds in a time-based log (no step column: a `vramscope run` log)."""
-    step, phase = dev["step"], dev["phase"]
-    if not has_known(step):
-        return dev.known("elapsed_s"), "s"
-    # A log has a few phases, in long stretches as a rule: each phase is looked up once, and the mask is
-    # built a stretch at a time (else every row's phase through a dict, a C call).
-    stretches = dev.stretches(phase)
-    training = {p: p in TRAIN_PHASES for p in (set(phase) if stretches is None else {p for p, _, _ in stretches})}
-    if all(training.values()):
-        return dev.known("step"), "step"
-    if stretches is None:
-        mask = list(map(training.__getitem__, phase))
-    else:
-        mask = []
-        for p, start, end in stretches:
-            mask += [training[p]] * (end - start)
-    return dev.both(mask, "step"), "step"
+def _peak(dev: DeviceRows, clock: Clock, name: str | None) -> DevicePeak:
+    """The highest reading of the device's peak signal, overall and per phase (first one of equals)."""
+    total = dev.column("device_total_bytes")
+    last = np.flatnonzero(total.known)
+    peak = DevicePeak(key=dev.key, metric=name, at=None, phases={},
+                      max_reserved_bytes=_top(dev, "reserved_bytes"),
+                      max_device_used_bytes=_top(dev, "device_used_bytes"),
+                      max_host_rss_bytes=_top(dev, "host_rss_bytes"),
+                      total_bytes=int(total.values[last[-1]]) if len(last) else None)
+    if name is None:
+        return peak
+    top = dev.argmax(name)
+    if top is None:
+        return peak
+    def at(j: int) -> PeakAt:
+        return dev.peak_at(name, j, clock.at(int(dev.positions[j])))
+
+    phases = {label: at(j) for label, j in dev.phase_maxima(name).items()}
+    return replace(peak, at=at(top), phases=phases)
 
 
-@dataclass
-class LeakSeries:
-    """What the leak test of one device runs on: x (steps or seconds) and bytes."""
-
-    key: str
-    signal: str | None
-    unit: str
-    xs: list[float]
-    ys: list[float]
-    tokens: list[int | None] | None = None  # each row's batch tokens, when the log has them
+def _top(dev: DeviceRows, name: str) -> int | None:
+    j = dev.argmax(name)
+    return None if j is None else int(dev.column(name).values[j])
 
 
-def leak_series(table: LogTable) -> dict[str, LeakSeries]:
-    """Per device, the series :func:`analyze` tests for a leak (to replay it prefix by prefix)."""
-    columns: dict[str, Sequence[Any]] = {name: table.ints(name) for name in INT_COLUMNS}
-    columns["elapsed_s"] = table.floats("elapsed_s")
-    columns["phase"] = table.strings("phase")
-    n = len(table)
-    out: dict[str, LeakSeries] = {}
-    for key, rows in _device_groups(_col(columns, "gpu", n)).items():
-        dev = _Rows(columns, rows, n)
-        signal = _signal(dev, LEVEL_SIGNALS)
-        train, unit = _train_rows(dev)
-        values = dev[signal] if signal else [None] * dev.m
-        picked = _both(train, values)
-        xs = _select(dev["step"] if unit == "step" else dev["elapsed_s"], picked)
-        tokens = list(_select(dev["tokens"], picked))
-        out[key] = LeakSeries(key, signal, unit, [float(x) for x in xs], [float(v) for v in _select(values, picked)],
-                              tokens if has_known(tokens) else None)
-    return out
-
-
-def _leak_on(name: str | None, train: list[bool] | None, dev: _Rows, config: LeakConfig, unit: str) -> LeakResult:
+def _leak_on(dev: DeviceRows, name: str | None, train: np.ndarray, config: LeakConfig, unit: str) -> LeakResult:
     if name is None:
         return LeakResult(detected=False, kind="insufficient", verdict="no memory readings to test for a leak")
-    picked = dev.both(train, name)
-    known = dev.select("tokens", picked)
-    x = "step" if unit == "step" else "elapsed_s"
-    # The rows picked from a column that rises from row to row rise too: the test need not check it.
-    return detect_leak(dev.select(x, picked), dev.select(name, picked), config_for(name, config), unit=unit,
-                       tokens=known if has_known(known) else None, rising=dev.rising(x))
+    xs, ys, tokens = _series(dev, name, train, unit)
+    rising = bool(np.all(xs[1:] > xs[:-1]))
+    return detect_leak(xs, ys, config_for(name, config), unit=unit, tokens=tokens, rising=rising)
+
+
+def _series(dev: DeviceRows, name: str, train: np.ndarray, unit: str) -> tuple[np.ndarray, np.ndarray,
+                                                                               np.ndarray | None]:
+    """What the leak test reads: x (steps or seconds), bytes, and each row's batch tokens (NaN: unknown)
+    when the log has them, on the rows of ``train`` where the signal is known."""
+    signal = dev.column(name)
+    picked = train & signal.known
+    x = dev.column("step" if unit == "step" else "elapsed_s")
+    xs = x.values[picked].astype(np.float64)
+    ys = signal.values[picked].astype(np.float64)
+    tokens = dev.column("tokens")
+    known = tokens.known[picked]
+    toks = np.where(known, tokens.values[picked], np.nan) if known.any() else None
+    return xs, ys, toks
 
 
 def _device_leak(leak: LeakResult, signal: str | None, key: str, unit: str) -> DeviceLeak:
@@ -590,13 +248,13 @@ def _device_leak(leak: LeakResult, signal: str | None, key: str, unit: str) -> D
                       points=leak.points)
 
 
-def _caching(cached: LeakResult, train: list[bool] | None, dev: _Rows, unit: str) -> Caching:
+def _caching(dev: DeviceRows, cached: LeakResult, train: np.ndarray, unit: str) -> Caching:
     # Reserved grows while allocated does not: the allocator keeps more blocks. When the cached but
     # unusable part (inactive split blocks) grows along, the cause is fragmentation.
-    known = _known_values(_select(dev["inactive_split_bytes"], train))
-    fragmented = (
-        len(known) >= 2 and cached.growth_bytes is not None and (known[-1] - min(known)) >= 0.5 * cached.growth_bytes
-    )
+    split = dev.column("inactive_split_bytes")
+    known = split.values[train & split.known]
+    fragmented = (len(known) >= 2 and cached.growth_bytes is not None
+                  and int(known[-1] - known.min()) >= 0.5 * cached.growth_bytes)
     what = "fragmentation (inactive split blocks grow with it)" if fragmented else "caching"
     rate = (cached.slope_per_x or 0.0) / MIB
     return Caching(
@@ -610,27 +268,61 @@ def _caching(cached: LeakResult, train: list[bool] | None, dev: _Rows, unit: str
     )
 
 
-def _capacity(dev: _Rows, level: str | None, given: int | None) -> int | None:
+def _capacity(dev: DeviceRows, level: str | None, given: int | None) -> int | None:
     if given is not None:
         return given
-    total = dev["device_total_bytes"]
-    i = _last_known(total)
-    if i is None:
+    total = dev.column("device_total_bytes")
+    rows = np.flatnonzero(total.known)
+    if not len(rows):
         return None
+    i = int(rows[-1])
     if level == "allocated_bytes":
-        return allocator_capacity(total[i], dev["device_used_bytes"][i], dev["reserved_bytes"][i])
-    return int(total[i])
+        used, reserved = dev.column("device_used_bytes"), dev.column("reserved_bytes")
+        return allocator_capacity(int(total.values[i]), int(used.values[i]) if used.known[i] else None,
+                                  int(reserved.values[i]) if reserved.known[i] else None)
+    return int(total.values[i])
 
 
-def _recent_max(dev: _Rows, name: str | None) -> int | None:
+def _oom(dev: DeviceRows, found: LeakResult, unit: str, train: np.ndarray, peak_name: str | None,
+         capacity: int | None) -> OomForecast:
+    """Room between the recent peak and the capacity, at the leak's slope."""
+    recent_peak = _recent_max(dev, peak_name)
+    step_s = None
+    if unit == "step":
+        elapsed = dev.column("elapsed_s")
+        rows = tail(train & elapsed.known, RECENT_STEP_TIMES)  # only the newest rows count
+        step_s = seconds_per_step(dev.column("step").values[rows].tolist(), elapsed.values[rows].tolist(),
+                                  recent=RECENT_STEP_TIMES)
+    slope_per_step = found.slope_per_x if found.detected and unit == "step" else None
+    fc = forecast_oom(slope_per_step, recent_peak, capacity, step_s)
+    if found.detected and unit == "s" and found.slope_per_x and capacity is not None and recent_peak is not None:
+        # A time-based log: the same arithmetic per second.
+        seconds = forecast_oom(found.slope_per_x, recent_peak, capacity, 1.0)
+        fc = replace(fc, seconds_to_oom=seconds.steps_to_oom, reason=seconds.reason)
+    return fc
+
+
+def _recent_max(dev: DeviceRows, name: str | None) -> int | None:
     """The largest of the newest tenth of a column's known values (at least 20 of them)."""
     if name is None:
         return None
-    values = dev[name]
-    count = len(values) - values.count(None) if dev.has_gap(name) else len(values)
+    col = dev.column(name)
+    count = int(col.known.sum())
     if not count:
         return None
-    return int(max(_tail(values, dev.known(name), max(20, count // 10))))
+    return int(col.values[tail(col.known, max(20, count // 10))].max())
+
+
+def _longest_batch(dev: DeviceRows, train: np.ndarray, capacity: int | None,
+                   max_batch_tokens: int | None) -> LongestBatch:
+    tokens, peaks = dev.column("tokens"), dev.column("peak_allocated_bytes")
+    if not tokens.known.any():
+        return no_batch_fit("no token counts in the log")
+    rows = tail(train & tokens.known & peaks.known, RECENT_BATCHES)  # the fit reads the newest rows only
+    if not len(rows):
+        return no_batch_fit("no per-step peaks")
+    return longest_batch(tokens.values[rows].tolist(), peaks.values[rows].tolist(), capacity, max_batch_tokens,
+                         recent=RECENT_BATCHES)
 
 
 # Which verdict stands for the log when no device leaks: the most telling kind (caching says what to do).
@@ -672,3 +364,33 @@ def _warnings(devices: list[DeviceAnalysis]) -> list[str]:
         if d.forecast.longest_batch.warning:
             warnings.append(f"{where}: {d.forecast.longest_batch.warning}")
     return warnings
+
+
+@dataclass
+class LeakSeries:
+    """What the leak test of one device runs on: x (steps or seconds) and bytes."""
+
+    key: str
+    signal: str | None
+    unit: str
+    xs: list[float]
+    ys: list[float]
+    tokens: list[int | None] | None = None  # each row's batch tokens, when the log has them
+
+
+def leak_series(table: LogTable) -> dict[str, LeakSeries]:
+    """Per device, the series :func:`analyze` tests for a leak (to replay it prefix by prefix)."""
+    cols = LogColumns.from_table(table)
+    out: dict[str, LeakSeries] = {}
+    for key, sel in device_rows(cols).items():
+        dev = DeviceRows(key, sel, cols)
+        signal = _signal(dev, LEVEL_SIGNALS)
+        unit = "step" if dev.has_steps else "s"
+        train = dev.training() if unit == "step" else dev.column("elapsed_s").known
+        if signal is None:
+            out[key] = LeakSeries(key, None, unit, [], [], None)
+            continue
+        xs, ys, tokens = _series(dev, signal, train, unit)
+        toks = None if tokens is None else [None if t != t else int(t) for t in tokens.tolist()]
+        out[key] = LeakSeries(key, signal, unit, xs.tolist(), ys.tolist(), toks)
+    return out

@@ -3,17 +3,15 @@
 A day of samples at 10 Hz is a million points; a chart a thousand pixels wide shows at most a few
 thousand. Averaging or taking every n-th point would hide the short spikes that cause an OOM, so the
 series is cut into equal buckets of consecutive points and each bucket keeps its minimum and its
-maximum, in the order they occur: the drawn line still touches every peak and every trough.
-
-Works on plain lists with builtins (``max``, ``min``, ``list.index`` run in C), so a million points
-cost a few C passes, not a Python loop per point.
+maximum (the first of equals), in the order they occur: the drawn line still touches every peak and
+every trough. Whole-array numpy work: a few passes over the series, whatever its length.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vramscope.analysis.peaks import Stretch, combine, regroup, stretch_extremes
+import numpy as np
 
 # Two points per bucket: 1500 buckets keep a 3000-point line, finer than any chart is drawn.
 DEFAULT_BUCKETS = 1500
@@ -30,51 +28,54 @@ def minmax_indices(values: Sequence[float | None], buckets: int = DEFAULT_BUCKET
         Ascending positions into ``values``. When there are no more than ``2 * buckets`` known points,
         every known point is kept.
     """
+    known = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    numbers = np.fromiter((0.0 if v is None else v for v in values), dtype=np.float64, count=len(values))
+    return [int(i) for i in minmax_positions(numbers, known, buckets)]
+
+
+def minmax_positions(values: np.ndarray, known: np.ndarray, buckets: int = DEFAULT_BUCKETS) -> np.ndarray:
+    """:func:`minmax_indices` of a numpy series with its known-mask."""
     if buckets < 1:
         raise ValueError(f"buckets must be at least 1, got {buckets}")
     n = len(values)
     if n <= 2 * buckets:
-        return [i for i, v in enumerate(values) if v is not None]
-    cuts = bucket_cuts(n, buckets)
-    return minmax_from_stretches(values, buckets, cuts, stretch_extremes(values, cuts)[0])
+        return np.flatnonzero(known)
+    starts = bucket_cuts(n, buckets)[:-1]
+    every = bool(known.all())
+    if every:
+        high_side, low_side = values, values
+    else:
+        if not known.any():
+            return np.zeros(0, np.int64)
+        low_fill = np.iinfo(values.dtype).max if values.dtype.kind == "i" else np.inf
+        high_fill = np.iinfo(values.dtype).min if values.dtype.kind == "i" else -np.inf
+        high_side = np.where(known, values, high_fill)
+        low_side = np.where(known, values, low_fill)
+    highs = _first_extreme(high_side, starts, np.maximum)
+    lows = _first_extreme(low_side, starts, np.minimum)
+    if not every:
+        has = np.logical_or.reduceat(known, starts)
+        highs, lows = highs[has], lows[has]
+    keep = np.unique(np.concatenate((highs, lows)))
+    # The ends anchor the line to the start and end of the run.
+    ends = np.flatnonzero(known)[[0, -1]]
+    return np.unique(np.concatenate((keep, ends)))
 
 
-def bucket_cuts(n: int, buckets: int) -> list[int]:
+def _first_extreme(values: np.ndarray, starts: np.ndarray, extreme: np.ufunc) -> np.ndarray:
+    """Each bucket's first position of its extreme value (``np.maximum`` or ``np.minimum``)."""
+    n = len(values)
+    tops = extreme.reduceat(values, starts)
+    sizes = np.diff(np.append(starts, n))
+    hit = values == np.repeat(tops, sizes)
+    where = np.where(hit, np.arange(n), n)
+    return np.minimum.reduceat(where, starts)
+
+
+def bucket_cuts(n: int, buckets: int) -> np.ndarray:
     """Where each of ``buckets`` equal buckets of ``n`` points begins, and ``n``: ascending, no repeats
     when ``n >= buckets``."""
-    return [b * n // buckets for b in range(buckets + 1)]
-
-
-def minmax_from_stretches(
-    values: Sequence[float | None], buckets: int, cuts: Sequence[int], stretches: Sequence[Stretch | None]
-) -> list[int]:
-    """:func:`minmax_indices` from the extremes of stretches of the series (see
-    :func:`~vramscope.analysis.peaks.stretch_extremes`), cut at ``cuts``: at least at every bucket's start.
-
-    A caller that cuts the series finer for its own reasons (a chart's phases) reads it once for both.
-    Of int series only, when a bucket is cut in several stretches: a NaN has no place in their order.
-    """
-    n = len(values)
-    if n <= 2 * buckets:
-        return [i for i, v in enumerate(values) if v is not None]
-    keep: list[int] = []
-    for part in regroup(stretches, cuts, bucket_cuts(n, buckets)):
-        found = combine(part)
-        if found is None:
-            continue
-        _, i_low, _, i_high = found
-        if i_low == i_high:
-            keep.append(i_low)
-        else:
-            keep.extend((i_low, i_high) if i_low < i_high else (i_high, i_low))
-    # The ends anchor the line to the start and end of the run.
-    first = next((i for i, v in enumerate(values) if v is not None), None)
-    last = next((i for i in range(n - 1, -1, -1) if values[i] is not None), None)
-    if first is not None and (not keep or keep[0] != first):
-        keep.insert(0, first)
-    if last is not None and keep[-1] != last:
-        keep.append(last)
-    return keep
+    return np.arange(buckets + 1, dtype=np.int64) * n // buckets
 
 
 def minmax_downsample(
@@ -84,4 +85,4 @@ def minmax_downsample(
     if len(xs) != len(ys):
         raise ValueError(f"xs and ys differ in length ({len(xs)} and {len(ys)})")
     index = minmax_indices(ys, buckets)
-    return [xs[i] for i in index], [ys[i] for i in index]  # type: ignore[misc]
+    return [xs[i] for i in index], [y for y in (ys[i] for i in index) if y is not None]

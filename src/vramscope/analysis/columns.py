@@ -1,0 +1,217 @@
+"""A log's columns as the analysis reads them: whole numpy arrays with a known-mask, read once.
+
+:class:`LogColumns` reads a :class:`~vramscope.logfile.LogTable` through its numpy API
+(``int_column``/``float_column``/``labels``), or wraps the plain lists a live monitor holds
+(:meth:`LogColumns.from_lists`): both give the analysis the same arrays. A missing column reads as all
+unknown. The functions below are the few whole-column questions the analysis asks (the largest known
+value and its first row, the last known value), each one numpy pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from vramscope.logfile import Column, Labels, LogTable
+
+INT_COLUMNS = (
+    "step",
+    "gpu",
+    "allocated_bytes",
+    "reserved_bytes",
+    "peak_allocated_bytes",
+    "device_used_bytes",
+    "device_total_bytes",
+    "process_bytes",
+    "host_rss_bytes",
+    "tokens",
+    "inactive_split_bytes",
+    "rank",
+    "num_alloc_retries",
+    "num_ooms",
+)
+FLOAT_COLUMNS = ("elapsed_s",)
+TEXT_COLUMNS = ("time", "phase")
+
+_LOWEST = np.iinfo(np.int64).min
+
+
+class LogColumns:
+    """The columns of one log, each read into arrays when first asked for (the rank, say, rarely is)."""
+
+    def __init__(self, n: int, table: LogTable | None = None, lists: Mapping[str, Sequence[Any]] | None = None,
+                 kind: str = "vramscope", path: str = "") -> None:
+        self.n = n
+        self.kind = kind
+        self.path = path
+        self._table = table
+        self._lists = lists
+        self._read: dict[str, Column] = {}
+        self._labels: dict[str, Labels] = {}
+
+    @classmethod
+    def from_table(cls, table: LogTable) -> LogColumns:
+        return cls(len(table), table=table, kind=table.kind, path=table.path)
+
+    @classmethod
+    def from_lists(cls, columns: Mapping[str, Sequence[Any]]) -> LogColumns:
+        """Typed lists (ints/floats/str, None = unknown), one entry per row: what a live monitor holds."""
+        n = max((len(v) for v in columns.values()), default=0)
+        return cls(n, lists=columns)
+
+    def column(self, name: str) -> Column:
+        """An int column (a float one for ``elapsed_s``): values and known-mask."""
+        found = self._read.get(name)
+        if found is None:
+            found = self._read[name] = self._load(name)
+        return found
+
+    def _load(self, name: str) -> Column:
+        floating = name in FLOAT_COLUMNS
+        if self._table is not None:
+            return self._table.float_column(name) if floating else self._table.int_column(name)
+        cells = self._lists.get(name) if self._lists is not None else None
+        if cells is None or len(cells) != self.n:
+            return Column(np.zeros(self.n, np.float64 if floating else np.int64), np.zeros(self.n, bool))
+        known = np.fromiter((c is not None for c in cells), dtype=bool, count=self.n)
+        values = np.fromiter((0 if c is None else c for c in cells), dtype=np.float64 if floating else np.int64,
+                             count=self.n)
+        return Column(values, known)
+
+    def labels(self, name: str) -> Labels:
+        """A text column as codes into its distinct non-empty cells (-1: empty)."""
+        found = self._labels.get(name)
+        if found is None:
+            if self._table is not None:
+                found = self._table.labels(name)
+            else:
+                cells = self._lists.get(name) if self._lists is not None else None
+                index: dict[str, int] = {}
+                codes = np.full(self.n, -1, np.int32)
+                if cells is not None and len(cells) == self.n:
+                    codes = np.fromiter((-1 if not c else index.setdefault(str(c), len(index)) for c in cells),
+                                        dtype=np.int32, count=self.n)
+                found = Labels(codes, list(index))
+            self._labels[name] = found
+        return found
+
+    def filled(self, name: str) -> bool:
+        """Some cell of the column holds a value (a known number, as a rule; or text that is none)."""
+        if self.column(name).any_known():
+            return True
+        return self._table is not None and self._table.has(name)
+
+    def text(self, name: str, row: int) -> str | None:
+        """One cell of a text column (None when empty)."""
+        labels = self.labels(name)
+        code = int(labels.codes[row]) if 0 <= row < self.n else -1
+        return labels.names[code] if code >= 0 else None
+
+
+class Clock:
+    """Seconds since the log's first row, by the wall clock (``time``) so that rows of two writers agree;
+    the logged ``elapsed_s`` where a row has no readable time."""
+
+    def __init__(self, cols: LogColumns) -> None:
+        self.cols = cols
+        times = cols.labels("time")
+        filled = np.flatnonzero(times.codes >= 0)
+        self.first_row = int(filled[0]) if len(filled) else None
+        self.last_row = int(filled[-1]) if len(filled) else None
+        self.start = cols.text("time", self.first_row) if self.first_row is not None else None
+        self.origin = _parse_time(self.start or "")
+        self._parsed: dict[int, float | None] = {}  # per distinct time text
+
+    def seconds(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's seconds since the start (NaN: unknown), for a few rows (a chart's points)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.full(len(rows), np.nan)
+        if not len(rows):
+            return out
+        codes = self.cols.labels("time").codes[rows]
+        names = self.cols.labels("time").names
+        if self.origin is not None:
+            for code in np.unique(codes[codes >= 0]).tolist():
+                if code not in self._parsed:
+                    stamp = _parse_time(names[code])
+                    self._parsed[code] = None if stamp is None else stamp - self.origin
+                value = self._parsed[code]
+                if value is not None:
+                    out[codes == code] = value
+        missing = np.isnan(out)
+        if missing.any():
+            elapsed = self.cols.column("elapsed_s")
+            picked = rows[missing]
+            out[missing] = np.where(elapsed.known[picked], elapsed.values[picked], np.nan)
+        return out
+
+    def at(self, row: int) -> float | None:
+        value = float(self.seconds(np.array([row]))[0])
+        return None if np.isnan(value) else value
+
+    def duration_s(self) -> float | None:
+        """From the first to the last row's time; else the first to the last row's logged seconds."""
+        if self.first_row is not None and self.last_row is not None:
+            a, b = self.at(self.first_row), self.at(self.last_row)
+            if a is not None and b is not None:
+                return b - a
+        elapsed = self.cols.column("elapsed_s")
+        if self.cols.n and elapsed.known[0] and elapsed.known[-1]:
+            return float(elapsed.values[-1] - elapsed.values[0])
+        return None
+
+
+def _parse_time(text: str) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+# -- whole-column questions --------------------------------------------------------------------------
+
+
+def argmax_known(values: np.ndarray, known: np.ndarray) -> int | None:
+    """The first position of the largest known value; None when nothing is known."""
+    if not len(values):
+        return None
+    if known.all():
+        return int(np.argmax(values))
+    if not known.any():
+        return None
+    return int(np.argmax(np.where(known, values, _LOWEST)))
+
+
+def top_known(values: np.ndarray, known: np.ndarray) -> int | None:
+    """The largest known value of an int column; None when nothing is known."""
+    at = argmax_known(values, known)
+    return None if at is None else int(values[at])
+
+
+def low_known(values: np.ndarray, known: np.ndarray) -> int | None:
+    """The smallest known value of an int column; None when nothing is known."""
+    if not known.any():
+        return None
+    return int(values[known].min()) if not known.all() else int(values.min())
+
+
+def last_known(known: np.ndarray) -> int | None:
+    """The position of the last known cell (the last row, as a rule); None when none is."""
+    if len(known) and known[-1]:
+        return len(known) - 1
+    found = np.flatnonzero(known)
+    return int(found[-1]) if len(found) else None
+
+
+def tail(mask: np.ndarray, count: int) -> np.ndarray:
+    """The last ``count`` positions where ``mask`` is true."""
+    return np.flatnonzero(mask)[-count:] if count > 0 else np.zeros(0, np.int64)
+
+
+def as_int(value: Any) -> int | None:
+    return None if value is None else int(value)
