@@ -9,7 +9,8 @@ Two risks, two forecasts:
   and the cross-entropy scale with it). A robust line of peak against tokens predicts the peak of the
   longest batch the run can see, and the largest batch that still fits, before that batch arrives.
 
-Pure functions over lists of numbers; the results are the frozen types of :mod:`vramscope.analysis.results`.
+Pure functions over numpy arrays (or lists) of numbers; the results are the frozen types of
+:mod:`vramscope.analysis.results`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
-from vramscope.analysis.leak import median, thin, trend
+import numpy as np
+
+from vramscope.analysis.leak import median, thin_positions, trend
 from vramscope.analysis.results import LongestBatch, OomForecast
 from vramscope.units import GIB
 
@@ -48,23 +50,24 @@ def allocator_capacity(
     return total_bytes - others
 
 
-def seconds_per_step(
-    steps: Sequence[float], elapsed_s: Sequence[float], recent: int = RECENT_STEP_TIMES
-) -> float | None:
+Numbers = Sequence[float] | np.ndarray
+
+
+def seconds_per_step(steps: Numbers, elapsed_s: Numbers, recent: int = RECENT_STEP_TIMES) -> float | None:
     """The recent step time: Theil-Sen slope of elapsed seconds over steps (robust to eval pauses)."""
-    pairs = _recent_pairs(steps, elapsed_s, recent)
-    if len(pairs) < 3 or pairs[-1][0] == pairs[0][0]:
+    xs, ys = _recent(steps, elapsed_s, recent)
+    if len(xs) < 3 or xs[-1] == xs[0]:
         return None
-    xs, ys = thin([p[0] for p in pairs], [p[1] for p in pairs], 80)
-    slope = trend(xs, ys).slope
+    picks = np.asarray(thin_positions(len(xs), 80), dtype=np.int64)
+    slope = trend(xs[picks], ys[picks]).slope
     return slope if slope > 0 else None
 
 
-def _recent_pairs(a: Sequence[Any], b: Sequence[Any], recent: int) -> list[tuple[Any, Any]]:
-    """``list(zip(a, b))[-recent:]``, pairing only the newest: a day of rows needs none of the rest."""
+def _recent(a: Numbers, b: Numbers, recent: int) -> tuple[np.ndarray, np.ndarray]:
+    """The newest ``recent`` of two series of equal length, as float arrays: a day of rows needs none of the rest."""
     if len(a) != len(b):
         raise ValueError(f"the two series differ in length ({len(a)} and {len(b)})")
-    return list(zip(a[-recent:], b[-recent:], strict=True))
+    return np.asarray(a[-recent:], dtype=np.float64), np.asarray(b[-recent:], dtype=np.float64)
 
 
 def forecast_oom(
@@ -94,8 +97,8 @@ def forecast_oom(
 
 
 def longest_batch(
-    tokens: Sequence[int],
-    peaks: Sequence[int],
+    tokens: Sequence[int] | np.ndarray,
+    peaks: Sequence[int] | np.ndarray,
     capacity_bytes: int | None,
     max_tokens: int | None = None,
     recent: int = RECENT_BATCHES,
@@ -110,23 +113,25 @@ def longest_batch(
             length); None uses the longest seen so far.
         recent: only the newest rows count, so that a leak's drift weighs less on the fit.
     """
-    pairs = _recent_pairs(tokens, peaks, recent)
-    if not pairs:
+    if len(tokens) != len(peaks):
+        raise ValueError(f"the two series differ in length ({len(tokens)} and {len(peaks)})")
+    toks = np.asarray(tokens[-recent:], dtype=np.int64)
+    tops = np.asarray(peaks[-recent:], dtype=np.int64)
+    if not len(toks):
         return LongestBatch(False, "no step has both a token count and a peak reading")
-    seen_max = max(t for t, _ in pairs)
-    peak_at_max = max(p for t, p in pairs if t == seen_max)
+    seen_max = int(toks.max())
+    peak_at_max = int(tops[toks == seen_max].max())
     target = max_tokens if max_tokens is not None else seen_max
-    distinct = {t for t, _ in pairs}
     result = LongestBatch(
         available=False,
         reason="",
-        points=len(pairs),
+        points=len(toks),
         tokens_seen_max=seen_max,
         peak_at_seen_max_bytes=peak_at_max,
         max_tokens=target,
         capacity_bytes=capacity_bytes,
     )
-    if len(distinct) < 3:
+    if len(np.unique(toks)) < 3:
         # One batch shape: its peak is known, a slope is not.
         return _judged(replace(
             result,
@@ -134,14 +139,16 @@ def longest_batch(
             predicted_peak_bytes=float(peak_at_max) if target == seen_max else None,
             available=target == seen_max,
         ))
-    xs, ys = thin([float(t) for t, _ in sorted(pairs)], [float(p) for _, p in sorted(pairs)], 150)
+    order = np.lexsort((tops, toks))  # by tokens, then peak
+    picks = order[np.asarray(thin_positions(len(order), 150), dtype=np.int64)]
+    xs, ys = toks[picks].astype(np.float64), tops[picks].astype(np.float64)
     fit = trend(xs, ys)
     slope = max(0.0, fit.slope)
     # The line through the medians (Theil-Sen's intercept) sits in the middle of the cloud; memory
     # risk is about the top of it, so shift it up by the typical excess of the points above the line.
-    above = [y - (fit.intercept + slope * x) for x, y in zip(xs, ys, strict=True)]
-    upper = [a for a in above if a > 0]
-    lift = median(upper) if upper else 0.0
+    above = ys - (fit.intercept + slope * xs)
+    upper = above[above > 0]
+    lift = median(upper) if len(upper) else 0.0
     base = fit.intercept + lift
     predicted = base + slope * target
     # Never predict less than what was measured for the longest batch already seen.

@@ -291,8 +291,7 @@ def _oom(dev: DeviceRows, found: LeakResult, unit: str, train: np.ndarray, peak_
     if unit == "step":
         elapsed = dev.column("elapsed_s")
         rows = tail(train & elapsed.known, RECENT_STEP_TIMES)  # only the newest rows count
-        step_s = seconds_per_step(dev.column("step").values[rows].tolist(), elapsed.values[rows].tolist(),
-                                  recent=RECENT_STEP_TIMES)
+        step_s = seconds_per_step(dev.column("step").values[rows], elapsed.values[rows], recent=RECENT_STEP_TIMES)
     slope_per_step = found.slope_per_x if found.detected and unit == "step" else None
     fc = forecast_oom(slope_per_step, recent_peak, capacity, step_s)
     if found.detected and unit == "s" and found.slope_per_x and capacity is not None and recent_peak is not None:
@@ -321,8 +320,7 @@ def _longest_batch(dev: DeviceRows, train: np.ndarray, capacity: int | None,
     rows = tail(train & tokens.known & peaks.known, RECENT_BATCHES)  # the fit reads the newest rows only
     if not len(rows):
         return no_batch_fit("no per-step peaks")
-    return longest_batch(tokens.values[rows].tolist(), peaks.values[rows].tolist(), capacity, max_batch_tokens,
-                         recent=RECENT_BATCHES)
+    return longest_batch(tokens.values[rows], peaks.values[rows], capacity, max_batch_tokens, recent=RECENT_BATCHES)
 
 
 # Which verdict stands for the log when no device leaks: the most telling kind (caching says what to do).
