@@ -64,9 +64,12 @@ def test_phase_peaks_are_the_plain_pass(values: list[int | None], data: st.DataO
     assert (None if top is None else values[top]) == max(known, default=None)
     if known:
         assert top == values.index(max(known))
-    stretches = [(label, start, start + len(list(group))) for start, (label, group) in
-                 zip(itertools.accumulate([0] + [len(list(g)) for _, g in itertools.groupby(labels)]),
-                     itertools.groupby(labels))]
+    stretches = []
+    start = 0
+    for label, group in itertools.groupby(labels):
+        size = len(list(group))
+        stretches.append((label, start, start + size))
+        start += size
     assert [(s.phase, s.start, s.end) for s in dev.stretches()] == stretches
 
 
