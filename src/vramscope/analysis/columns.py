@@ -99,10 +99,13 @@ class LogColumns:
         return found
 
     def filled(self, name: str) -> bool:
-        """Some cell of the column holds a value (a known number, as a rule; or text that is none)."""
-        if self.column(name).any_known():
-            return True
-        return self._table is not None and self._table.has(name)
+        """Some cell of the column holds a value (a known number, as a rule; or text that is none).
+
+        Of a table, asked without reading the column: a log lacks many columns (the rank, torch's counters).
+        """
+        if self._table is not None:
+            return self._table.has(name)
+        return self.column(name).any_known()
 
     def text(self, name: str, row: int) -> str | None:
         """One cell of a text column (None when empty)."""

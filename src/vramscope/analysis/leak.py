@@ -154,26 +154,31 @@ def thin_positions(n: int, limit: int) -> Sequence[int]:
     return sorted({n - 1 - int(k * stride) for k in range(limit)})
 
 
-def _chunk_medians(ys: Sequence[float], chunks: int) -> list[float]:
+# The costs below are sums of absolute errors over at most ``max_points`` points, added up in order
+# (``sum`` of the array's floats): the hinge search compares candidates' costs, and an equal cost must
+# stay equal whatever the window.
+
+
+def _chunk_medians(ys: Sequence[float] | np.ndarray, chunks: int) -> list[float]:
     n = len(ys)
     bounds = [round(k * n / chunks) for k in range(chunks + 1)]
     return [median(ys[bounds[k] : bounds[k + 1]]) for k in range(chunks)]
 
 
-def _abs_cost(xs: Sequence[float], ys: Sequence[float], slope: float, intercept: float) -> float:
-    return sum(abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True))
+def _abs_cost(xs: np.ndarray, ys: np.ndarray, slope: float, intercept: float) -> float:
+    return float(sum(np.abs(ys - (intercept + slope * xs)).tolist()))
 
 
-def _flat_cost(ys: Sequence[float]) -> float:
-    if not ys:
+def _flat_cost(ys: np.ndarray) -> float:
+    if not len(ys):
         return 0.0
-    level = median(ys)
-    return sum(abs(y - level) for y in ys)
+    return float(sum(np.abs(ys - median(ys)).tolist()))
 
 
-def _segment_cost(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, Trend]:
-    t = trend(xs, ys)
-    return _abs_cost(xs, ys, t.slope, t.intercept), t
+def _segment_cost(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> tuple[float, Trend]:
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    t = trend(x, y)
+    return _abs_cost(x, y, t.slope, t.intercept), t
 
 
 def _breakpoints(n: int, minimum: int) -> list[int]:
@@ -185,53 +190,59 @@ def _breakpoints(n: int, minimum: int) -> list[int]:
     return sorted({minimum + round(k * span / max(1, count - 1)) for k in range(count)})
 
 
-def growth_stopped(xs: Sequence[float], ys: Sequence[float]) -> bool:
+def growth_stopped(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> bool:
     """True when "rise, then flat" explains the window clearly better than "flat (or not), then rise".
 
     That is the shape of a warm-up that has ended (or of one large allocation spread over a few
     steps), not of a leak, whose growth goes on up to the newest step.
     """
-    n = len(xs)
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    n = len(x)
     minimum = max(4, n // 8)
     best_rise_then_flat = math.inf
-    best_leak = _segment_cost(xs, ys)[0]  # a straight line: the leak began before the window
+    best_leak = _segment_cost(x, y)[0]  # a straight line: the leak began before the window
     for b in _breakpoints(n, minimum):
-        rise, _ = _segment_cost(xs[:b], ys[:b])
-        best_rise_then_flat = min(best_rise_then_flat, rise + _flat_cost(ys[b:]))
-        late, _ = _segment_cost(xs[b:], ys[b:])
-        best_leak = min(best_leak, _flat_cost(ys[:b]) + late)
+        rise, _ = _segment_cost(x[:b], y[:b])
+        best_rise_then_flat = min(best_rise_then_flat, rise + _flat_cost(y[b:]))
+        late, _ = _segment_cost(x[b:], y[b:])
+        best_leak = min(best_leak, _flat_cost(y[:b]) + late)
     # A clear margin: noise alone makes either fit a little better than the other.
     return best_rise_then_flat < 0.7 * best_leak
 
 
-def find_start(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
+def find_start(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray, slope: float) -> float:
     """The x where growth of ``slope`` began: the best "flat, then rising at ``slope``" hinge.
 
-    With the slope fixed, each candidate start costs O(n): the flat level is the median before it and
-    the line's offset the median of ``y - slope * x`` after it. The level before and the line meet at
-    the start, so the hinge is continuous, as memory is.
+    With the slope fixed, every candidate start at once: the flat level is the median of the points
+    before it and the line's offset the median of ``y - slope * x`` after it (one matrix of candidates
+    against points, the points outside a candidate's part masked). The level before and the line meet
+    at the start, so the hinge is continuous, as memory is.
     """
-    n = len(xs)
-    best_cost = math.inf
-    best_x = xs[0]
-    for k in range(0, n - 2):
-        before = ys[:k]
-        after_offsets = [y - slope * x for x, y in zip(xs[k:], ys[k:], strict=True)]
-        offset = median(after_offsets)
-        if before:
-            level = median(before)
-            cost = sum(abs(y - level) for y in before)
-        else:
-            level = offset + slope * xs[0]
-            cost = 0.0
-        cost += sum(abs(o - offset) for o in after_offsets)
-        if cost < best_cost:
-            best_cost = cost
-            # Where the flat level meets the rising line; clamped to the data around k.
-            meet = (level - offset) / slope if slope else xs[k]
-            low = xs[k - 1] if k > 0 else xs[0]
-            best_x = min(max(meet, low), xs[k])
-    return best_x
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    n = len(x)
+    if n < 3:
+        return float(x[0])
+    offsets = y - slope * x
+    k = np.arange(n - 2)[:, None]  # candidate starts
+    i = np.arange(n)[None, :]
+    before, after = i < k, i >= k
+    levels = np.full(n - 2, np.nan)  # nothing before the first candidate
+    if n > 3:
+        levels[1:] = np.nanmedian(np.where(before[1:], y, np.nan), axis=1)
+    offset = np.nanmedian(np.where(after, offsets, np.nan), axis=1)
+    # Each candidate's cost: the flat part's and the rising part's, each added up in the points' order
+    # (the zeros where a point is not in that part change no sum).
+    flat = np.where(before, np.abs(y - np.nan_to_num(levels)[:, None]), 0.0).tolist()
+    rising = np.where(after, np.abs(offsets - offset[:, None]), 0.0).tolist()
+    costs = np.array([sum(f) + sum(r) for f, r in zip(flat, rising, strict=True)])
+    if np.isnan(costs).all():
+        return float(x[0])
+    best = int(np.nanargmin(costs))  # the first of equal costs
+    level = float(levels[best]) if best else float(offset[0]) + slope * float(x[0])
+    # Where the flat level meets the rising line; clamped to the data around the start.
+    meet = (level - float(offset[best])) / slope if slope else float(x[best])
+    low = float(x[best - 1]) if best > 0 else float(x[0])
+    return min(max(meet, low), float(x[best]))
 
 
 class _Ordered:
