@@ -176,3 +176,23 @@ def test_analyze_of_nothing_is_well_formed() -> None:
     assert result["leak"]["detected"] is False
     assert result["forecast"]["steps_to_oom"] is None
     assert result["peak"]["overall"] is None
+
+
+def test_the_typed_result_says_what_its_json_says() -> None:
+    from vramscope.analysis.results import SCHEMA_VERSION
+
+    rows = _gpu_rows(300, 0, lambda s: 10 * GIB + max(0, s - 100) * 4 * MIB, 14 * GIB)
+    result = analyze(_table(rows))
+    data = result.to_json()
+    leak = result.leak.devices["0"]
+    assert (leak.detected, leak.slope_bytes_per_step, leak.start_step) == (
+        data["leak"]["detected"], data["leak"]["slope_bytes_per_step"], data["leak"]["start_step"])
+    assert result.forecast.devices["0"].oom.steps_to_oom == data["forecast"]["steps_to_oom"]
+    peak = result.peak.devices["0"]
+    assert peak.at is not None and (peak.at.bytes, peak.at.step, peak.at.phase) == (
+        data["peak"]["devices"]["0"]["bytes"], data["peak"]["devices"]["0"]["step"], "train")
+    detail = result.device("0").detail
+    assert detail.step_range == (data["steps"]["first"], data["steps"]["last"]) == (1, 300)
+    assert [s.phase for s in detail.stretches] == ["train"] and detail.rows == 300
+    assert json.loads(json.dumps(data)) == data
+    assert SCHEMA_VERSION == 1  # what `report --json` carries; raised when a field changes meaning

@@ -5,6 +5,7 @@ and, for a log of several ranks, each rank's peaks and their imbalance. Whole-co
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -45,12 +46,11 @@ def device_detail(dev: DeviceRows, clock: Clock, capacity_bytes: int | None) -> 
         j = dev.argmax(m)
         if j is not None:
             peaks[m] = dev.peak_at(m, j, clock.at(int(dev.positions[j])))
-    phases: dict[str, dict[str, PeakAt]] = {label: {} for label in dev.phase_rows()}
+    rows = dev.phase_rows()
+    phases: dict[str, dict[str, PeakAt]] = {label: {} for label in rows}
     for m in metrics:
         for label, j in dev.phase_maxima(m).items():
-            phases[label][m] = peaks[m] if peaks[m].row == dev.positions[j] else \
-                dev.peak_at(m, j, clock.at(int(dev.positions[j])))
-    rows = dev.phase_rows()
+            phases[label][m] = dev.peak_at(m, j, clock.at(int(dev.positions[j])))
     total = dev.column("device_total_bytes")
     last = last_known(total.known)
     logged_total = None if last is None else int(total.values[last])
@@ -192,8 +192,6 @@ def _counter_max(dev: DeviceRows, column: str) -> int | None:
 
 
 def _with_verdict(f: Fragmentation) -> Fragmentation:
-    from dataclasses import replace
-
     at = f.at_peak_reserved
     share = at.unused_fraction or 0.0
     demand = "the largest per-step peak" if f.measured_against == "peak_allocated_bytes" else "what was allocated"
