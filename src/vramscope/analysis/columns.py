@@ -107,11 +107,30 @@ class LogColumns:
             return self._table.has(name)
         return self.column(name).any_known()
 
+    def texts(self, name: str, rows: np.ndarray) -> list[str | None]:
+        """The cells of a text column on a few rows (None where empty): the time of a peak, of a chart's points.
+
+        The one place that reads cells of the time column: through :meth:`labels` today, which codes every
+        row; a reader that hands out a few rows' cells would spare the codes of a million time stamps.
+        """
+        labels = self.labels(name)
+        names = labels.names
+        return [names[c] if c >= 0 else None for c in labels.codes[rows].tolist()]
+
     def text(self, name: str, row: int) -> str | None:
         """One cell of a text column (None when empty)."""
-        labels = self.labels(name)
-        code = int(labels.codes[row]) if 0 <= row < self.n else -1
-        return labels.names[code] if code >= 0 else None
+        return self.texts(name, np.array([row], dtype=np.int64))[0] if 0 <= row < self.n else None
+
+    def filled_ends(self, name: str) -> tuple[int | None, int | None]:
+        """The first and the last row whose cell of a text column is not empty (the first and the last row,
+        as a rule: only otherwise is the column looked through)."""
+        if not self.n:
+            return None, None
+        first, last = self.texts(name, np.array([0, self.n - 1], dtype=np.int64))
+        if first is not None and last is not None:
+            return 0, self.n - 1
+        filled = np.flatnonzero(self.labels(name).codes >= 0)
+        return (int(filled[0]), int(filled[-1])) if len(filled) else (None, None)
 
 
 class Clock:
@@ -120,13 +139,10 @@ class Clock:
 
     def __init__(self, cols: LogColumns) -> None:
         self.cols = cols
-        times = cols.labels("time")
-        filled = np.flatnonzero(times.codes >= 0)
-        self.first_row = int(filled[0]) if len(filled) else None
-        self.last_row = int(filled[-1]) if len(filled) else None
+        self.first_row, self.last_row = cols.filled_ends("time")
         self.start = cols.text("time", self.first_row) if self.first_row is not None else None
         self.origin = _parse_time(self.start or "")
-        self._parsed: dict[int, float | None] = {}  # per distinct time text
+        self._parsed: dict[str, float | None] = {}  # per time text: a chart's points share a few
 
     def seconds(self, rows: np.ndarray) -> np.ndarray:
         """Each row's seconds since the start (NaN: unknown), for a few rows (a chart's points)."""
@@ -134,16 +150,16 @@ class Clock:
         out = np.full(len(rows), np.nan)
         if not len(rows):
             return out
-        codes = self.cols.labels("time").codes[rows]
-        names = self.cols.labels("time").names
         if self.origin is not None:
-            for code in np.unique(codes[codes >= 0]).tolist():
-                if code not in self._parsed:
-                    stamp = _parse_time(names[code])
-                    self._parsed[code] = None if stamp is None else stamp - self.origin
-                value = self._parsed[code]
+            for k, text in enumerate(self.cols.texts("time", rows)):
+                if text is None:
+                    continue
+                if text not in self._parsed:
+                    stamp = _parse_time(text)
+                    self._parsed[text] = None if stamp is None else stamp - self.origin
+                value = self._parsed[text]
                 if value is not None:
-                    out[codes == code] = value
+                    out[k] = value
         missing = np.isnan(out)
         if missing.any():
             elapsed = self.cols.column("elapsed_s")
