@@ -30,8 +30,8 @@ def device_rows(cols: LogColumns) -> dict[str, Selector]:
     n = cols.n
     if not n:
         return {}
-    # -1 cannot be a GPU index: it stands for the host (a row without a GPU).
-    ids = np.where(gpu.known, gpu.values, -1)
+    # The lowest int64 is no GPU's index: it stands for the host (a row without a GPU).
+    ids = np.where(gpu.known, gpu.values, _LOWEST)
     first = int(ids[0])
     if (ids == first).all():
         return {_key(first): slice(None)}
@@ -45,7 +45,7 @@ def device_rows(cols: LogColumns) -> dict[str, Selector]:
 
 
 def _key(gpu: int) -> str:
-    return "host" if gpu < 0 else str(gpu)
+    return "host" if gpu == _LOWEST else str(gpu)
 
 
 class DeviceRows:
