@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from vramscope.logfile import Column, Labels, LogTable
+from vramscope.logs.table import ColumnData
 
 INT_COLUMNS = (
     "step",
@@ -51,6 +52,7 @@ class LogColumns:
         self._lists = lists
         self._read: dict[str, Column] = {}
         self._labels: dict[str, Labels] = {}
+        self._text_cells: dict[str, ColumnData | None] = {}
 
     @classmethod
     def from_table(cls, table: LogTable) -> LogColumns:
@@ -110,9 +112,16 @@ class LogColumns:
     def texts(self, name: str, rows: np.ndarray) -> list[str | None]:
         """The cells of a text column on a few rows (None where empty): the time of a peak, of a chart's points.
 
-        The one place that reads cells of the time column: through :meth:`labels` today, which codes every
-        row; a reader that hands out a few rows' cells would spare the codes of a million time stamps.
+        Of a table, only those cells are made into text: coding every row (:meth:`labels`) would cost a
+        report of a million rows most of its time, for a million distinct time stamps it never reads.
         """
+        if self._table is not None:
+            if name not in self._text_cells:
+                data = self._table.column_data(name)
+                # Taken whole once: the cells located once, each later take a pick of a few of them.
+                self._text_cells[name] = None if data is None else data.take(np.arange(self.n, dtype=np.int64))
+            cells = self._text_cells[name]
+            return [None] * len(rows) if cells is None else cells.take(np.asarray(rows, dtype=np.int64)).texts()
         labels = self.labels(name)
         names = labels.names
         return [names[c] if c >= 0 else None for c in labels.codes[rows].tolist()]
