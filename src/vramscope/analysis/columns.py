@@ -221,13 +221,6 @@ def top_known(values: np.ndarray, known: np.ndarray) -> int | None:
     return None if at is None else int(values[at])
 
 
-def low_known(values: np.ndarray, known: np.ndarray) -> int | None:
-    """The smallest known value of an int column; None when nothing is known."""
-    if not known.any():
-        return None
-    return int(values[known].min()) if not known.all() else int(values.min())
-
-
 def last_known(known: np.ndarray) -> int | None:
     """The position of the last known cell (the last row, as a rule); None when none is."""
     if len(known) and known[-1]:
@@ -239,7 +232,3 @@ def last_known(known: np.ndarray) -> int | None:
 def tail(mask: np.ndarray, count: int) -> np.ndarray:
     """The last ``count`` positions where ``mask`` is true."""
     return np.flatnonzero(mask)[-count:] if count > 0 else np.zeros(0, np.int64)
-
-
-def as_int(value: Any) -> int | None:
-    return None if value is None else int(value)
