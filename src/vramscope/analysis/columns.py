@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -78,9 +80,9 @@ class LogColumns:
         cells = self._lists.get(name) if self._lists is not None else None
         if cells is None or len(cells) != self.n:
             return Column(np.zeros(self.n, np.float64 if floating else np.int64), np.zeros(self.n, bool))
-        known = np.fromiter((c is not None for c in cells), dtype=bool, count=self.n)
-        values = np.fromiter((0 if c is None else c for c in cells), dtype=np.float64 if floating else np.int64,
-                             count=self.n)
+        # The unknown cells found in one C-level pass, then filled in by array operations.
+        known = np.fromiter(map(is_not, cells, repeat(None)), dtype=bool, count=self.n)
+        values = np.where(known, np.array(cells, dtype=object), 0).astype(np.float64 if floating else np.int64)
         return Column(values, known)
 
     def labels(self, name: str) -> Labels:
@@ -115,16 +117,17 @@ class LogColumns:
         Of a table, only those cells are made into text: coding every row (:meth:`labels`) would cost a
         report of a million rows most of its time, for a million distinct time stamps it never reads.
         """
-        if self._table is not None:
-            if name not in self._text_cells:
-                data = self._table.column_data(name)
-                # Taken whole once: the cells located once, each later take a pick of a few of them.
-                self._text_cells[name] = None if data is None else data.take(np.arange(self.n, dtype=np.int64))
-            cells = self._text_cells[name]
-            return [None] * len(rows) if cells is None else cells.take(np.asarray(rows, dtype=np.int64)).texts()
-        labels = self.labels(name)
-        names = labels.names
-        return [names[c] if c >= 0 else None for c in labels.codes[rows].tolist()]
+        if self._table is None:
+            cells = self._lists.get(name) if self._lists is not None else None
+            if cells is None or len(cells) != self.n:
+                return [None] * len(rows)
+            return [None if not cells[r] else str(cells[r]) for r in np.asarray(rows, dtype=np.int64).tolist()]
+        if name not in self._text_cells:
+            data = self._table.column_data(name)
+            # Taken whole once: the cells located once, each later take a pick of a few of them.
+            self._text_cells[name] = None if data is None else data.take(np.arange(self.n, dtype=np.int64))
+        taken = self._text_cells[name]
+        return [None] * len(rows) if taken is None else taken.take(np.asarray(rows, dtype=np.int64)).texts()
 
     def text(self, name: str, row: int) -> str | None:
         """One cell of a text column (None when empty)."""
