@@ -18,7 +18,7 @@ from typing import Any
 from vramscope.cli.command import add_command_argument, command_argv
 from vramscope.cli.common import CommandError, UsageError, index, plain_number, positive_int, shown
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
-from vramscope.units import gib
+from vramscope.units import gib, human_fixed
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -267,14 +267,6 @@ def _recipe(spec: Any) -> str:
     return f"{quant}, LoRA r={spec.lora_r}, {spec.optim}, {spec.attn}, {gc}"
 
 
-def _size_text(n: float) -> str:
-    # Two decimals in the unit that suits: a per-token cost is KiB, a per-sample one MiB or GiB.
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def format_result(out: dict[str, Any]) -> str:
     """The human summary of a tune result dict (``TuneResult.to_dict()`` plus the run's settings)."""
     seq_mode = out.get("unit") == "seq_len"
@@ -294,7 +286,7 @@ def format_result(out: dict[str, Any]) -> str:
     if out.get("bytes_per_unit") is not None and out.get("fixed_bytes") is not None:
         unit = "token" if seq_mode else "sample"
         lines.append(
-            f"  fitted: {_size_text(out['bytes_per_unit'])} per {unit} + {_size_text(out['fixed_bytes'])} fixed; "
+            f"  fitted: {human_fixed(out['bytes_per_unit'])} per {unit} + {human_fixed(out['fixed_bytes'])} fixed; "
             f"with no margin the line allows {out.get('predicted_max')}"
         )
     if out.get("target_batch") is not None:

@@ -19,7 +19,7 @@ from vramscope.planner.search import largest_fitting
 from vramscope.planner.settings import STYLES, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
-from vramscope.units import MAX_BYTES
+from vramscope.units import GIB, MAX_BYTES
 
 ModelRef = str | Mapping[str, Any] | ModelShape
 MAX_BATCH = 1 << 16
@@ -202,7 +202,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
         saving = base - estimate(shape, new_spec, b, s, hw, framework=framework).device_bytes
         if saving > 0:
             enough = None if deficit is None else saving >= deficit
-            out.append(Recommendation(name, saving, text.format(saving=saving / 2**30), change, enough,
+            out.append(Recommendation(name, saving, text.format(saving=saving / GIB), change, enough,
                                       written_as(change, style)))
 
     _framework_recommendations(add, spec, fw, batch, seq)
@@ -237,7 +237,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
         out.append(Recommendation(
             "expandable_segments", saving,
             f"set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation): "
-            f"saves about {saving / 2**30:.2f} GiB",
+            f"saves about {saving / GIB:.2f} GiB",
             {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
             None if deficit is None else saving >= deficit,
             written_as({"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}, style)))
@@ -398,7 +398,7 @@ def plan(
                 micro = _largest_divisor(target_batch, min(mb, target_batch))
                 accum = target_batch // micro
             else:
-                notes.append(f"no batch fits in {cap / 2**30:.1f} GiB at {seq_len} tokens, so target batch "
+                notes.append(f"no batch fits in {cap / GIB:.1f} GiB at {seq_len} tokens, so target batch "
                              f"{target_batch} cannot be reached by accumulation")
     elif target_batch is not None:
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")

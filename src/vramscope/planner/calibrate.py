@@ -27,9 +27,9 @@ from vramscope.planner.api import ModelRef, resolve_model
 from vramscope.planner.memory import Breakdown, Hardware, estimate
 from vramscope.planner.registry import get_config
 from vramscope.recipe import QLoraSpec
+from vramscope.units import MIB
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((1, 128), (2, 128), (2, 256))
-MIB = 1024**2
 
 
 class CalibrationError(Exception):

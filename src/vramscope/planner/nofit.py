@@ -15,8 +15,8 @@ from vramscope.planner.memory import Estimate, Hardware, estimate
 from vramscope.planner.multigpu import fit_table
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
+from vramscope.units import gib
 
-GIB = 1024**3
 SMALLER = 0.8
 
 
@@ -40,10 +40,6 @@ class NoFit:
     replaces_others: bool
 
 
-def _gb(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
-
-
 def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, est: Estimate,
             capacity: int, model_name: str | None = None) -> NoFit:
     """Why ``est`` does not fit ``capacity`` bytes, and what would (each with its predicted per-GPU saving)."""
@@ -52,16 +48,16 @@ def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardwa
     floor = estimate(shape, spec, 1, 1, hw).device_bytes
     bits = {4: "4-bit", 8: "8-bit", 16: f"{spec.compute_dtype}"}[spec.bits]
     if weights > capacity:
-        reason = f"the {bits} weights alone need {_gb(weights)} of the GPU's {_gb(capacity)}"
+        reason = f"the {bits} weights alone need {gib(weights, 1)} of the GPU's {gib(capacity, 1)}"
         replaces = True
     elif floor > capacity:
-        reason = (f"even 1 token needs {_gb(floor)}: weights {_gb(weights)}, LoRA weights, gradients and optimizer "
-                  f"states {_gb(bd.lora_weights + bd.lora_weights + bd.optimizer_states)}, CUDA context "
-                  f"{_gb(bd.cuda_context)}")
+        reason = (f"even 1 token needs {gib(floor, 1)}: weights {gib(weights, 1)}, LoRA weights, gradients and "
+                  f"optimizer states {gib(bd.lora_weights + bd.lora_weights + bd.optimizer_states, 1)}, CUDA context "
+                  f"{gib(bd.cuda_context, 1)}")
         replaces = True
     else:
-        reason = (f"{batch} x {seq} tokens need {_gb(est.device_bytes - floor)} of activations and logits on top of "
-                  f"{_gb(floor)} of weights and states")
+        reason = (f"{batch} x {seq} tokens need {gib(est.device_bytes - floor, 1)} of activations and logits on top of "
+                  f"{gib(floor, 1)} of weights and states")
         replaces = False
     out: list[Alternative] = []
     table = fit_table(shape, spec, batch, seq, 1, capacity, hw, rows=(("fsdp", "none"), ("fsdp", "params")))
@@ -84,7 +80,7 @@ def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardwa
         four = spec.with_(bits=4)
         saving = est.device_bytes - estimate(shape, four, batch, seq, hw).device_bytes
         if saving > 0:
-            out.append(Alternative("quantize", saving, f"load the base in 4-bit NF4 (QLoRA): saves {_gb(saving)}",
+            out.append(Alternative("quantize", saving, f"load the base in 4-bit NF4 (QLoRA): saves {gib(saving, 1)}",
                                    {"bits": 4}, saving >= est.device_bytes - capacity))
     smaller = _smaller_model(shape, spec, batch, seq, hw, capacity, model_name)
     if smaller is not None:
