@@ -165,7 +165,7 @@ def test_the_graph_is_read() -> None:
     # A few arrows that must be seen, deferred ones included, or the test below would pass vacuously.
     assert "vramscope.oom.classify" in edges["vramscope.tuner"]
     assert "vramscope.oom" in edges["vramscope.training.readers"]  # inside a function
-    assert "vramscope.tune.batching" in edges["vramscope.oom.advice"]
+    assert "vramscope.tune.batching" in edges["vramscope.advice.oom"]
     assert "vramscope.exporters" in edges["vramscope.sinks.prometheus"]
 
 
