@@ -82,7 +82,8 @@ def released() -> int:
 def test_finds_a_safe_maximum_near_the_single_step_one_and_leaves_nothing(trainer: Any) -> None:
     import torch
 
-    from vramscope.tuner import CudaProbe, find_max_batch_size
+    from vramscope.tune.cuda import CudaProbe
+    from vramscope.tune.find import find_max_batch_size
 
     step = stepper(trainer)
     step(1)  # CUDA context, cuBLAS workspace and optimizer state exist before the search, as in training
@@ -119,7 +120,8 @@ def test_finds_a_safe_maximum_near_the_single_step_one_and_leaves_nothing(traine
 def test_lora_weights_and_optimizer_state_are_restored(trainer: Any) -> None:
     import torch
 
-    from vramscope.tuner import CudaProbe, find_max_batch_size
+    from vramscope.tune.cuda import CudaProbe
+    from vramscope.tune.find import find_max_batch_size
 
     step = stepper(trainer)
     step(1)
