@@ -1,24 +1,28 @@
 """Advice from a log's analysis: what to do about what the log shows.
 
-Two sources. :func:`advise` reads the log alone: a log does not say which model or optimizer ran, so
-each piece of its advice rests on a measured fact (an eval peak above the training peak, memory
-reserved beyond the largest demand, a leak, a batch far longer than the rest) and states the bytes it
-could save where the log shows them. When the user says what ran (``--model``, ``--batch-size``),
-:func:`planner_advice` adds the planner's ranked changes (:func:`vramscope.planner.recommend`), each
-with its predicted saving, judged against the peak and capacity measured in the log; :func:`advise_run`
-puts the two in the report's order.
+Two sources. :func:`advise_devices` reads the log alone: a log does not say which model or optimizer ran, so
+each piece of its advice rests on a measured fact (an eval peak above the training peak, memory reserved
+beyond the largest demand, a leak, a batch far longer than the rest) and states the bytes it could save where
+the log shows them. When the user says what ran (``--model``, ``--batch-size``), :func:`priced_by_planner` adds
+the planner's ranked changes (:func:`vramscope.planner.recommend`), each with its predicted saving, judged
+against the peak and capacity measured in the log; :func:`in_report_order` puts the two together.
 
-Reads the summary dict of :func:`vramscope.report.model.build_report` until the analysis hands typed results.
+The rules read :class:`DeviceFacts`, taken from the typed analysis (:func:`facts_of`, over
+:class:`vramscope.analysis.results.AnalysisResult`); :func:`advise_result` and :func:`advise_run_result` are the
+entry points. :mod:`vramscope.advice.log_summary` takes the same facts from the report's summary dict, for the
+report until it reads the typed result.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramscope.advice.plan import from_recommendation
 from vramscope.advice.types import Advice, rank_by_urgency
+from vramscope.analysis.results import AnalysisResult, DeviceAnalysis
 from vramscope.planner import PlanInputError, recommend
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MIB, gib
@@ -29,6 +33,11 @@ TIGHT_HEADROOM = 0.08
 ROOMY_HEADROOM = 0.45
 # Memory the CUDA context and libraries take outside torch's allocator on a typical GPU.
 CONTEXT_ALLOWANCE = 1536 * MIB
+# The columns an evaluation peak is compared to training's on, the first both phases have.
+EVAL_METRICS = ("peak_allocated_bytes", "allocated_bytes", "reserved_bytes", "device_used_bytes")
+# The allocator setting that lets the cache grow in place, as a change in neutral keys and as the user writes it.
+EXPANDABLE = {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+EXPANDABLE_HOW = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
 
 @dataclass(frozen=True)
@@ -51,22 +60,116 @@ class RunSettings:
     style: str | None = None
 
 
-def planner_advice(summary: dict[str, Any], settings: RunSettings) -> list[Advice]:
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the advice reads of one device the run used (bytes; None: not in the log).
+
+    ``phase_peaks`` is phase -> column -> (peak bytes, its step); ``peaks`` each column's peak over the run.
+    """
+
+    key: str
+    where: str  # "GPU 0", for people
+    leak_detected: bool
+    leak_verdict: str
+    leak_growth_bytes: float | None
+    steps_to_oom: float | None
+    phase_peaks: Mapping[str, Mapping[str, tuple[int | None, int | None]]]
+    peaks: Mapping[str, int | None]
+    capacity_bytes: int | None
+    headroom_bytes: int | None
+    headroom_fraction: float | None
+    unused_bytes: int | None  # reserved memory that held no tensor at the reserved peak
+    unused_fraction: float | None
+    unused_growing: bool
+    alloc_retries: int
+    batch_at_risk: bool
+    batch_warning: str | None
+    bytes_per_token: float | None
+    tokens_seen_max: int | None
+    batch_tokens: tuple[int, ...]  # the longest batches' token counts
+
+    @property
+    def tight(self) -> bool:
+        return self.headroom_fraction is not None and self.headroom_fraction < TIGHT_HEADROOM
+
+
+def facts_of(result: AnalysisResult, idle: Collection[str] = ()) -> list[DeviceFacts]:
+    """The facts of each device of the typed analysis, but those in ``idle`` (the run did not use them)."""
+    return [_facts_of_device(d) for d in result.devices if d.key not in idle]
+
+
+def _facts_of_device(dev: DeviceAnalysis) -> DeviceFacts:
+    detail = dev.detail
+    if detail is None:
+        raise ValueError(f"the analysis of device {dev.key} has no detail (phases, peaks, headroom) to advise on")
+    frag = detail.fragmentation
+    lb = dev.forecast.longest_batch
+    return DeviceFacts(
+        key=dev.key, where=detail.title, leak_detected=dev.leak.detected, leak_verdict=dev.leak.shown_verdict,
+        leak_growth_bytes=dev.leak.growth_bytes, steps_to_oom=dev.forecast.oom.steps_to_oom,
+        phase_peaks={phase: {m: (p.bytes, p.step) for m, p in peaks.peaks.items()}
+                     for phase, peaks in detail.phases.items()},
+        peaks={m: p.bytes for m, p in detail.peaks.items()},
+        capacity_bytes=detail.capacity_bytes, headroom_bytes=detail.headroom.headroom_bytes,
+        headroom_fraction=detail.headroom.headroom_fraction,
+        unused_bytes=None if frag is None else frag.at_peak_reserved.unused_bytes,
+        unused_fraction=None if frag is None else frag.at_peak_reserved.unused_fraction,
+        unused_growing=frag is not None and (frag.unused_trend or 0) > 0,
+        alloc_retries=0 if frag is None else frag.alloc_retries or 0,
+        batch_at_risk=lb.at_risk, batch_warning=lb.warning, bytes_per_token=lb.bytes_per_token,
+        tokens_seen_max=lb.tokens_seen_max, batch_tokens=tuple(b.tokens for b in detail.longest_batches if b.tokens),
+    )
+
+
+def advise_result(result: AnalysisResult, idle: Collection[str] = ()) -> list[Advice]:
+    """Advice on the log alone (see :func:`advise_devices`) from the typed analysis; ``idle``: keys to skip."""
+    return advise_devices(facts_of(result, idle))
+
+
+def advise_run_result(result: AnalysisResult, settings: RunSettings | None = None,
+                      idle: Collection[str] = ()) -> list[Advice]:
+    """The report's advice from the typed analysis: see :func:`in_report_order`.
+
+    Raises:
+        vramscope.planner.PlanInputError: as :func:`priced_by_planner`.
+    """
+    facts = facts_of(result, idle)
+    return in_report_order(advise_devices(facts), None if settings is None else priced_by_planner(facts, settings))
+
+
+def in_report_order(own: Sequence[Advice], planned: Sequence[Advice] | None) -> list[Advice]:
+    """What is urgent in the log (a leak, a batch that will not fit) first; then, given what ran, the planner's
+    changes priced for this model and batch; then the rest of what the log shows."""
+    if planned is None:
+        return list(own)
+    return [a for a in own if a.urgent] + list(planned) + [a for a in own if not a.urgent]
+
+
+def advise_devices(devices: Sequence[DeviceFacts]) -> list[Advice]:
+    """Advice for the devices a run used, each from ``source`` "log": urgent first (a leak, a batch that will not
+    fit, a GPU nearly full), then by bytes saved; advice without a measured saving last."""
+    items: list[Advice] = []
+    for f in devices:
+        for rule in (_leak_advice, _eval_advice, _cache_advice, _headroom_advice, _batch_advice, _foreign_advice):
+            items.extend(rule(f))
+    return rank_by_urgency(items)
+
+
+def priced_by_planner(devices: Sequence[DeviceFacts], settings: RunSettings) -> list[Advice]:
     """The planner's changes for this run, judged against the peak and the capacity measured in the log.
 
     Raises:
         vramscope.planner.PlanInputError: unknown model, non-positive sizes, or no sequence length
             (none given and the log records no batch tokens).
     """
-    devices = [d for d in (summary.get("devices") or {}).values() if not d.get("idle")]
     seq_len = settings.seq_len
     if seq_len is None:
-        tokens = [b["tokens"] for d in devices for b in d.get("longest_batches") or [] if b.get("tokens")]
+        tokens = [t for f in devices for t in f.batch_tokens]
         if not tokens:
             raise PlanInputError("the log records no batch tokens; give the run's --seq-len")
         seq_len = math.ceil(max(tokens) / settings.batch_size)
     peak = _measured_peak(devices)
-    capacity = min((d["capacity_bytes"] for d in devices if d.get("capacity_bytes")), default=None)
+    capacity = min((f.capacity_bytes for f in devices if f.capacity_bytes), default=None)
     recs = recommend(settings.model, settings.batch_size, seq_len, settings.spec, peak_bytes=peak,
                      capacity_bytes=capacity, style=settings.style)
     # "Enough to fit" only means something for a run that did not fit.
@@ -79,12 +182,11 @@ def planner_advice(summary: dict[str, Any], settings: RunSettings) -> list[Advic
     return out
 
 
-def _measured_peak(devices: list[dict[str, Any]]) -> int | None:
+def _measured_peak(devices: Sequence[DeviceFacts]) -> int | None:
     # The planner's peak is the process's memory on the GPU; the device's used memory is the nearest
     # measure when the process's own is unknown.
     for metric in ("process_bytes", "device_used_bytes"):
-        values = [((d.get("peaks") or {}).get(metric) or {}).get("bytes") for d in devices]
-        known = [v for v in values if v]
+        known = [v for v in (f.peaks.get(metric) for f in devices) if v]
         if known:
             return int(max(known))
     return None
@@ -99,71 +201,30 @@ def _planner_detail(how: str, sufficient: bool | None, seq_len: int, settings: R
             f"{how}.{verdict}")
 
 
-def advise_run(summary: dict[str, Any], settings: RunSettings | None = None) -> list[Advice]:
-    """The report's advice: what is urgent in the log (a leak, a batch that will not fit) first; then, given what
-    ran, the planner's changes priced for this model and batch; then the rest of what the log shows.
-
-    Raises:
-        vramscope.planner.PlanInputError: as :func:`planner_advice`.
-    """
-    advice = advise(summary)
-    if settings is None:
-        return advice
-    urgent = [a for a in advice if a.urgent]
-    return urgent + planner_advice(summary, settings) + [a for a in advice if not a.urgent]
-
-
-def advise(summary: dict[str, Any]) -> list[Advice]:
-    """Advice for one log's summary (see :func:`vramscope.report.model.build_report`), each from ``source`` "log":
-    urgent first (a leak, a batch that will not fit, a GPU nearly full), then by bytes saved; advice without a
-    measured saving last.
-    """
-    items: list[Advice] = []
-    leak = summary.get("leak") or {}
-    for key, dev in (summary.get("devices") or {}).items():
-        if dev.get("idle"):  # the run did not use this GPU: nothing to change there
-            continue
-        where = dev.get("title") or key
-        items.extend(_leak_advice(key, where, (leak.get("devices") or {}).get(key) or {}, summary))
-        items.extend(_eval_advice(key, where, dev))
-        items.extend(_cache_advice(key, where, dev))
-        items.extend(_headroom_advice(key, where, dev))
-        items.extend(_batch_advice(key, where, dev, summary))
-        items.extend(_foreign_advice(key, where, dev))
-    return rank_by_urgency(items)
-
-
-# The allocator setting that lets the cache grow in place, as a change in neutral keys and as the user writes it.
-EXPANDABLE = {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
-EXPANDABLE_HOW = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-
-
-def _item(key: str, title: str, detail: str, device: str, saves: float | None = None, urgent: bool = False,
+def _item(f: DeviceFacts, key: str, title: str, detail: str, saves: float | None = None, urgent: bool = False,
           change: dict[str, Any] | None = None, how: str = "") -> Advice:
     return Advice(key, title, detail, None if saves is None else int(saves), "log", None, change or {}, how, urgent,
-                  device)
+                  f.key)
 
 
-def _leak_advice(key: str, where: str, leak: dict[str, Any], summary: dict[str, Any]) -> list[Advice]:
-    if not leak.get("detected"):
+def _leak_advice(f: DeviceFacts) -> list[Advice]:
+    if not f.leak_detected:
         return []
-    forecast = ((summary.get("forecast") or {}).get("devices") or {}).get(key) or {}
     when = ""
-    if forecast.get("steps_to_oom") is not None:
-        when = f"; at this rate it runs out of memory in ~{forecast['steps_to_oom']:,.0f} steps"
+    if f.steps_to_oom is not None:
+        when = f"; at this rate it runs out of memory in ~{f.steps_to_oom:,.0f} steps"
     return [_item(
-        "leak", "Find what keeps memory from one step to the next",
-        f"{where}: {leak.get('verdict', 'memory grows step after step')}{when}. Usual causes: a loss or logits kept "
+        f, "leak", "Find what keeps memory from one step to the next",
+        f"{f.where}: {f.leak_verdict}{when}. Usual causes: a loss or logits kept "
         "without .item() or .detach() (e.g. appended to a list), a growing cache, hooks that store activations.",
-        key, leak.get("growth_bytes"), urgent=True,
+        f.leak_growth_bytes, urgent=True,
     )]
 
 
-def _eval_advice(key: str, where: str, dev: dict[str, Any]) -> list[Advice]:
-    phases = dev.get("phases") or {}
-    train, evaluation = phases.get("train") or {}, phases.get("eval") or {}
-    for metric in ("peak_allocated_bytes", "allocated_bytes", "reserved_bytes", "device_used_bytes"):
-        t, e = (train.get(metric) or {}).get("bytes"), (evaluation.get(metric) or {}).get("bytes")
+def _eval_advice(f: DeviceFacts) -> list[Advice]:
+    train, evaluation = f.phase_peaks.get("train") or {}, f.phase_peaks.get("eval") or {}
+    for metric in EVAL_METRICS:
+        t, e = (train.get(metric) or (None, None))[0], (evaluation.get(metric) or (None, None))[0]
         if t is not None and e is not None:
             break
     else:
@@ -171,85 +232,71 @@ def _eval_advice(key: str, where: str, dev: dict[str, Any]) -> list[Advice]:
     if e <= t * 1.03:
         return []
     return [_item(
-        "lighter_eval", "Make evaluation lighter than training",
-        f"{where}: evaluation peaks {gib(e - t)} above training "
-        f"(at step {(evaluation.get(metric) or {}).get('step')}). "
+        f, "lighter_eval", "Make evaluation lighter than training",
+        f"{f.where}: evaluation peaks {gib(e - t)} above training (at step {evaluation[metric][1]}). "
         "Lower per_device_eval_batch_size, set eval_accumulation_steps, or prediction_loss_only=True so that "
         "logits of the whole eval set are not gathered on the GPU.",
-        key, e - t, urgent=_tight(dev),
+        e - t, urgent=f.tight,
     )]
 
 
-def _cache_advice(key: str, where: str, dev: dict[str, Any]) -> list[Advice]:
-    frag = dev.get("fragmentation") or {}
-    at = frag.get("at_peak_reserved") or {}
-    unused, share = at.get("unused_bytes"), at.get("unused_fraction")
+def _cache_advice(f: DeviceFacts) -> list[Advice]:
+    unused, share, retries = f.unused_bytes, f.unused_fraction, f.alloc_retries
     if unused is None or share is None:
         return []
-    growing = (frag.get("unused_trend") or 0) > 0 and frag.get("unused_trend_bytes_per") is not None
-    retries = frag.get("alloc_retries") or 0
     if (share < 0.15 or unused < 512 * MIB) and not retries:
         return []
-    detail = (f"{where}: {gib(unused)} ({share:.0%}) of the reserved memory held no tensor at the reserved peak"
-              f"{', and the gap grows' if growing else ''}"
+    detail = (f"{f.where}: {gib(unused)} ({share:.0%}) of the reserved memory held no tensor at the reserved peak"
+              f"{', and the gap grows' if f.unused_growing else ''}"
               f"{f'; the allocator retried {retries} times after freeing its cache' if retries else ''}. "
               "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so that the cache grows in place "
               "instead of keeping split blocks.")
-    return [_item("expandable_segments", "Let the allocator reuse its cache (expandable segments)", detail, key,
-                  unused, urgent=bool(retries) or _tight(dev), change=EXPANDABLE, how=EXPANDABLE_HOW)]
+    return [_item(f, "expandable_segments", "Let the allocator reuse its cache (expandable segments)", detail,
+                  unused, urgent=bool(retries) or f.tight, change=EXPANDABLE, how=EXPANDABLE_HOW)]
 
 
-def _headroom_advice(key: str, where: str, dev: dict[str, Any]) -> list[Advice]:
-    fraction, room = dev.get("headroom_fraction"), dev.get("headroom_bytes")
+def _headroom_advice(f: DeviceFacts) -> list[Advice]:
+    fraction, room = f.headroom_fraction, f.headroom_bytes
     if fraction is None or room is None:
         return []
     if fraction < TIGHT_HEADROOM:
         return [_item(
-            "make_room", "Make room before a longer batch arrives",
-            f"{where}: only {gib(room)} ({fraction:.0%}) of {gib(dev.get('capacity_bytes'))} was left at the peak. "
+            f, "make_room", "Make room before a longer batch arrives",
+            f"{f.where}: only {gib(room)} ({fraction:.0%}) of {gib(f.capacity_bytes)} was left at the peak. "
             "Turn on gradient checkpointing, halve the micro-batch and double gradient_accumulation_steps, or use "
             "an 8-bit paged optimizer; 'vramscope plan' predicts each one's saving for your model.",
-            key, None, urgent=True,
+            None, urgent=True,
         )]
     if fraction > ROOMY_HEADROOM:
         return [_item(
-            "use_free_memory", "Use the free memory for speed",
-            f"{where}: {gib(room)} ({fraction:.0%}) stayed free at the peak. A larger micro-batch (with fewer "
+            f, "use_free_memory", "Use the free memory for speed",
+            f"{f.where}: {gib(room)} ({fraction:.0%}) stayed free at the peak. A larger micro-batch (with fewer "
             "accumulation steps) or gradient checkpointing off would likely fit and run faster; "
             "'vramscope tune' finds the largest batch that fits in a few real steps.",
-            key, None,
         )]
     return []
 
 
-def _batch_advice(key: str, where: str, dev: dict[str, Any], summary: dict[str, Any]) -> list[Advice]:
-    forecast = ((summary.get("forecast") or {}).get("devices") or {}).get(key) or {}
-    lb = forecast.get("longest_batch") or {}
-    if lb.get("at_risk"):
+def _batch_advice(f: DeviceFacts) -> list[Advice]:
+    if f.batch_at_risk:
         return [_item(
-            "cap_longest_batch", "Cap the longest batch",
-            f"{where}: {lb.get('warning') or 'the longest batch the run can see is predicted not to fit'}. "
+            f, "cap_longest_batch", "Cap the longest batch",
+            f"{f.where}: {f.batch_warning or 'the longest batch the run can see is predicted not to fit'}. "
             "Lower max_length, or use group_by_length / packing so that batches of similar length go together.",
-            key, None, urgent=True,
+            None, urgent=True,
         )]
-    batches = dev.get("longest_batches") or []
-    tokens = [b["tokens"] for b in batches if b.get("tokens")]
-    per_token = lb.get("bytes_per_token")
-    if tokens and per_token and lb.get("tokens_seen_max") and _tight(dev):
+    if f.batch_tokens and f.bytes_per_token and f.tokens_seen_max and f.tight:
         return [_item(
-            "cap_longest_batch", "Cap the longest batch",
-            f"{where}: each token of a batch costs ~{per_token / MIB:.2f} MiB at the peak and the longest batch "
-            f"had {max(tokens)} tokens; a lower max_length or packing flattens the peaks.",
-            key, None, urgent=True,
+            f, "cap_longest_batch", "Cap the longest batch",
+            f"{f.where}: each token of a batch costs ~{f.bytes_per_token / MIB:.2f} MiB at the peak and the longest "
+            f"batch had {max(f.batch_tokens)} tokens; a lower max_length or packing flattens the peaks.",
+            None, urgent=True,
         )]
     return []
 
 
-def _foreign_advice(key: str, where: str, dev: dict[str, Any]) -> list[Advice]:
-    peaks = dev.get("peaks") or {}
-    used = (peaks.get("device_used_bytes") or {}).get("bytes")
-    reserved = (peaks.get("reserved_bytes") or {}).get("bytes")
-    process = (peaks.get("process_bytes") or {}).get("bytes")
+def _foreign_advice(f: DeviceFacts) -> list[Advice]:
+    used, reserved, process = (f.peaks.get(m) for m in ("device_used_bytes", "reserved_bytes", "process_bytes"))
     if used is None:
         return []
     if reserved is not None:
@@ -261,15 +308,9 @@ def _foreign_advice(key: str, where: str, dev: dict[str, Any]) -> list[Advice]:
     if others < GIB:
         return []
     return [_item(
-        "other_processes", "Check what else holds memory on this GPU",
-        f"{where}: at the peak the device used {gib(used)}, {gib(others)} more than this run's "
+        f, "other_processes", "Check what else holds memory on this GPU",
+        f"{f.where}: at the peak the device used {gib(used)}, {gib(others)} more than this run's "
         f"{'allocator and CUDA context' if reserved is not None else 'processes'}. Other processes or another "
         "framework share the GPU ('vramscope watch' lists them).",
-        key, others,
+        others,
     )]
-
-
-def _tight(dev: dict[str, Any]) -> bool:
-    fraction = dev.get("headroom_fraction")
-    return fraction is not None and fraction < TIGHT_HEADROOM
-
