@@ -180,3 +180,14 @@ def test_cli_batch_and_sequence_length(checkpoint: Path) -> None:
     seq = run_cli(checkpoint, "--max-seq-len", "--batch-size", "2", "--seq-len", "256")
     assert seq["unit"] == "seq_len" and seq["seq_len"] >= 256 and seq["seq_len"] % 64 == 0
     assert len(seq["trials"]) <= 5
+
+
+def test_cli_refuses_a_device_or_a_limit_beyond_the_gpu(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # tune/cuda.claim_device checks the flags against the real device before anything loads: exit 2, one line.
+    from vramscope.cli import main
+
+    base = ["tune", "--model-dir", str(checkpoint), "--seq-len", str(SEQ)]
+    assert main([*base, "--device", "99"]) == 2
+    assert "--device 99: torch sees" in capsys.readouterr().err
+    assert main([*base, "--memory-limit", "1024TiB"]) == 2
+    assert "is more than the GPU's" in capsys.readouterr().err
