@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramscope.advice.plan import from_recommendation
-from vramscope.advice.types import Advice, rank_by_urgency
+from vramscope.advice.types import EXPANDABLE_SEGMENTS, Advice, rank_by_urgency
 from vramscope.analysis.results import AnalysisResult, DeviceAnalysis
 from vramscope.planner import PlanInputError, recommend
+from vramscope.planner.settings import written_as
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MIB, gib
 
@@ -35,9 +36,8 @@ ROOMY_HEADROOM = 0.45
 CONTEXT_ALLOWANCE = 1536 * MIB
 # The columns an evaluation peak is compared to training's on, the first both phases have.
 EVAL_METRICS = ("peak_allocated_bytes", "allocated_bytes", "reserved_bytes", "device_used_bytes")
-# The allocator setting that lets the cache grow in place, as a change in neutral keys and as the user writes it.
-EXPANDABLE = {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
-EXPANDABLE_HOW = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+# An environment variable is written the same in every program's style: an export line.
+EXPANDABLE_HOW = written_as(dict(EXPANDABLE_SEGMENTS), "hf")
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ def _cache_advice(f: DeviceFacts) -> list[Advice]:
               "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so that the cache grows in place "
               "instead of keeping split blocks.")
     return [_item(f, "expandable_segments", "Let the allocator reuse its cache (expandable segments)", detail,
-                  unused, urgent=bool(retries) or f.tight, change=EXPANDABLE, how=EXPANDABLE_HOW)]
+                  unused, urgent=bool(retries) or f.tight, change=dict(EXPANDABLE_SEGMENTS), how=EXPANDABLE_HOW)]
 
 
 def _headroom_advice(f: DeviceFacts) -> list[Advice]:

@@ -13,14 +13,11 @@ from dataclasses import replace
 from typing import Any
 
 from vramscope.advice.plan import from_recommendation
-from vramscope.advice.types import Advice, rank_by_sufficiency
+from vramscope.advice.types import EXPANDABLE_SEGMENTS, Advice, rank_by_sufficiency
 from vramscope.oom.records import NO_STACK, AllocationSite, OomReport
 from vramscope.planner.settings import written_as
 from vramscope.tune.batching import split_batch
 from vramscope.units import GIB, MIB, human
-
-# The allocator setting that lets segments grow in place, as a change in neutral keys.
-EXPANDABLE = {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
 
 
 def _shortfall(report: OomReport) -> int | None:
@@ -70,7 +67,7 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None, sty
                 f"{human(report.largest_free_block_bytes)} (fragmentation {report.fragmentation or 0:.0%}). "
                 "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before starting the process.",
                 frag_free,
-                change=EXPANDABLE,
+                change=dict(EXPANDABLE_SEGMENTS),
             )
         )
     elif report.fragmentation is not None and report.fragmentation > 0.3 and frag_free > 256 * MIB:
@@ -81,7 +78,7 @@ def advise(report: OomReport, sites: Sequence[AllocationSite] | None = None, sty
                 f"{human(frag_free)} sat free but split inside segments (fragmentation {report.fragmentation:.0%}). "
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True usually reclaims most of it.",
                 frag_free,
-                change=EXPANDABLE,
+                change=dict(EXPANDABLE_SEGMENTS),
             )
         )
 

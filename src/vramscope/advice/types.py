@@ -12,6 +12,9 @@ from typing import Any
 # Who says it. "snapshot": vramscope's rules over an OOM's measured numbers; "log": a rule over what a
 # memory log shows; "planner": a prediction of the memory model (vramscope.planner.recommend).
 SOURCES = ("snapshot", "log", "planner")
+# The allocator setting that lets segments grow in place instead of keeping split blocks, as a change in neutral
+# keys: OOM and log advice both give it.
+EXPANDABLE_SEGMENTS: Mapping[str, Any] = {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
 
 
 @dataclass(frozen=True)
