@@ -101,8 +101,6 @@ def test_the_typed_analysis_gives_the_advice_the_summary_gives(tmp_path: Path) -
     for name, run in runs.items():
         report = build_report(read_log(write_training_log(tmp_path / f"{name}.csv", run)))
         assert report.result is not None
-        if any(d.detail is None for d in report.result.devices):
-            pytest.skip("the analysis does not fill DeviceDetail yet (issue 15: analysis/ takes it over next)")
         idle = {k for k, d in report.summary["devices"].items() if d.get("idle")}
         assert advise_result(report.result, idle) == advise(report.summary), name
         settings = RunSettings("Llama-2-7B", 4)

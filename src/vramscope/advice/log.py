@@ -100,8 +100,6 @@ def facts_of(result: AnalysisResult, idle: Collection[str] = ()) -> list[DeviceF
 
 def _facts_of_device(dev: DeviceAnalysis) -> DeviceFacts:
     detail = dev.detail
-    if detail is None:
-        raise ValueError(f"the analysis of device {dev.key} has no detail (phases, peaks, headroom) to advise on")
     frag = detail.fragmentation
     lb = dev.forecast.longest_batch
     return DeviceFacts(
