@@ -17,7 +17,7 @@ from vramscope.advice import Advice, rank_by_sufficiency, rank_by_urgency
 from vramscope.advice.log import RunSettings, advise_result, advise_run_result
 from vramscope.advice.log_summary import advise, advise_run
 from vramscope.advice.plan import advise_plan, title_of
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 from vramscope.oom import report_from_files
 from vramscope.planner import plan
 from vramscope.report.model import build_report
