@@ -167,7 +167,7 @@ class Harness:
     def peak_probe(self) -> Any:
         if self.sim is not None:
             return self.sim
-        from vramscope.tuner import CudaProbe
+        from vramscope.tune.cuda import CudaProbe
 
         return CudaProbe(limit_bytes=self.limit)
 

@@ -227,7 +227,7 @@ def test_parsed_command_to_dict_is_json(tmp_path: Path, model_dir: Path) -> None
 
 
 def test_the_setting_to_print_is_in_the_commands_own_spelling(tmp_path: Path) -> None:
-    from vramscope.command_tuner import setting_for
+    from vramscope.tune.command import setting_for
 
     (tmp_path / "ax.yml").write_text("base_model: Llama-2-7B\nadapter: lora\n")
     axolotl = parse("axolotl train ax.yml", tmp_path)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.command_tuner import TrialFailed, child_environment, run_trial_child
 from vramscope.integrations.inject import SITE_DIR
 from vramscope.integrations.trial import ENV_TRIAL, TrialRequest, record_path, shape_batch
+from vramscope.tune.command import TrialFailed, child_environment, run_trial_child
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_lora.py"
 PY = sys.executable
@@ -184,8 +184,8 @@ def test_trl_sft_trains_at_the_trial_shape(tmp_path: Path, tiny_model: Path) -> 
 
 @pytest.mark.slow
 def test_tuning_needs_the_trials_on_a_gpu(tmp_path: Path, tiny_model: Path) -> None:
-    from vramscope.command_tuner import tune_command
     from vramscope.planner.command import parse_command
+    from vramscope.tune.command import tune_command
 
     argv = [PY, str(EXAMPLE), "--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "o"),
             "--report_to", "none", "--use_cpu", "--max_seq_length", "16", "--rows", "4"]

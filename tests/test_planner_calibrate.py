@@ -6,7 +6,7 @@ import pytest
 
 from vramscope.integrations.qlora import QLoraSpec
 from vramscope.planner import Hardware, estimate, plan, resolve_model
-from vramscope.planner.calibrate import CalibrationError, Point, fit
+from vramscope.tune.calibrate import CalibrationError, Point, fit
 
 MIB = 1024**2
 
@@ -51,7 +51,7 @@ def test_calibration_on_the_gpu_predicts_a_larger_shape(framework: str) -> None:
     import tempfile
 
     from vramscope.integrations.qlora import write_random_checkpoint
-    from vramscope.planner.calibrate import calibrate, measure
+    from vramscope.tune.calibrate import calibrate, measure
 
     config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
               "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 8000, "max_position_embeddings": 4096}

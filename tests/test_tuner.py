@@ -21,22 +21,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vramscope.tuner import (
-    NoSizeFitsError,
-    Trial,
-    find_max_batch_size,
-    find_max_seq_len,
-    fit_line,
-    search,
-    split_batch,
-)
+from vramscope.tune.batching import split_batch
+from vramscope.tune.find import find_max_batch_size, find_max_seq_len
+from vramscope.tune.search import NoSizeFitsError, Trial, fit_line, search
 
 KIB = 1024
 MIB = 1024 * 1024
 
 
 class BudgetDevice:
-    """A device with ``capacity`` bytes, as a :class:`vramscope.tuner.MemoryProbe` (fake at the hardware boundary)."""
+    """A device with ``capacity`` bytes, as a :class:`vramscope.tune.search.MemoryProbe` (fake at the hardware
+    boundary)."""
 
     def __init__(
         self, capacity: int, round_to: int = 512, oom: str = "torch", frag: float = 0.0, segment: int = 0

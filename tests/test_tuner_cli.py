@@ -11,7 +11,7 @@ import torch
 
 from vramscope.cli import main
 from vramscope.cli.tune import format_result
-from vramscope.tuner import Trial, search
+from vramscope.tune.search import Trial, search
 
 CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "max_position_embeddings": 512}
 

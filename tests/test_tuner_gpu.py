@@ -82,7 +82,8 @@ def released() -> int:
 def test_finds_a_safe_maximum_near_the_single_step_one_and_leaves_nothing(trainer: Any) -> None:
     import torch
 
-    from vramscope.tuner import CudaProbe, find_max_batch_size
+    from vramscope.tune.cuda import CudaProbe
+    from vramscope.tune.find import find_max_batch_size
 
     step = stepper(trainer)
     step(1)  # CUDA context, cuBLAS workspace and optimizer state exist before the search, as in training
@@ -119,7 +120,8 @@ def test_finds_a_safe_maximum_near_the_single_step_one_and_leaves_nothing(traine
 def test_lora_weights_and_optimizer_state_are_restored(trainer: Any) -> None:
     import torch
 
-    from vramscope.tuner import CudaProbe, find_max_batch_size
+    from vramscope.tune.cuda import CudaProbe
+    from vramscope.tune.find import find_max_batch_size
 
     step = stepper(trainer)
     step(1)
@@ -178,3 +180,14 @@ def test_cli_batch_and_sequence_length(checkpoint: Path) -> None:
     seq = run_cli(checkpoint, "--max-seq-len", "--batch-size", "2", "--seq-len", "256")
     assert seq["unit"] == "seq_len" and seq["seq_len"] >= 256 and seq["seq_len"] % 64 == 0
     assert len(seq["trials"]) <= 5
+
+
+def test_cli_refuses_a_device_or_a_limit_beyond_the_gpu(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # tune/cuda.claim_device checks the flags against the real device before anything loads: exit 2, one line.
+    from vramscope.cli import main
+
+    base = ["tune", "--model-dir", str(checkpoint), "--seq-len", str(SEQ)]
+    assert main([*base, "--device", "99"]) == 2
+    assert "--device 99: torch sees" in capsys.readouterr().err
+    assert main([*base, "--memory-limit", "1024TiB"]) == 2
+    assert "is more than the GPU's" in capsys.readouterr().err

@@ -23,7 +23,7 @@ _LAZY = {
     "Collector": "vramscope.sampling.sampler",
     "Sampler": "vramscope.sampling.sampler",
     "MemoryMonitor": "vramscope.training.monitor",
-    "find_max_batch_size": "vramscope.tuner",
+    "find_max_batch_size": "vramscope.tune.find",
     "plan": "vramscope.planner",
     "summary": "vramscope.training.breakdown",
 }

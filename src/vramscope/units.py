@@ -72,6 +72,19 @@ def human(n: int | float | None) -> str:
     return f"{int(n)} B"
 
 
+def human_fixed(n: int | float | None, digits: int = 2) -> str:
+    """``digits`` decimals in the unit that suits: ``"1.50 MiB"``, ``"12.34 GiB"``, ``"512 B"`` (bytes stay whole).
+
+    For costs that span units (a per-token cost is KiB, a per-sample one MiB or GiB) with a steady width.
+    """
+    if n is None:
+        return "?"
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{n:.0f} B"
+
+
 def human_precise(n: int | float | None) -> str:
     """Like :func:`human`, with three significant digits so that small amounts keep their size:
     ``"40 B"``, ``"1.50 KiB"``, ``"256 KiB"``, ``"3.00 MiB"``, ``"12.3 GiB"``."""

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             return _trace(args, model, spec, multi)
         hardware = None
         if args.calibrate:
-            from vramscope.planner.calibrate import CalibrationError, calibrate
+            from vramscope.tune.calibrate import CalibrationError, calibrate
 
             try:
                 hardware, report = calibrate(model, spec)

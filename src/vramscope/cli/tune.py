@@ -1,9 +1,8 @@
 """``vramscope tune --model-dir DIR --seq-len S``: the largest batch that fits, in a few real steps.
 
-Builds the model as the QLoRA options say (:mod:`vramscope.integrations.qlora`), then runs
-:func:`vramscope.tuner.find_max_batch_size` on real training steps over random tokens (memory depends
-on shapes, not values). ``--max-seq-len`` searches the longest sequence for a fixed ``--batch-size``
-instead. Needs a CUDA GPU.
+Parses and prints: :func:`vramscope.tune.model_dir.tune_model_dir` builds the model as the QLoRA options say and
+runs the search on real training steps over random tokens. ``--max-seq-len`` searches the longest sequence for
+a fixed ``--batch-size`` instead. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Any
 from vramscope.cli.command import add_command_argument, command_argv
 from vramscope.cli.common import CommandError, UsageError, index, plain_number, positive_int, shown
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
-from vramscope.units import gib
+from vramscope.units import gib, human_fixed
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -157,21 +156,12 @@ def run(args: argparse.Namespace) -> int:
                          "(vramscope tune -- python ...)")
     config = _check(args)
     spec = spec_from_args(args)
+    from vramscope.tune.cuda import CudaSetupError, claim_device
+
     try:
-        import torch
-    except ImportError:
-        raise CommandError("vramscope tune needs torch; run: pip install 'vramscope[hf]'") from None
-    if not torch.cuda.is_available():
-        raise CommandError("vramscope tune runs real training steps and needs a CUDA GPU; torch sees none")
-    if args.device >= torch.cuda.device_count():
-        raise UsageError(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
-    torch.cuda.set_device(args.device)
-    total = int(torch.cuda.get_device_properties(args.device).total_memory)
-    if args.memory_limit is not None:
-        if args.memory_limit > total:
-            raise UsageError(f"--memory-limit {gib(args.memory_limit)} is more than the GPU's {gib(total)}")
-        # Set before loading so that the model counts against the limit too, as on a smaller GPU.
-        torch.cuda.set_per_process_memory_fraction(args.memory_limit / total, args.device)
+        total = claim_device(args.device, args.memory_limit)
+    except CudaSetupError as exc:
+        raise (UsageError(str(exc)) if exc.usage else CommandError(str(exc))) from None
 
     # Libraries print to stdout while loading; keep stdout for the result alone (e.g. for --json | jq).
     with contextlib.redirect_stdout(sys.stderr):
@@ -196,22 +186,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace, config: dict[str, Any], spec: Any) -> Any:
-    """Load the model and run the search; progress on stderr."""
-    from vramscope.tuner import CudaProbe, NoSizeFitsError, Trial, find_max_batch_size, find_max_seq_len
+    """Run the search for the flags; progress on stderr."""
+    from vramscope.tune.model_dir import ModelDirSearch, ModelLoadError, tune_model_dir
+    from vramscope.tune.search import NoSizeFitsError, Trial
 
     def say(text: str) -> None:  # progress goes to stderr, and not at all with --json
         if not args.json:
             print(text, file=sys.stderr, flush=True)
-
-    say(f"vramscope tune: loading {args.model_dir} ({_recipe(spec)})")
-    try:
-        from vramscope.integrations.qlora import build_trainer
-
-        trainer = build_trainer(args.model_dir, spec, device=f"cuda:{args.device}")
-    except ImportError as exc:
-        raise CommandError(str(exc)) from None
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"cannot load {args.model_dir}: {exc}") from None
 
     count = [0]
     noun = "length" if args.max_seq_len else "batch"
@@ -223,56 +204,25 @@ def _tune(args: argparse.Namespace, config: dict[str, Any], spec: Any) -> Any:
         else:
             say(f"  trial {count[0]}: {noun} {trial.size}: out of memory ({trial.error}) ({trial.seconds:.1f} s)")
 
-    probe = CudaProbe(device=args.device, limit_bytes=args.memory_limit)
-
-    def step(batch: int, seq: int) -> None:
-        # zero_grad first: a step that ran out of memory in backward left partial gradients behind.
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.step(batch, seq)
-
+    request = ModelDirSearch(
+        model_dir=str(args.model_dir), spec=spec, config=config, seq_len=args.seq_len, device=args.device,
+        max_seq_len=args.max_seq_len, batch_size=args.batch_size, start=args.start, max_batch=args.max_batch,
+        max_len=args.max_len, multiple_of=args.multiple_of, margin=args.margin, target_batch=args.target_batch,
+        max_trials=args.max_trials, memory_limit_bytes=args.memory_limit,
+    )
+    say(f"vramscope tune: loading {args.model_dir} ({_recipe(spec)})")
     try:
-        if args.max_seq_len:
-            max_len = args.max_len or int(config.get("max_position_embeddings") or 131072)
-            result = find_max_seq_len(
-                lambda s: step(args.batch_size, s),
-                start=args.seq_len or 256,
-                max_len=max_len,
-                multiple_of=args.multiple_of,
-                margin=args.margin,
-                quadratic=spec.attn == "eager",
-                max_trials=args.max_trials,
-                probe=probe,
-                on_trial=progress,
-            )
-        else:
-            result = find_max_batch_size(
-                lambda b: step(b, args.seq_len),
-                start=args.start,
-                max_batch=args.max_batch,
-                margin=args.margin,
-                target_batch=args.target_batch,
-                max_trials=args.max_trials,
-                probe=probe,
-                on_trial=progress,
-            )
+        return tune_model_dir(request, on_trial=progress)
+    except ModelLoadError as exc:
+        raise CommandError(str(exc)) from None
     except NoSizeFitsError as exc:
         raise CommandError(f"{exc}; try --bits 4, a shorter --seq-len or a smaller --lora-r") from None
-
-    return result
 
 
 def _recipe(spec: Any) -> str:
     quant = {4: f"4-bit {spec.quant_type}", 8: "8-bit", 16: "16-bit"}[spec.bits]
     gc = "gradient checkpointing" if spec.gradient_checkpointing else "no checkpointing"
     return f"{quant}, LoRA r={spec.lora_r}, {spec.optim}, {spec.attn}, {gc}"
-
-
-def _size_text(n: float) -> str:
-    # Two decimals in the unit that suits: a per-token cost is KiB, a per-sample one MiB or GiB.
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 def format_result(out: dict[str, Any]) -> str:
@@ -294,7 +244,7 @@ def format_result(out: dict[str, Any]) -> str:
     if out.get("bytes_per_unit") is not None and out.get("fixed_bytes") is not None:
         unit = "token" if seq_mode else "sample"
         lines.append(
-            f"  fitted: {_size_text(out['bytes_per_unit'])} per {unit} + {_size_text(out['fixed_bytes'])} fixed; "
+            f"  fitted: {human_fixed(out['bytes_per_unit'])} per {unit} + {human_fixed(out['fixed_bytes'])} fixed; "
             f"with no margin the line allows {out.get('predicted_max')}"
         )
     if out.get("target_batch") is not None:

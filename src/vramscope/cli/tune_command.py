@@ -26,18 +26,15 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                          "(edit the command instead)")
     inputs = read_command(args, argv)
     parsed = inputs.parsed
-    try:
-        import torch
-    except ImportError:
-        raise UsageError("vramscope tune -- runs trial steps of the command on a CUDA GPU and needs torch; "
-                         "plan it without a GPU: vramscope plan -- <command>") from None
-    if not torch.cuda.is_available():
-        raise UsageError("vramscope tune -- runs trial steps of the command on a CUDA GPU and torch sees none; "
-                         "plan it without a GPU: vramscope plan -- <command>")
-    # Nothing more of torch here: a CUDA context in this process would take GPU memory from the trials.
+    from vramscope.tune.cuda import cuda_missing
 
-    from vramscope.command_tuner import CommandTrial, TrialFailed, tune_command
-    from vramscope.tuner import NoSizeFitsError
+    why = cuda_missing()  # creates no CUDA context: that would take GPU memory from the trials
+    if why is not None:
+        raise UsageError(f"vramscope tune -- runs trial steps of the command on a CUDA GPU and {why}; "
+                         "plan it without a GPU: vramscope plan -- <command>")
+
+    from vramscope.tune.command import CommandTrial, TrialFailed, tune_command
+    from vramscope.tune.search import NoSizeFitsError
 
     noun = "length" if args.max_seq_len else "batch"
 

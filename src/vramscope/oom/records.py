@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vramscope.advice.types import Advice as Advice  # the one advice type, re-exported for the OOM's readers
+
 
 @dataclass(frozen=True)
 class OomEvent:
@@ -36,18 +38,6 @@ class AllocationSite:
     blocks: int
     largest_bytes: int
     kind: str = "activations"  # what the whole stack says it is: see :func:`classify_stack`
-
-
-@dataclass(frozen=True)
-class Advice:
-    """One ranked way out. ``sufficient``: whether this change alone would have avoided this OOM."""
-
-    key: str  # stable name: micro_batch, seq_len, gradient_checkpointing, expandable_segments, ...
-    title: str
-    detail: str
-    saves_bytes: int | None = None  # estimated memory it frees at the peak, when it can be estimated
-    source: str = "snapshot"  # "snapshot" (vramscope's rules over the measured numbers) or "planner"
-    sufficient: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vramscope.oom.advice import advise, merge_advice, planner_advice
+from vramscope.advice.oom import advise, merge_advice, planner_advice
 from vramscope.oom.records import NO_STACK, AllocationSite, OomEvent, OomReport
 
 # Frames that say nothing about *who* asked for memory: torch's own Python and the interpreter.

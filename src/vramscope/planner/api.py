@@ -15,11 +15,12 @@ from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, Framework, component_notes, framework_for
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
+from vramscope.planner.recommendation import Recommendation as Recommendation  # re-exported: its old home
 from vramscope.planner.search import largest_fitting
 from vramscope.planner.settings import STYLES, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
-from vramscope.units import MAX_BYTES
+from vramscope.units import GIB, MAX_BYTES
 
 ModelRef = str | Mapping[str, Any] | ModelShape
 MAX_BATCH = 1 << 16
@@ -27,34 +28,6 @@ MAX_SEQ = 1 << 20
 # expandable_segments lets the allocator grow segments in place instead of keeping freed blocks it cannot
 # reuse; what stays is rounding to 2 MiB pages, so most of the fragmentation goes away.
 EXPANDABLE_SEGMENTS_RECLAIM = 0.8
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """One way to use less GPU memory, with the planner's predicted saving.
-
-    Attributes:
-        name: a stable key (``gradient_checkpointing``, ``micro_batch``, ``optimizer``, ``seq_len``,
-            ``expandable_segments``, ``lora_rank``, ``lora_targets``).
-        saving_bytes: predicted drop of the step's peak GPU memory (process memory less pageable states).
-        text: one line for people.
-        change: what to change, as settings (e.g. ``{"batch_size": 2, "grad_accum": 2}``).
-        sufficient: with a capacity and a peak: whether this change alone brings the peak under it.
-        how: the change written in the keys of the program that runs the training (HF ``TrainingArguments``,
-            TRL ``SFTConfig``, axolotl YAML, a loop's code, an ``export`` line): see
-            :func:`vramscope.planner.settings.written_as`.
-    """
-
-    name: str
-    saving_bytes: int
-    text: str
-    change: dict[str, Any] = field(default_factory=dict)
-    sufficient: bool | None = None
-    how: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "saving_bytes": self.saving_bytes, "text": self.text, "change": self.change,
-                "sufficient": self.sufficient, "how": self.how}
 
 
 @dataclass(frozen=True)
@@ -202,7 +175,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
         saving = base - estimate(shape, new_spec, b, s, hw, framework=framework).device_bytes
         if saving > 0:
             enough = None if deficit is None else saving >= deficit
-            out.append(Recommendation(name, saving, text.format(saving=saving / 2**30), change, enough,
+            out.append(Recommendation(name, saving, text.format(saving=saving / GIB), change, enough,
                                       written_as(change, style)))
 
     _framework_recommendations(add, spec, fw, batch, seq)
@@ -237,7 +210,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
         out.append(Recommendation(
             "expandable_segments", saving,
             f"set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation): "
-            f"saves about {saving / 2**30:.2f} GiB",
+            f"saves about {saving / GIB:.2f} GiB",
             {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
             None if deficit is None else saving >= deficit,
             written_as({"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}, style)))
@@ -398,7 +371,7 @@ def plan(
                 micro = _largest_divisor(target_batch, min(mb, target_batch))
                 accum = target_batch // micro
             else:
-                notes.append(f"no batch fits in {cap / 2**30:.1f} GiB at {seq_len} tokens, so target batch "
+                notes.append(f"no batch fits in {cap / GIB:.1f} GiB at {seq_len} tokens, so target batch "
                              f"{target_batch} cannot be reached by accumulation")
     elif target_batch is not None:
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
@@ -423,8 +396,7 @@ def _cannot_fit(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
     usual recommendations only when the weights leave room for them to matter."""
     why = explain(shape, spec, batch, seq, hw, est, cap, name)
     style = "loop" if spec.framework.startswith("loop") else spec.framework
-    ways = [Recommendation(a.name, a.saving_bytes, a.text, a.change, a.sufficient, written_as(a.change, style))
-            for a in why.alternatives]
+    ways = [replace(a, how=written_as(a.change, style)) for a in why.alternatives]
     if why.replaces_others:
         return why.reason, ways
     # Room for the usual changes: a smaller model only when none of them is enough on its own.

@@ -39,7 +39,6 @@ from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
-MIB = 1024**2
 STRATEGIES = ("ddp", "fsdp", "zero2", "zero3", "split")
 OFFLOADS = ("none", "optimizer", "params")
 STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "split": "split"}

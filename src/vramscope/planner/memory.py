@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import TOKEN_TILE, VOCAB_TILE, Framework, Precision, framework_for, precision
@@ -42,11 +41,11 @@ from vramscope.planner.layer import (
 from vramscope.planner.layer import uses_math_attention as _uses_math_attention
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
+from vramscope.units import MIB
 
 __all__ = ["Breakdown", "Estimate", "Hardware", "estimate", "has_mask", "layer_activation_bytes", "lora_modules",
            "lora_tensors", "uses_math_attention", "validate_spec"]
 
-MIB = 1024**2
 
 # The caching allocator hands out blocks in multiples of 512 bytes.
 ALIGN = 512
@@ -433,11 +432,3 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         kv_cache_bytes=kv_cache, logits_bytes=lg.materialised,
     )
 
-
-def describe_inputs(shape: ModelShape, spec: QLoraSpec) -> dict[str, Any]:
-    """The shape and recipe facts a report prints next to the numbers."""
-    return {
-        "model_type": shape.model_type, "parameters": shape.total_params(), "layers": shape.layers,
-        "hidden_size": shape.hidden, "vocab_size": shape.vocab,
-        "lora_modules": [m.name for m in lora_modules(shape, spec)],
-    }

@@ -22,8 +22,8 @@ from vramscope.planner.memory import Estimate, Hardware, estimate
 from vramscope.planner.search import largest_fitting
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
+from vramscope.units import GIB
 
-GIB = 1024**3
 MAX_BATCH = 1 << 12
 # The rows of the table: every strategy, and FSDP with its parameters on the host (Answer.AI's 70B on 2 x 24 GB).
 TABLE = (("ddp", "none"), ("zero2", "none"), ("zero3", "none"), ("fsdp", "none"), ("fsdp", "params"),

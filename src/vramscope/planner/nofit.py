@@ -6,29 +6,18 @@ recommendations (lower the rank, a smaller micro-batch) are replaced by these.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from vramscope.planner import registry
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.memory import Estimate, Hardware, estimate
 from vramscope.planner.multigpu import fit_table
+from vramscope.planner.recommendation import Recommendation
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
+from vramscope.units import gib
 
-GIB = 1024**3
 SMALLER = 0.8
-
-
-@dataclass(frozen=True)
-class Alternative:
-    """One way out, in the same terms as :class:`vramscope.planner.api.Recommendation`."""
-
-    name: str
-    saving_bytes: int
-    text: str
-    change: dict[str, Any] = field(default_factory=dict)
-    sufficient: bool | None = True
 
 
 @dataclass(frozen=True)
@@ -36,12 +25,8 @@ class NoFit:
     """Why, and the ways out; ``replaces_others`` when the usual recommendations cannot help (weights too big)."""
 
     reason: str
-    alternatives: tuple[Alternative, ...]
+    alternatives: tuple[Recommendation, ...]
     replaces_others: bool
-
-
-def _gb(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
 
 
 def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, est: Estimate,
@@ -52,46 +37,47 @@ def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardwa
     floor = estimate(shape, spec, 1, 1, hw).device_bytes
     bits = {4: "4-bit", 8: "8-bit", 16: f"{spec.compute_dtype}"}[spec.bits]
     if weights > capacity:
-        reason = f"the {bits} weights alone need {_gb(weights)} of the GPU's {_gb(capacity)}"
+        reason = f"the {bits} weights alone need {gib(weights, 1)} of the GPU's {gib(capacity, 1)}"
         replaces = True
     elif floor > capacity:
-        reason = (f"even 1 token needs {_gb(floor)}: weights {_gb(weights)}, LoRA weights, gradients and optimizer "
-                  f"states {_gb(bd.lora_weights + bd.lora_weights + bd.optimizer_states)}, CUDA context "
-                  f"{_gb(bd.cuda_context)}")
+        reason = (f"even 1 token needs {gib(floor, 1)}: weights {gib(weights, 1)}, LoRA weights, gradients and "
+                  f"optimizer states {gib(bd.lora_weights + bd.lora_weights + bd.optimizer_states, 1)}, CUDA context "
+                  f"{gib(bd.cuda_context, 1)}")
         replaces = True
     else:
-        reason = (f"{batch} x {seq} tokens need {_gb(est.device_bytes - floor)} of activations and logits on top of "
-                  f"{_gb(floor)} of weights and states")
+        reason = (f"{batch} x {seq} tokens need {gib(est.device_bytes - floor, 1)} of activations and logits on top of "
+                  f"{gib(floor, 1)} of weights and states")
         replaces = False
-    out: list[Alternative] = []
+    out: list[Recommendation] = []
     table = fit_table(shape, spec, batch, seq, 1, capacity, hw, rows=(("fsdp", "none"), ("fsdp", "params")))
     rows = {(r.strategy, r.offload): r for r in table.rows}
     fsdp, offload = rows[("fsdp", "none")], rows[("fsdp", "params")]
     if fsdp.min_gpus is not None and fsdp.min_gpus > 1:
-        out.append(Alternative(
+        out.append(Recommendation(
             "more_gpus", 0,
             f"use {fsdp.min_gpus} GPUs with FSDP (bnb_4bit_quant_storage=bfloat16 shards the 4-bit weights): "
             f"up to micro-batch {fsdp.max_batch_at_min} each (plan --gpus {fsdp.min_gpus} --strategy fsdp)",
-            {"gpus": fsdp.min_gpus, "strategy": "fsdp"}))
+            {"gpus": fsdp.min_gpus, "strategy": "fsdp"}, True))
     if offload.min_gpus is not None:
         where = "on this GPU" if offload.min_gpus == 1 else f"over {offload.min_gpus} GPUs"
-        out.append(Alternative(
+        out.append(Recommendation(
             "cpu_offload", 0,
             f"offload the parameters to the CPU (FSDP cpu_offload / ZeRO-3 offload_param) {where}: up to "
             f"micro-batch {offload.max_batch_at_min}, slower (every step copies the weights)",
-            {"gpus": offload.min_gpus, "strategy": "fsdp", "offload": "params"}))
+            {"gpus": offload.min_gpus, "strategy": "fsdp", "offload": "params"}, True))
     if spec.bits in (8, 16):
         four = spec.with_(bits=4)
         saving = est.device_bytes - estimate(shape, four, batch, seq, hw).device_bytes
         if saving > 0:
-            out.append(Alternative("quantize", saving, f"load the base in 4-bit NF4 (QLoRA): saves {_gb(saving)}",
-                                   {"bits": 4}, saving >= est.device_bytes - capacity))
+            out.append(Recommendation("quantize", saving,
+                                      f"load the base in 4-bit NF4 (QLoRA): saves {gib(saving, 1)}", {"bits": 4},
+                                      saving >= est.device_bytes - capacity))
     smaller = _smaller_model(shape, spec, batch, seq, hw, capacity, model_name)
     if smaller is not None:
-        out.append(Alternative("smaller_model", 0, f"a smaller model: {smaller} fits at {batch} x {seq}",
-                               {"model": smaller}))
+        out.append(Recommendation("smaller_model", 0, f"a smaller model: {smaller} fits at {batch} x {seq}",
+                                  {"model": smaller}, True))
     elif replaces:
-        out.append(Alternative("smaller_model", 0, "a smaller model", {}, None))
+        out.append(Recommendation("smaller_model", 0, "a smaller model", {}, None))
     return NoFit(reason, tuple(out), replaces)
 
 
@@ -116,4 +102,4 @@ def _smaller_model(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw:
     return best[1] if best else None
 
 
-__all__ = ["Alternative", "NoFit", "explain"]
+__all__ = ["NoFit", "explain"]

@@ -1,1 +1,12 @@
-"""Batch-size search and what it shares with the rest of vramscope (the search itself is still ``vramscope.tuner``)."""
+"""The tune floor: the largest batch (or longest sequence) that fits, found in a few real steps.
+
+* :mod:`~vramscope.tune.search`: the pure search over a :class:`~vramscope.tune.search.MemoryProbe`.
+* :mod:`~vramscope.tune.cuda`: torch's CUDA allocator as the probe; the device set up for the trials.
+* :mod:`~vramscope.tune.trials`: one real step as a trial (OOMs caught and cleared; model and optimizer restored).
+* :mod:`~vramscope.tune.find`: :func:`find_max_batch_size` and :func:`find_max_seq_len`, the public entry points.
+* :mod:`~vramscope.tune.model_dir`: the QLoRA model and step built from a Hugging Face folder, then searched.
+* :mod:`~vramscope.tune.command`: trials that are runs of the user's own training command.
+* :mod:`~vramscope.tune.batching`: a target batch split into micro-batch and accumulation steps.
+
+Imports nothing here: each module is imported by its path (torch only where a trial runs).
+"""

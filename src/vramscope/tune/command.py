@@ -1,0 +1,327 @@
+"""``vramscope tune -- <command>``: the largest per-device batch (or longest sequence) for the user's own command.
+
+Each trial is the user's command itself, started as a child process with
+:data:`~vramscope.training.trial.ENV_TRIAL` set: the start-up hook makes its HF ``Trainer`` run a
+couple of steps at the trial's batch and length, record the per-step peaks and exit (see
+:mod:`vramscope.training.trial`). An out-of-memory error ends that child only. The search is
+:func:`vramscope.tune.search.search`, the same as ``vramscope tune --model-dir``: its trials here are
+processes, each starting from the same loaded model, so nothing carries over between them (a trial's
+``after`` equals its ``base``), and the capacity is what the first child's allocator could hold.
+
+Imports no torch: the parent never touches the GPU, so the children get all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from vramscope.planner.command import ParsedCommand
+from vramscope.training.inject import ENV_PACKAGE_PARENT, SITE_DIR
+from vramscope.training.trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
+from vramscope.tune.batching import split_batch
+from vramscope.tune.search import NoSizeFitsError, Trial, TuneResult, search
+
+DEFAULT_TRIAL_STEPS = 2  # the first step creates the optimizer state; the second runs with it in place
+DEFAULT_TRIAL_TIMEOUT_S = 900.0
+_TAIL_LINES = 40
+
+
+class TrialFailed(RuntimeError):
+    """A trial child failed for a reason other than memory, or never started a Trainer; the message says which."""
+
+
+@dataclass(frozen=True)
+class CommandTrial:
+    """One child's outcome: the tuner's :class:`~vramscope.tuner.Trial` plus what the child recorded."""
+
+    trial: Trial
+    capacity_bytes: int | None
+    record: Mapping[str, Any]
+    log_path: str
+
+
+def child_environment(request: TrialRequest, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a trial child: the user's, plus the start-up hook and the trial request."""
+    env = dict(os.environ if environ is None else environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *paths])
+    env[ENV_PACKAGE_PARENT] = str(Path(__file__).resolve().parents[1])
+    env[ENV_TRIAL] = request.to_env()
+    env.pop("VRAMSCOPE_INJECT", None)  # a trial measures the step alone, without the monitor's callback
+    return env
+
+
+def _records(record: str) -> list[dict[str, Any]]:
+    """Rank 0's record and those of any other ranks beside it."""
+    out: list[dict[str, Any]] = []
+    p = Path(record)
+    for path in [p, *sorted(p.parent.glob(f"{p.stem}.rank*{p.suffix}"))]:
+        try:
+            out.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _tail(path: str) -> str:
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-_TAIL_LINES:])
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def run_trial_child(argv: Sequence[str], request: TrialRequest, *, log_path: str, cwd: str | None = None,
+                    environ: Mapping[str, str] | None = None,
+                    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S) -> CommandTrial:
+    """Run the command once as a trial child and read what it recorded.
+
+    Raises:
+        TrialFailed: the child failed with an error that is not out-of-memory, timed out, or finished
+            without a Trainer reaching its first step (a command vramscope cannot tune).
+    """
+    env = child_environment(request, environ)
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log:
+        # Its own session, so that a timeout ends the child and everything it started (torchrun's workers).
+        proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _end(proc)
+            raise TrialFailed(f"the trial at {_size(request)} ran past {timeout_s:.0f} s and was stopped; "
+                              f"its output is in {log_path}") from None
+        except BaseException:
+            _end(proc)
+            raise
+    seconds = time.perf_counter() - t0
+    records = _records(request.record)
+    tail = _tail(log_path)
+    if not records:
+        if code == 0:
+            raise TrialFailed("the command finished without starting an HF Trainer (no trial record); "
+                              "vramscope tune -- runs Trainer-based commands (HF Trainer, TRL, axolotl)")
+        oom = "OutOfMemoryError" in tail or "CUDA out of memory" in tail
+        if not oom:
+            raise TrialFailed(f"the command exited with {code} before training began: {_last_line(tail)} "
+                              f"(output: {log_path})")
+        records = [{"status": "oom", "error": f"out of memory before training began: {_last_line(tail)}"}]
+    statuses = {r.get("status") for r in records}
+    first = records[0]
+    base = int(first.get("base_allocated_bytes") or 0)
+    base_reserved = first.get("base_reserved_bytes")
+    capacity = first.get("capacity_bytes")
+    if "oom" in statuses or (code == OOM_EXIT_CODE and "done" not in statuses):
+        oom_error = next((str(r.get("error")) for r in records if r.get("status") == "oom"), "out of memory")
+        trial = Trial(size=0, ok=False, base_bytes=base, peak_bytes=None, seconds=seconds, error=oom_error,
+                      after_bytes=base, base_reserved_bytes=base_reserved, after_reserved_bytes=base_reserved)
+        return CommandTrial(trial, capacity, first, log_path)
+    if statuses != {"done"}:
+        error = next((str(r.get("error")) for r in records if r.get("error")), None)
+        raise TrialFailed(f"the trial at {_size(request)} failed: {error or _last_line(tail)} (exit {code}; "
+                          f"output: {log_path})")
+    peaks = [s.get("peak_allocated_bytes") for r in records for s in r.get("steps", ())]
+    reserved = [s.get("peak_reserved_bytes") for r in records for s in r.get("steps", ())]
+    # Per device: the worst rank and the worst step (the first one also creates the optimizer state).
+    peak = max((int(p) for p in peaks if p is not None), default=None)
+    peak_reserved = max((int(p) for p in reserved if p is not None), default=None)
+    trial = Trial(size=0, ok=True, base_bytes=base, peak_bytes=peak, seconds=seconds, after_bytes=base,
+                  base_reserved_bytes=base_reserved, peak_reserved_bytes=peak_reserved,
+                  after_reserved_bytes=base_reserved)
+    return CommandTrial(trial, capacity, first, log_path)
+
+
+def _size(request: TrialRequest) -> str:
+    return f"batch {request.batch_size} x {request.seq_len or 'the data'}'s tokens"
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a trial child and its process group (it was started in its own session)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@dataclass(frozen=True)
+class CommandTuneResult:
+    """The search's result for a command, and the setting to put into it."""
+
+    result: TuneResult
+    unit: str  # "batch" or "seq_len"
+    batch_size: int  # the per-device batch the answer is for (the answer itself in batch mode)
+    seq_len: int | None  # the length the answer is for (the answer itself in seq_len mode)
+    setting: str  # "--per_device_train_batch_size 6", "micro_batch_size: 6 (in config.yml)"
+    keep_effective: str | None  # how to keep the command's effective batch, when it accumulates
+    trials: tuple[CommandTrial, ...]
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.result.to_dict()
+        out.update(unit=self.unit, batch_size=self.batch_size, seq_len=self.seq_len, setting=self.setting,
+                   keep_effective=self.keep_effective, logs=[t.log_path for t in self.trials])
+        out["notes"] = [*out.get("notes", []), *self.notes]
+        return out
+
+
+def setting_for(parsed: ParsedCommand, unit: str, size: int) -> str:
+    """The flag (or config key) that sets ``size`` in the command, in its own spelling."""
+    if unit == "batch":
+        if parsed.program == "axolotl":
+            return f"micro_batch_size: {size} (in {Path(parsed.config_path or 'config.yml').name})"
+        return f"{parsed.batch_flag} {size}"
+    if parsed.program == "axolotl":
+        return f"sequence_len: {size} (in {Path(parsed.config_path or 'config.yml').name})"
+    if parsed.program == "qlora":
+        return f"--source_max_len and --target_max_len summing to {size}"
+    if parsed.seq_flag is not None:
+        return f"{parsed.seq_flag} {size}"
+    return f"a maximum length of {size} tokens (the command has no length flag vramscope knows)"
+
+
+def tune_command(
+    parsed: ParsedCommand,
+    *,
+    max_seq_len: bool = False,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    start: int = 1,
+    max_size: int | None = None,
+    multiple_of: int = 64,
+    margin: float = 0.05,
+    max_trials: int = 3,
+    trial_steps: int = DEFAULT_TRIAL_STEPS,
+    memory_limit_bytes: int | None = None,
+    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+    cwd: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    on_trial: Callable[[CommandTrial, int], None] | None = None,
+    keep_logs: bool = False,
+) -> CommandTuneResult:
+    """Search the largest batch (or, with ``max_seq_len``, the longest sequence) for the parsed command.
+
+    ``batch_size`` / ``seq_len`` override the command's (the fixed dimension of the search; in batch mode
+    ``seq_len`` is the length every trial batch is tiled to, the command's own maximum by default).
+
+    Raises:
+        TrialFailed: a trial failed for a reason other than memory (the message points to its output).
+        NoSizeFitsError: even the smallest size ran out of memory.
+    """
+    fixed_batch = batch_size or parsed.batch_size
+    length = seq_len if seq_len is not None else parsed.seq_len
+    notes: list[str] = []
+    if not max_seq_len and length is None:
+        notes.append("the command sets no maximum length: trials used the data's own lengths, so a longer "
+                     "example later needs more memory than measured")
+    folder = tempfile.mkdtemp(prefix="vramscope-tune-")
+    done: list[CommandTrial] = []
+    capacity: list[int] = []
+
+    def run(size: int) -> Trial:
+        n = len(done) + 1
+        request = TrialRequest(
+            batch_size=fixed_batch if max_seq_len else size,
+            seq_len=size * multiple_of if max_seq_len else length,
+            max_steps=trial_steps,
+            record=str(Path(folder) / f"trial{n}.json"),
+            memory_limit_bytes=memory_limit_bytes,
+        )
+        outcome = run_trial_child(parsed.argv, request, log_path=str(Path(folder) / f"trial{n}.log"), cwd=cwd,
+                                  environ=environ, timeout_s=timeout_s)
+        outcome = replace(outcome, trial=replace(outcome.trial, size=size))
+        if outcome.trial.ok and outcome.trial.peak_bytes is None:
+            raise TrialFailed("the trial child saw no CUDA device (no memory peaks recorded); "
+                              "vramscope tune -- needs the command to train on a CUDA GPU")
+        if outcome.capacity_bytes is not None and not capacity:
+            capacity.append(int(outcome.capacity_bytes))
+        done.append(outcome)
+        if on_trial is not None:
+            on_trial(outcome, size * multiple_of if max_seq_len else size)
+        return outcome.trial
+
+    try:
+        begin = start if not max_seq_len else max(1, (seq_len or 256) // multiple_of)
+        first = run(begin)
+        if not capacity:
+            raise TrialFailed("the first trial ran out of memory before it could measure the GPU; "
+                              f"free the GPU or start lower (output: {done[0].log_path})")
+        pending = [first]
+
+        def trial_runner(size: int) -> Trial:
+            if pending and size == begin:
+                return pending.pop()
+            return run(size)
+
+        if max_seq_len:
+            limit = max(begin, (max_size or _max_positions(parsed)) // multiple_of)
+        else:
+            limit = max_size or 4096
+        result = search(trial_runner, capacity[0], start=begin, max_size=limit, margin=margin,
+                        max_trials=max_trials, degree=2 if max_seq_len and parsed.spec.attn == "eager" else 1,
+                        scale=multiple_of if max_seq_len else 1)
+    except BaseException:
+        # Keep the children's output for the message that points to it (an out-of-memory search keeps nothing).
+        if not keep_logs and not isinstance(sys.exc_info()[1], (NoSizeFitsError, KeyboardInterrupt)):
+            keep_logs = True
+        raise
+    finally:
+        if not keep_logs:
+            shutil.rmtree(folder, ignore_errors=True)
+    if max_seq_len:
+        m = multiple_of
+        result = replace(result, size=result.size * m, limit_size=result.limit_size * m,
+                         predicted_max=None if result.predicted_max is None else result.predicted_max * m,
+                         bytes_per_unit=None if result.bytes_per_unit is None else result.bytes_per_unit / m,
+                         trials=tuple(replace(t, size=t.size * m) for t in result.trials), unit="seq_len")
+    # The budget is 3 fresh runs of the command: "stopped after 3 trials" is the usual end, not a warning;
+    # say what the fitted line allows instead.
+    result = replace(result, notes=tuple(
+        (f"{len(result.trials)} trials is the budget; with no margin the fitted line allows {result.predicted_max}"
+         if n.startswith("stopped after") and result.predicted_max is not None else n) for n in result.notes))
+    unit = "seq_len" if max_seq_len else "batch"
+    keep: str | None = None
+    if unit == "batch" and parsed.grad_accum > 1:
+        effective = parsed.batch_size * parsed.grad_accum
+        micro, steps = split_batch(effective, result.size)
+        accum = "gradient_accumulation_steps: " if parsed.program == "axolotl" else "--gradient_accumulation_steps "
+        keep = (f"the command's effective batch {effective}: {setting_for(parsed, 'batch', micro).split(' (')[0]} "
+                f"with {accum}{steps}")
+    return CommandTuneResult(
+        result=result,
+        unit=unit,
+        batch_size=fixed_batch if max_seq_len else result.size,
+        seq_len=result.size if max_seq_len else length,
+        setting=setting_for(parsed, unit, result.size),
+        keep_effective=keep,
+        trials=tuple(done),
+        notes=tuple(notes),
+    )
+
+
+def _max_positions(parsed: ParsedCommand) -> int:
+    config = parsed.model_config or {}
+    value = config.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else 131072
