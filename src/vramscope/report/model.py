@@ -13,12 +13,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramscope.advice.log import RunSettings, advise_run_result
 from vramscope.analysis.columns import Clock, LogColumns
 from vramscope.analysis.details import LONGEST_BATCHES, METRICS
 from vramscope.analysis.results import AnalysisResult, DeviceAnalysis
 from vramscope.analysis.summary import analyze
 from vramscope.logfile import LogTable
-from vramscope.report.advice import RunSettings, advise, planner_advice
 from vramscope.report.charts import Chart, DeviceView, Line, Mark, Span, device_view
 from vramscope.report.downsample import DEFAULT_BUCKETS
 from vramscope.report.verdicts import batch_peak_note, capacity_source, idle_reason, oom_severity
@@ -111,13 +111,9 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
     if result.ranks is not None:
         summary["ranks"] = [r.to_json() for r in result.ranks.ranks]
         summary["imbalance_metric"], summary["imbalance"] = result.ranks.metric, result.ranks.imbalance
-    advice = advise(summary)
-    if settings is not None:
-        # What is urgent in the log (a leak, a batch that will not fit) stays first; then the planner's
-        # changes, priced for this model and batch; then the rest of what the log shows.
-        urgent = [a for a in advice if a["urgent"]]
-        advice = urgent + planner_advice(summary, settings) + [a for a in advice if not a["urgent"]]
-    summary["recommendations"] = advice
+    # One Advice type, built from the typed analysis (urgent first, then the planner's priced changes, then the rest).
+    idle = {key for key, d in device_summaries.items() if d["idle"]}
+    summary["recommendations"] = [a.to_dict() for a in advise_run_result(result, settings, idle)]
     return LogReport(table.path, _json_safe(summary), devices, result=result, analysis=analysis)
 
 
