@@ -51,10 +51,10 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-def gib(n: int | float | None, digits: int = 2) -> str:
-    """``None`` -> ``"?"``; otherwise ``"12.34 GiB"``."""
+def gib(n: int | float | None, digits: int = 2, unknown: str = "?") -> str:
+    """``None`` -> ``unknown`` (``"?"``); otherwise ``"12.34 GiB"``."""
     if n is None:
-        return "?"
+        return unknown
     return f"{n / GIB:.{digits}f} GiB"
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vramscope.report.model import LogReport
+from vramscope.units import MIB, gib
 
 Getter = Callable[[dict[str, Any]], float | int | str | None]
 
@@ -50,7 +51,7 @@ def _leak(summary: dict[str, Any]) -> str:
     leak = summary.get("leak") or {}
     if leak.get("detected"):
         slope = leak.get("slope_bytes_per_step")
-        return f"leak, {slope / 1024**2:.2f} MiB/step" if slope is not None else "leak"
+        return f"leak, {slope / MIB:.2f} MiB/step" if slope is not None else "leak"
     return str(leak.get("kind") or "none")
 
 
@@ -109,7 +110,7 @@ def format_value(value: Any, unit: str) -> str:
     if value is None:
         return "?"
     if unit == "bytes":
-        return f"{value / 1024**3:.2f} GiB"
+        return gib(value)
     if unit == "s":
         total = round(value)
         h, rest = divmod(total, 3600)

@@ -17,8 +17,7 @@ from vramscope.report.model import METRICS, Chart, LogReport
 from vramscope.report.svg import chart_svg
 from vramscope.report.verdicts import duration
 from vramscope.types import MemoryBreakdown
-
-GIB = 1024**3
+from vramscope.units import gib
 
 CSS = """
 :root{--ink:#1d2430;--muted:#5b6472;--line:#e3e6ea;--bad:#c0392b;--good:#2e7d32;--warn:#b26a00}
@@ -170,14 +169,14 @@ def _cards(s: dict[str, Any]) -> str:
             detail += f", step {where['step']}"
         if where.get("phase"):
             detail += f" ({where['phase']})"
-        cards.append(_card("peak", _gib(where["bytes"]), detail))
+        cards.append(_card("peak", gib(where["bytes"]), detail))
     rooms = [d for d in devices if d.get("headroom_bytes") is not None]
     if rooms:
         tight = min(rooms, key=lambda d: d["headroom_bytes"])
         fraction = tight.get("headroom_fraction") or 0.0
         tone = "bad" if fraction < 0.05 else "warn" if fraction < 0.1 else "good"
-        cards.append(_card("headroom at the peak", _gib(tight["headroom_bytes"]),
-                           f"{fraction:.0%} of {_gib(tight['capacity_bytes'])} on {tight['title']}", tone))
+        cards.append(_card("headroom at the peak", gib(tight["headroom_bytes"]),
+                           f"{fraction:.0%} of {gib(tight['capacity_bytes'])} on {tight['title']}", tone))
     leak = s.get("leak") or {}
     if leak:
         detected = bool(leak.get("detected"))
@@ -235,7 +234,7 @@ def _device_tables(d: dict[str, Any]) -> str:
                     continue
                 at = f" @ step {where['step']}" if where.get("step") is not None else (
                     f" @ {format_value(where.get('elapsed_s'), 's')}" if where.get("elapsed_s") is not None else "")
-                cells.append(f'<td class="n">{escape(_gib(where["bytes"]) + at)}</td>')
+                cells.append(f'<td class="n">{escape(gib(where["bytes"]) + at)}</td>')
             count = f"{entry.get('rows', 0):,}"
             rows.append(f'<tr><th>{escape(name)}</th><td class="n">{count}</td>{"".join(cells)}</tr>')
         out.append(f"<table><caption>peaks by phase</caption><tr><th>phase</th><th>rows</th>{head}</tr>"
@@ -247,7 +246,7 @@ def _device_tables(d: dict[str, Any]) -> str:
     if batches:
         lines = "".join(
             f'<tr><td class="n">{escape(str(b.get("step")))}</td><td class="n">{b.get("tokens"):,}</td>'
-            f'<td class="n">{escape(_gib(b.get("peak_allocated_bytes"), "unknown"))}</td>'
+            f'<td class="n">{escape(gib(b.get("peak_allocated_bytes"), unknown="unknown"))}</td>'
             f"<td>{escape(str(b.get('phase')))}</td></tr>"
             for b in batches
         )
@@ -259,7 +258,7 @@ def _device_tables(d: dict[str, Any]) -> str:
 
 
 def _breakdown(b: MemoryBreakdown) -> str:
-    rows = "".join(f"<tr><td>{escape(label)}</td><td class=\"num\">{'unknown' if v is None else _gib(v)}</td></tr>"
+    rows = "".join(f"<tr><td>{escape(label)}</td><td class=\"num\">{'unknown' if v is None else gib(v)}</td></tr>"
                    for label, v in b.rows())
     return (f"<h3>What held memory on {escape(b.device)} at the run's peak</h3>"
             f"<table><tr><th>part</th><th>memory</th></tr>{rows}</table>")
@@ -271,12 +270,9 @@ def _advice(s: dict[str, Any]) -> str:
         return '<h3>Recommendations</h3><p class="note">Nothing to change: no leak, no tight spot, no waste seen.</p>'
     lis = []
     for item in items:
-        saves = f" (up to {_gib(item['saves_bytes'])})" if item.get("saves_bytes") else ""
+        saves = f" (up to {gib(item['saves_bytes'])})" if item.get("saves_bytes") else ""
         urgent = '<span class="urgent">urgent: </span>' if item.get("urgent") else ""
         lis.append(f'<li>{urgent}<span class="t">{escape(item["title"])}{escape(saves)}</span>. '
                    f"{escape(item['detail'])}</li>")
     return f'<h3>Recommendations</h3><ol class="advice">{"".join(lis)}</ol>'
 
-
-def _gib(n: float | None, unknown: str = "?") -> str:
-    return unknown if n is None else f"{n / GIB:.2f} GiB"

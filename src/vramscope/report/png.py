@@ -14,8 +14,8 @@ from typing import Any
 
 from vramscope.report.model import Chart, LogReport
 from vramscope.report.svg import COLORS, PHASE_COLORS, format_seconds, time_step
+from vramscope.units import GIB, gib
 
-GIB = 1024**3
 MIN_BAND_SHARE = 0.004  # of the x range: about 4 px of a 1000 px chart, as the HTML draws them
 
 
@@ -92,11 +92,11 @@ def _draw(ax: Any, chart: Chart, ticks: dict[str, Any]) -> None:
     capacity = chart.capacity_bytes
     if capacity is not None and (capacity <= 2.2 * data_max or any(ln.metric == "forecast" for ln in chart.lines)):
         source = f" ({chart.capacity_source})" if chart.capacity_source else ""
-        ax.axhline(capacity / GIB, color="#c0392b", lw=1.2, label=_plain(f"capacity {capacity / GIB:.1f} GiB{source}"))
+        ax.axhline(capacity / GIB, color="#c0392b", lw=1.2, label=_plain(f"capacity {gib(capacity, 1)}{source}"))
     for mark in chart.marks:
         if mark.kind == "peak":
             ax.plot([mark.x], [mark.y / GIB], "o", mfc="white", mec="#c0392b", mew=1.8, ms=6)
-            ax.annotate(_plain(f"{mark.label} {mark.y / GIB:.2f} GiB"), (mark.x, mark.y / GIB),
+            ax.annotate(_plain(f"{mark.label} {gib(mark.y)}"), (mark.x, mark.y / GIB),
                         textcoords="offset points", xytext=(6, 5), fontsize=8, color="#c0392b")
         else:
             ax.plot([mark.x], [mark.y / GIB], "v", color="#7b3294", ms=6)

@@ -15,9 +15,8 @@ from html import escape
 from vramscope.report.hover import Hover
 from vramscope.report.model import Chart, Line, Span
 from vramscope.report.verdicts import duration
-from vramscope.units import human_precise
+from vramscope.units import GIB, gib, human_precise
 
-GIB = 1024**3
 MIN_BAND_PX = 4.0  # an eval of one row is a band of no width: drawn this wide, centred on when it was
 CHAR_PX = 6.7  # width of a character of the 12 px font, to keep labels from covering each other
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 of a label on the page
@@ -167,7 +166,7 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
     taken: list[Box] = []  # labels placed so far: none is drawn over another
     plot: Box = (left, top, left + pw, top + ph)
     if capacity is not None:
-        name = f"capacity {capacity / GIB:.1f} GiB"
+        name = f"capacity {gib(capacity, 1)}"
         if chart.capacity_source:
             name += f" ({chart.capacity_source})"
         if show_capacity:
@@ -194,12 +193,12 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
     # Marks: the peak, the longest batches.
     for mark in chart.marks:
         x, y = sx(mark.x), sy(mark.y)
-        tip = f"{mark.label}: {mark.y / GIB:.2f} GiB at {_x_text(chart, mark.x)}"
+        tip = f"{mark.label}: {gib(mark.y)} at {_x_text(chart, mark.x)}"
         if mark.kind == "peak":
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="#fff" stroke="#c0392b" stroke-width="2">'
                        f"<title>{escape(tip)}</title></circle>")
             taken.append((x - 6, y - 6, x + 6, y + 6))
-            text = f"{mark.label} {mark.y / GIB:.2f} GiB"
+            text = f"{mark.label} {gib(mark.y)}"
             # Beside the point, above it first; the first spot that covers no other label and stays in the plot.
             spots = [(x + dx, y + dy, anchor) for dy in (-8, 18, -24, 34, -40)
                      for dx, anchor in ((-9, "end"), (9, "start"))]
@@ -282,7 +281,7 @@ def _hover_columns(chart: Chart, hovers: Sequence[Hover], sx: Callable[[float], 
 
 def _amount(n: float) -> str:
     """Bytes as the page's tables write them (GiB with two decimals), keeping small amounts readable."""
-    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else human_precise(n)
+    return gib(n) if abs(n) >= GIB else human_precise(n)
 
 
 def _place(text: str, spots: Sequence[tuple[float, float, str]], taken: list[Box], plot: Box,

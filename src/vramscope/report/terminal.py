@@ -20,8 +20,8 @@ from vramscope.report.model import METRICS, LogReport
 from vramscope.report.verdicts import duration
 from vramscope.safetext import inert, printable
 from vramscope.types import MemoryBreakdown
+from vramscope.units import gib
 
-GIB = 1024**3
 PEAK_ORDER = ("device_used_bytes", "reserved_bytes", "peak_allocated_bytes", "allocated_bytes", "process_bytes",
               "host_rss_bytes")
 
@@ -88,7 +88,7 @@ def batches_text(dev: dict[str, Any]) -> str:
     parts = []
     for b in dev.get("longest_batches") or []:
         peak = b.get("peak_allocated_bytes")
-        parts.append(f"step {b['step']} ({b['tokens']:,} tokens{'' if peak is None else ', ' + _gib(peak)})")
+        parts.append(f"step {b['step']} ({b['tokens']:,} tokens{'' if peak is None else ', ' + gib(peak)})")
     note = dev.get("longest_batches_note")
     return ", ".join(parts) + (f"; {note}" if note else "")
 
@@ -102,12 +102,12 @@ def device_heading(key: str, dev: dict[str, Any]) -> Text:
         return text
     if dev.get("capacity_bytes") is not None:
         source = f" ({dev['capacity_source']})" if dev.get("capacity_source") else ""
-        text.append(f" · capacity {_gib(dev['capacity_bytes'])}{source}")
+        text.append(f" · capacity {gib(dev['capacity_bytes'])}{source}")
     if dev.get("headroom_bytes") is not None:
         fraction = dev.get("headroom_fraction") or 0.0
         style = "bold red" if fraction < 0.05 else "yellow" if fraction < 0.1 else "green"
         text.append(" · headroom at the peak ")
-        text.append(f"{_gib(dev['headroom_bytes'])} ({fraction:.0%})", style=style)
+        text.append(f"{gib(dev['headroom_bytes'])} ({fraction:.0%})", style=style)
     return text
 
 
@@ -123,7 +123,7 @@ def device_table(key: str, dev: dict[str, Any]) -> Table:
         if not where:
             continue
         step = where.get("step")
-        table.add_row(METRICS[metric], _gib(where["bytes"]), "" if step is None else f"{step:,}",
+        table.add_row(METRICS[metric], gib(where["bytes"]), "" if step is None else f"{step:,}",
                       escape(str(where.get("phase") or "")), format_value(where.get("elapsed_s"), "s"))
     return table
 
@@ -141,7 +141,7 @@ def phase_table(dev: dict[str, Any]) -> Table | None:
         table.add_column(METRICS[m], justify="right")
     table.add_column("at step", justify="right")
     for name, entry in phases.items():
-        cells = [_gib((entry.get(m) or {}).get("bytes")) if entry.get(m) else "-" for m in metrics]
+        cells = [gib((entry.get(m) or {}).get("bytes")) if entry.get(m) else "-" for m in metrics]
         step = (entry.get(metrics[0]) or {}).get("step") if metrics else None
         table.add_row(escape(name), f"{entry.get('rows', 0):,}", *cells, "" if step is None else f"{step:,}")
     return table
@@ -169,7 +169,7 @@ def parallelism_lines(s: dict[str, Any]) -> list[Text]:
                                        ("device", r["measured_device_bytes"], r["planned_process_bytes"],
                                         r["device_error"])):
             if meas is not None and plan is not None:
-                bits.append(f"{label} {_gib(meas)}, plan {_gib(plan)}"
+                bits.append(f"{label} {gib(meas)}, plan {gib(plan)}"
                             + (f" ({err * 100:+.1f}%)" if err is not None else ""))
         if bits:
             out.append(Text.assemble((f"{who} vs plan ({par.get('plan_strategy')}): ", "bold"), "; ".join(bits)))
@@ -202,7 +202,7 @@ def rank_table(s: dict[str, Any]) -> Table | None:
                          justify="left" if name == "rank" else "right")
     for r in ranks:
         table.add_row(str(r["rank"]), ",".join(str(g) for g in r.get("gpus") or []) or "-", f"{r['rows']:,}",
-                      *(_gib(r.get(c)) for c in columns))
+                      *(gib(r.get(c)) for c in columns))
     return table
 
 
@@ -234,7 +234,7 @@ def breakdown_table(b: MemoryBreakdown) -> Table:
     table.add_column("part")
     table.add_column("memory", justify="right")
     for label, value in b.rows():
-        table.add_row(escape(printable(label)), "unknown" if value is None else _gib(value))
+        table.add_row(escape(printable(label)), "unknown" if value is None else gib(value))
     return table
 
 
@@ -267,11 +267,8 @@ def _print_advice(s: dict[str, Any], console: Console, limit: int = 5) -> None:
     sources = "this log and the planner" if any(i.get("source") == "planner" for i in items) else "this log"
     lines: list[Text] = [Text(f"recommendations (from {sources}):", style="bold")]
     for i, item in enumerate(items, 1):
-        saves = f" [saves up to {_gib(item['saves_bytes'])}]" if item.get("saves_bytes") else ""
+        saves = f" [saves up to {gib(item['saves_bytes'])}]" if item.get("saves_bytes") else ""
         lines.append(Text.assemble(f" {i}. ", (item["title"], "bold red" if item.get("urgent") else "bold"),
                                    (saves, "green"), f": {item['detail']}"))
     console.print(Group(*lines))
 
-
-def _gib(n: float | None) -> str:
-    return "?" if n is None else f"{n / GIB:.2f} GiB"

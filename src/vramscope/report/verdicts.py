@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramscope.units import human_precise
+from vramscope.units import GIB, MIB, gib, human_precise
 
-GIB = 1024**3
-MIB = 1024**2
 # A forecast closer than this is red: it can hit before anyone looks again (tonight's run).
 HIGH_SECONDS = 4 * 3600
 # Closer than this is amber: a run of a day or more reaches it.
@@ -53,8 +51,8 @@ def forecast_limit_note(limit_bytes: int | None, capacity_bytes: int | None) -> 
     if limit_bytes is None or capacity_bytes is None or limit_bytes >= capacity_bytes:
         return None
     held = capacity_bytes - limit_bytes
-    return (f"the forecast runs to the {limit_bytes / GIB:.1f} GiB torch can allocate: the "
-            f"{capacity_bytes / GIB:.1f} GiB capacity less {human_precise(held)} held outside torch's allocator "
+    return (f"the forecast runs to the {gib(limit_bytes, 1)} torch can allocate: the "
+            f"{gib(capacity_bytes, 1)} capacity less {human_precise(held)} held outside torch's allocator "
             "(CUDA context, libraries, other processes)")
 
 
