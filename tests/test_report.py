@@ -20,6 +20,7 @@ import pytest
 from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_training_log
 from vramscope.cli import main
 from vramscope.logfile import read_log
+from vramscope.report.json_output import SCHEMA_VERSION
 from vramscope.report.model import build_report
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]
@@ -128,6 +129,18 @@ def test_two_logs_side_by_side(capsys: pytest.CaptureFixture[str], logs: dict[st
     out = capsys.readouterr().out
     assert "side by side" in out
     assert "clean.csv" in out and "smaller.csv" in out
+
+
+def test_json_carries_its_schema_version_on_top(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
+    # A real H200 log (two GPUs, one idle): the version is the first key, once, above the summary.
+    h200 = Path(__file__).parent / "data" / "traces" / "h200" / "clean_eval.csv"
+    data = report_json(capsys, str(h200))
+    assert next(iter(data)) == "schema_version" and data["schema_version"] == SCHEMA_VERSION == 1
+    assert data["log"]["path"] == str(h200) and set(data["devices"]) == {"0", "1"}
+    # Several logs: one version for the document, none inside each log's summary.
+    several = report_json(capsys, str(h200), str(logs["clean"]))
+    assert list(several) == ["schema_version", "logs", "comparison"] and several["schema_version"] == 1
+    assert all("schema_version" not in log for log in several["logs"])
 
 
 def test_terminal_summary_answers_the_questions(capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:

@@ -23,8 +23,8 @@ from vramscope.planner import PlanInputError, load_config_file
 from vramscope.planner.settings import STYLES
 from vramscope.recipe import QLoraSpec
 from vramscope.report.advice import RunSettings
-from vramscope.report.compare import compare
 from vramscope.report.html import render_html
+from vramscope.report.json_output import json_document
 from vramscope.report.load import report_file
 from vramscope.report.model import EmptyLogError, LogReport
 from vramscope.report.plan_check import PlanFileError, check, read_plan, strategy_beside
@@ -121,11 +121,7 @@ def run(args: argparse.Namespace) -> int:
     written = [path for path, _ in files]
 
     if args.json:
-        data: object = reports[0].summary if len(reports) == 1 else {
-            "logs": [r.summary for r in reports],
-            "comparison": compare(reports),
-        }
-        json.dump(data, sys.stdout, indent=2, allow_nan=False)
+        json.dump(json_document(reports), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         from rich.console import Console
