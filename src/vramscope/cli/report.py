@@ -27,7 +27,7 @@ from vramscope.report.html import render_html
 from vramscope.report.json_output import json_document
 from vramscope.report.load import report_file
 from vramscope.report.model import EmptyLogError, LogReport
-from vramscope.report.plan_check import PlanFileError, check, read_plan, strategy_beside
+from vramscope.report.plan_check import PlanFileError, read_plan
 from vramscope.safetext import printable
 from vramscope.units import parse_bytes
 
@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     reports: list[LogReport] = []
     for path in args.logs:
         try:
-            reports.append(report_file(path, settings=settings, capacity_bytes=capacity, columns=args.columns))
+            reports.append(report_file(path, settings=settings, capacity_bytes=capacity, columns=args.columns,
+                                       plan=plan))
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
         read_as = reports[-1].summary["log"].get("columns")
@@ -102,11 +103,6 @@ def run(args: argparse.Namespace) -> int:
             # A guess should be seen: the units especially (GiB is assumed for a "gb" column).
             print(f"vramscope: read {path} as a hand-written log: --columns {read_as} (pass --columns to "
                   "read it otherwise)", file=sys.stderr)
-    for path, report in zip(args.logs, reports, strict=True):
-        # The strategy the monitor recorded beside the log, and each rank against the plan when one is given.
-        seen = strategy_beside(path)
-        if seen is not None or plan is not None:
-            report.summary["parallelism"] = check(report.summary, plan, seen)
 
     # Everything is rendered before anything is written: a failure leaves no output at all.
     files: list[tuple[str, bytes]] = []

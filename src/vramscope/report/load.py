@@ -7,11 +7,13 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from vramscope.logfile import gc_paused
 from vramscope.logs_import import ColumnSpec, ImportedTable, read_any_log
 from vramscope.report.advice import RunSettings
 from vramscope.report.model import LogReport, build_report
+from vramscope.report.plan_check import check, strategy_beside
 from vramscope.types import MemoryBreakdown
 
 # The training monitor writes what held memory (MemoryMonitor.save_breakdown) beside its step log.
@@ -20,7 +22,8 @@ MAX_BREAKDOWN_BYTES = 1 << 20
 
 
 def report_file(path: str | os.PathLike[str], settings: RunSettings | None = None,
-                capacity_bytes: int | None = None, columns: Sequence[ColumnSpec] | None = None) -> LogReport:
+                capacity_bytes: int | None = None, columns: Sequence[ColumnSpec] | None = None,
+                plan: dict[str, Any] | None = None) -> LogReport:
     """Read the log at ``path`` and build its report (see :func:`vramscope.logfile.gc_paused` for why the GC pauses).
 
     ``columns`` reads any CSV through that mapping (``--columns``); without it, any format
@@ -28,6 +31,8 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
     says which in ``summary["log"]["columns"]``.
     A memory breakdown beside the log (``<stem>.breakdown.json``) is added as ``summary["breakdown"]``.
     ``capacity_bytes`` (``--capacity``) replaces the log's GPU total: see :func:`build_report`.
+    The strategy the monitor recorded beside the log, and each rank against ``plan`` (``--plan``, from
+    :func:`vramscope.report.plan_check.read_plan`) when one is given, are added as ``summary["parallelism"]``.
 
     Raises:
         LogFormatError: the file cannot be read as a log.
@@ -38,6 +43,9 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
         report = build_report(table, settings=settings, capacity_bytes=capacity_bytes)
     if isinstance(table, ImportedTable):
         report.summary["log"]["columns"] = table.read_as
+    seen = strategy_beside(path)
+    if seen is not None or plan is not None:
+        report.summary["parallelism"] = check(report.summary, plan, seen)
     found = read_breakdown(path)
     if found is None:
         return report
