@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_training_log
+from vramscope.analysis.results import SCHEMA_VERSION
 from vramscope.cli import main
 from vramscope.logfile import read_log
-from vramscope.report.json_output import SCHEMA_VERSION
 from vramscope.report.model import build_report
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]

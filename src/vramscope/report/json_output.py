@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vramscope.analysis.results import SCHEMA_VERSION
 from vramscope.report.compare import compare
 from vramscope.report.model import LogReport
 
-# The version of the shape of ``report --json``: raised when a key is removed or changes its meaning
-# (a new key is not a new version). Swapped for vramscope.analysis.results.SCHEMA_VERSION once it exists.
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "json_document"]
 
 
 def json_document(reports: Sequence[LogReport]) -> dict[str, Any]:
