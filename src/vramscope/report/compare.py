@@ -10,58 +10,59 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from vramscope.report.figures import analysis_of, leak_kind, soonest_oom
 from vramscope.report.model import LogReport
 from vramscope.units import MIB, gib
 
-Getter = Callable[[dict[str, Any]], float | int | str | None]
+Getter = Callable[[LogReport], float | int | str | None]
 
 
-def _device_max(metric: str) -> Callable[[dict[str, Any]], int | None]:
-    def get(summary: dict[str, Any]) -> int | None:
-        values = [((d.get("peaks") or {}).get(metric) or {}).get("bytes") for d in summary["devices"].values()]
+def _device_max(metric: str) -> Callable[[LogReport], int | None]:
+    def get(report: LogReport) -> int | None:
+        values = [((d.get("peaks") or {}).get(metric) or {}).get("bytes") for d in report.summary["devices"].values()]
         known = [v for v in values if v is not None]
         return max(known) if known else None
 
     return get
 
 
-def _peak_allocated(summary: dict[str, Any]) -> int | None:
-    return _device_max("peak_allocated_bytes")(summary) or _device_max("allocated_bytes")(summary)
+def _peak_allocated(report: LogReport) -> int | None:
+    return _device_max("peak_allocated_bytes")(report) or _device_max("allocated_bytes")(report)
 
 
-def _headroom(summary: dict[str, Any]) -> int | None:
-    known = [d["headroom_bytes"] for d in summary["devices"].values() if d.get("headroom_bytes") is not None]
+def _headroom(report: LogReport) -> int | None:
+    devices = report.summary["devices"].values()
+    known = [d["headroom_bytes"] for d in devices if d.get("headroom_bytes") is not None]
     return min(known) if known else None
 
 
-def _unused(summary: dict[str, Any]) -> int | None:
+def _unused(report: LogReport) -> int | None:
     known = [((d.get("fragmentation") or {}).get("at_peak_reserved") or {}).get("unused_bytes")
-             for d in summary["devices"].values()]
+             for d in report.summary["devices"].values()]
     values = [v for v in known if v is not None]
     return max(values) if values else None
 
 
-def _steps(summary: dict[str, Any]) -> int | None:
-    steps = summary["log"].get("steps") or {}
-    count = steps.get("count")
-    return int(count) if count else None
+def _steps(report: LogReport) -> int | None:
+    return analysis_of(report).steps.count or None
 
 
-def _leak(summary: dict[str, Any]) -> str:
-    leak = summary.get("leak") or {}
-    if leak.get("detected"):
-        slope = leak.get("slope_bytes_per_step")
+def _leak(report: LogReport) -> str:
+    leak = analysis_of(report).leak
+    if leak.worst is not None and leak.detected:
+        slope = leak.worst.slope_bytes_per_step
         return f"leak, {slope / MIB:.2f} MiB/step" if slope is not None else "leak"
-    return str(leak.get("kind") or "none")
+    return leak_kind(leak) or "none"
 
 
-def _oom(summary: dict[str, Any]) -> float | None:
-    steps = (summary.get("forecast") or {}).get("steps_to_oom")
-    return None if steps is None else float(steps)
+def _oom(report: LogReport) -> float | None:
+    oom = soonest_oom(analysis_of(report))
+    return None if oom is None or oom.steps_to_oom is None else float(oom.steps_to_oom)
 
 
-def _longest(summary: dict[str, Any]) -> int | None:
-    tokens = [b.get("tokens") for d in summary["devices"].values() for b in d.get("longest_batches") or []]
+def _longest(report: LogReport) -> int | None:
+    devices = report.summary["devices"].values()
+    tokens = [b.get("tokens") for d in devices for b in d.get("longest_batches") or []]
     known = [t for t in tokens if t is not None]
     return max(known) if known else None
 
@@ -69,7 +70,7 @@ def _longest(summary: dict[str, Any]) -> int | None:
 # (label, unit, which way is better, getter); unit "bytes", "s", "count" or "text"; better "lower",
 # "higher" or None (a fact, neither good nor bad: a longer run is not a worse one).
 ROWS: list[tuple[str, str, str | None, Getter]] = [
-    ("duration", "s", None, lambda s: s["log"].get("duration_s")),
+    ("duration", "s", None, lambda r: r.summary["log"].get("duration_s")),
     ("steps", "count", None, _steps),
     ("peak device used", "bytes", "lower", _device_max("device_used_bytes")),
     ("peak reserved", "bytes", "lower", _device_max("reserved_bytes")),
@@ -93,7 +94,7 @@ def compare(reports: Sequence[LogReport]) -> list[dict[str, Any]]:
     """
     rows: list[dict[str, Any]] = []
     for label, unit, better, get in ROWS:
-        values = [get(r.summary) for r in reports]
+        values = [get(r) for r in reports]
         if all(v is None for v in values):
             continue
         base = values[0]

@@ -13,6 +13,7 @@ from typing import Any
 
 from vramscope import __version__
 from vramscope.report.compare import change_tone, compare, format_change, format_value
+from vramscope.report.figures import analysis_of, leak_kind, leak_verdict, no_forecast_reason, oom_severity, soonest_oom
 from vramscope.report.model import METRICS, Chart, LogReport
 from vramscope.report.svg import chart_svg
 from vramscope.report.verdicts import duration
@@ -115,16 +116,16 @@ def _comparison(reports: Sequence[LogReport]) -> str:
 def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
     s = report.summary
     log = s["log"]
-    steps = log.get("steps") or {}
+    steps = analysis_of(report).steps
     facts = [f"{log['rows']:,} rows", f"format {log['format']}"]
     if log.get("duration_s") is not None:
         facts.append(f"{format_value(log['duration_s'], 's')} long")
-    if steps.get("count"):
-        facts.append(f"steps {steps.get('first')} to {steps.get('last')}")
+    if steps.count:
+        facts.append(f"steps {steps.first} to {steps.last}")
     if log.get("start"):
         facts.append(f"started {log['start']}")
     out = [f'<section class="log"><h2>{escape(report.path)}</h2>', f'<p class="sub">{escape(" · ".join(facts))}</p>']
-    out.append(_cards(s))
+    out.append(_cards(report))
     for dev in report.devices:
         if dev.idle:  # nothing of this run's to draw: say so in a line
             out.append(f'<h3>{escape(dev.title)} (idle)</h3><p class="note idle">{escape(dev.idle)}.</p>')
@@ -137,8 +138,9 @@ def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
     if report.breakdown is not None:
         out.append(_breakdown(report.breakdown))
     out.append(_advice(s))
-    if s.get("warnings"):
-        items = "".join(f"<li>{escape(str(w))}</li>" for w in s["warnings"])
+    warnings = analysis_of(report).warnings
+    if warnings:
+        items = "".join(f"<li>{escape(w)}</li>" for w in warnings)
         out.append(f'<h3>Warnings</h3><ul class="warnings">{items}</ul>')
     out.append("</section>")
     return "".join(out)
@@ -158,7 +160,8 @@ def _card(label: str, value: str, detail: str = "", tone: str = "", level: str =
             f'<div class="d">{escape(detail)}</div></div>')
 
 
-def _cards(s: dict[str, Any]) -> str:
+def _cards(report: LogReport) -> str:
+    s = report.summary
     cards = []
     devices = [d for d in s["devices"].values() if not d.get("idle")]
     peak = max(devices, key=lambda d: _peak_bytes(d) or 0, default=None)
@@ -177,30 +180,30 @@ def _cards(s: dict[str, Any]) -> str:
         tone = "bad" if fraction < 0.05 else "warn" if fraction < 0.1 else "good"
         cards.append(_card("headroom at the peak", gib(tight["headroom_bytes"]),
                            f"{fraction:.0%} of {gib(tight['capacity_bytes'])} on {tight['title']}", tone))
-    leak = s.get("leak") or {}
-    if leak:
-        detected = bool(leak.get("detected"))
-        value = "leak" if detected else ("caching" if leak.get("kind") in ("caching", "fragmentation") else "no leak")
-        # A leak that runs out of memory only in days or years is amber: real, but no alarm.
-        far = str((s.get("oom_severity") or {}).get("level")) in ("medium", "low")
-        tone = ("warn" if far else "bad") if detected else "warn" if value == "caching" else "good"
-        if leak.get("kind") == "insufficient":
-            value, tone = "not enough data", ""
-        cards.append(_card("leak", value, str(leak.get("verdict") or ""), tone))
-    forecast = s.get("forecast") or {}
-    if forecast.get("steps_to_oom") is not None:
-        when = f"~{forecast['steps_to_oom']:,.0f} steps"
-        seconds = forecast.get("seconds_to_oom")
-        detail = f"in about {duration(seconds)}" if seconds is not None else ""
-        severity = s.get("oom_severity") or {}
+    result = analysis_of(report)
+    kind = leak_kind(result.leak)
+    detected = result.leak.detected
+    value = "leak" if detected else ("caching" if kind in ("caching", "fragmentation") else "no leak")
+    severity = oom_severity(result)
+    level = severity.level if severity is not None else ""
+    # A leak that runs out of memory only in days or years is amber: real, but no alarm.
+    far = level in ("medium", "low")
+    tone = ("warn" if far else "bad") if detected else "warn" if value == "caching" else "good"
+    if kind == "insufficient":
+        value, tone = "not enough data", ""
+    cards.append(_card("leak", value, leak_verdict(result.leak), tone))
+    oom = soonest_oom(result)
+    if oom is not None and oom.steps_to_oom is not None:
+        when = f"~{oom.steps_to_oom:,.0f} steps"
+        detail = f"in about {duration(oom.seconds_to_oom)}" if oom.seconds_to_oom is not None else ""
         # The colour says how soon, not that an OOM was named: red within hours, amber within a day.
-        tone = {"high": "bad", "medium": "warn"}.get(str(severity.get("level")), "")
-        cards.append(_card("OOM forecast", when, detail, tone, level=str(severity.get("level") or "")))
-    elif forecast:
-        lb = forecast.get("longest_batch") or {}
-        tone = "bad" if lb.get("at_risk") else ""
-        text = "longest batch at risk" if lb.get("at_risk") else "no OOM ahead"
-        cards.append(_card("OOM forecast", text, str(lb.get("warning") or forecast.get("reason") or ""), tone))
+        tone = {"high": "bad", "medium": "warn"}.get(level, "")
+        cards.append(_card("OOM forecast", when, detail, tone, level=level))
+    else:
+        batch = result.forecast.longest_batch
+        text = "longest batch at risk" if batch.at_risk else "no OOM ahead"
+        detail = batch.warning or no_forecast_reason(result) or ""
+        cards.append(_card("OOM forecast", text, detail, "bad" if batch.at_risk else ""))
     return f'<div class="cards">{"".join(cards)}</div>'
 
 

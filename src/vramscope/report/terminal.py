@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vramscope.report.compare import change_tone, compare, format_change, format_value
+from vramscope.report.figures import analysis_of, leak_kind, leak_verdict, no_forecast_reason, oom_severity, soonest_oom
 from vramscope.report.model import METRICS, LogReport
 from vramscope.report.verdicts import duration
 from vramscope.safetext import inert, printable
@@ -38,7 +39,7 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
         for report in reports:
             console.print()
             console.print(Text(f"{report.path}", style="bold"))
-            _print_verdicts(report.summary, console)
+            _print_verdicts(report, console)
             _print_advice(report.summary, console, limit=3)
         return
     report = reports[0]
@@ -68,18 +69,18 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
         console.print(breakdown_table(report.breakdown))
     for line in parallelism_lines(report.summary):
         console.print(line)
-    _print_verdicts(report.summary, console)
+    _print_verdicts(report, console)
     _print_advice(report.summary, console)
 
 
 def _header(report: LogReport) -> Text:
     log = report.summary["log"]
-    steps = log.get("steps") or {}
+    steps = analysis_of(report).steps
     parts = [f"{log['rows']:,} rows", log["format"]]
     if log.get("duration_s") is not None:
         parts.append(format_value(log["duration_s"], "s"))
-    if steps.get("count"):
-        parts.append(f"steps {steps.get('first')}-{steps.get('last')}")
+    if steps.count:
+        parts.append(f"steps {steps.first}-{steps.last}")
     return Text.assemble(("vramscope report ", "bold"), (report.path, "bold cyan"), f"  ({', '.join(parts)})")
 
 
@@ -238,25 +239,25 @@ def breakdown_table(b: MemoryBreakdown) -> Table:
     return table
 
 
-def _print_verdicts(s: dict[str, Any], console: Console) -> None:
-    leak = s.get("leak") or {}
-    if leak:
-        style = "bold red" if leak.get("detected") else "green"
-        console.print(Text.assemble(("leak test: ", "bold"), (str(leak.get("verdict") or leak.get("kind")), style)))
-    forecast = s.get("forecast") or {}
-    if forecast:
-        if forecast.get("steps_to_oom") is not None:
-            when = f"~{forecast['steps_to_oom']:,.0f} steps"
-            if forecast.get("seconds_to_oom") is not None:
-                when += f" (about {duration(forecast['seconds_to_oom'])})"
-            level = str((s.get("oom_severity") or {}).get("level"))
-            style = {"high": "bold red", "medium": "yellow"}.get(level, "")  # how soon, not the word OOM
-            console.print(Text.assemble(("OOM forecast: ", "bold"), (f"out of memory in {when}", style)))
-        else:
-            console.print(Text.assemble(("OOM forecast: ", "bold"), str(forecast.get("reason") or "none")))
-        lb = forecast.get("longest_batch") or {}
-        if lb.get("warning"):
-            console.print(Text.assemble(("longest batch: ", "bold"), (str(lb["warning"]), "red")))
+def _print_verdicts(report: LogReport, console: Console) -> None:
+    result = analysis_of(report)
+    style = "bold red" if result.leak.detected else "green"
+    verdict = leak_verdict(result.leak) or leak_kind(result.leak)
+    console.print(Text.assemble(("leak test: ", "bold"), (printable(verdict), style)))
+    oom = soonest_oom(result)
+    if oom is not None and oom.steps_to_oom is not None:
+        when = f"~{oom.steps_to_oom:,.0f} steps"
+        if oom.seconds_to_oom is not None:
+            when += f" (about {duration(oom.seconds_to_oom)})"
+        severity = oom_severity(result)
+        # Coloured by how soon, not by the word OOM.
+        style = {"high": "bold red", "medium": "yellow"}.get(severity.level if severity else "", "")
+        console.print(Text.assemble(("OOM forecast: ", "bold"), (f"out of memory in {when}", style)))
+    else:
+        console.print(Text.assemble(("OOM forecast: ", "bold"), printable(no_forecast_reason(result) or "none")))
+    warning = result.forecast.longest_batch.warning
+    if warning:
+        console.print(Text.assemble(("longest batch: ", "bold"), (printable(warning), "red")))
     # The analysis' warnings repeat the verdicts above in one line each; --json and the HTML list them.
 
 

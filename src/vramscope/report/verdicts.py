@@ -2,7 +2,7 @@
 
 * :func:`capacity_source`: where a device's capacity comes from (``--capacity``, NVML's total,
   nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and names it;
-* :func:`oom_severity`: how urgent an OOM forecast is, from the time left (not from the word "OOM"):
+* :func:`forecast_severity`: how urgent an OOM forecast is, from the time left (not from the word "OOM"):
   a forecast of four thousand days is not an alarm;
 * :func:`idle_reason`: a GPU this run did not use (no step, nothing beyond a CUDA context), which gets
   no advice;
@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from vramscope.analysis.results import OomForecast
 from vramscope.units import GIB, MIB, gib, human_precise
 
 # A forecast closer than this is red: it can hit before anyone looks again (tonight's run).
@@ -56,28 +58,59 @@ def forecast_limit_note(limit_bytes: int | None, capacity_bytes: int | None) -> 
             "(CUDA context, libraries, other processes)")
 
 
-def oom_severity(forecast: dict[str, Any], steps_logged: int | None) -> dict[str, Any] | None:
-    """``{"level": "high"|"medium"|"low", "why": ...}`` for a forecast with a time to OOM; None without one.
+@dataclass(frozen=True)
+class Severity:
+    """How urgent an OOM forecast is: ``level`` is one of :data:`SEVERITIES`; ``why`` says it for people."""
+
+    level: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "why": self.why}
+
+
+def forecast_severity(oom: OomForecast | None, steps_logged: int | None) -> Severity | None:
+    """How urgent ``oom`` is; None for a forecast without a time to OOM (or no forecast).
 
     From the seconds left when the log has a step time (red under HIGH_SECONDS, amber under
     MEDIUM_SECONDS), else from the steps left against the steps logged so far.
     """
-    steps = forecast.get("steps_to_oom")
-    seconds = forecast.get("seconds_to_oom")
+    if oom is None:
+        return None
+    return _severity(oom.steps_to_oom, oom.seconds_to_oom, steps_logged)
+
+
+def oom_severity(forecast: dict[str, Any], steps_logged: int | None) -> dict[str, Any] | None:
+    """:func:`forecast_severity` of a forecast in its JSON form (``{"level", "why"}``), for the summary."""
+    found = _severity(forecast.get("steps_to_oom"), forecast.get("seconds_to_oom"), steps_logged)
+    return None if found is None else found.to_json()
+
+
+def _severity(steps: float | None, seconds: float | None, steps_logged: int | None) -> Severity | None:
     if steps is None and seconds is None:
         return None
     if (steps is not None and steps <= 0) or (seconds is not None and seconds <= 0):
-        return {"level": "high", "why": "the peak is already at the capacity"}
+        return Severity("high", "the peak is already at the capacity")
     if seconds is not None:
         level = "high" if seconds < HIGH_SECONDS else "medium" if seconds < MEDIUM_SECONDS else "low"
-        return {"level": level, "why": f"about {duration(seconds)} left (red under {HIGH_SECONDS // 3600} h, "
-                f"amber under {MEDIUM_SECONDS // 3600} h)"}
+        return Severity(level, f"about {duration(seconds)} left (red under {HIGH_SECONDS // 3600} h, "
+                        f"amber under {MEDIUM_SECONDS // 3600} h)")
     if steps is None or not steps_logged:
-        return {"level": "medium", "why": "no step time in the log to tell how soon"}
+        return Severity("medium", "no step time in the log to tell how soon")
     ratio = steps / steps_logged
     level = "high" if ratio <= HIGH_RUN_RATIO else "medium" if ratio <= MEDIUM_RUN_RATIO else "low"
-    return {"level": level, "why": f"{steps:,.0f} steps left, {ratio:.1f} times the {steps_logged:,} logged "
-            "(no step time in the log)"}
+    return Severity(level, f"{steps:,.0f} steps left, {ratio:.1f} times the {steps_logged:,} logged "
+                    "(no step time in the log)")
+
+
+# The analysis cannot know the report's options: the report names the one that gives a capacity.
+CAPACITY_UNKNOWN = "capacity unknown"
+CAPACITY_HINT = "capacity unknown (no GPU total in the log): give it with --capacity, e.g. --capacity 24GiB"
+
+
+def forecast_reason(reason: str) -> str:
+    """Why there is no OOM forecast, as the report says it: a capacity unknown names ``--capacity``."""
+    return CAPACITY_HINT if reason.startswith(CAPACITY_UNKNOWN) else reason
 
 
 def idle_reason(key: str, peaks: dict[str, Any], has_steps: bool) -> str | None:

@@ -1,0 +1,47 @@
+"""What the terminal, the HTML page and the comparison read of a report's typed analysis, read one way.
+
+The renderers only format; these pick a figure out of :class:`~vramscope.analysis.results.AnalysisResult`
+(the leak's words, the forecast that runs out first and how urgent it is) so that every renderer says
+the same thing about the same log.
+"""
+
+from __future__ import annotations
+
+from vramscope.analysis.results import AnalysisResult, LeakSummary, OomForecast
+from vramscope.report.model import LogReport
+from vramscope.report.verdicts import Severity, forecast_reason, forecast_severity
+
+NO_ROWS = "the log has no rows"
+
+
+def analysis_of(report: LogReport) -> AnalysisResult:
+    """The report's analysis; every report :func:`~vramscope.report.model.build_report` makes has one."""
+    if report.result is None:
+        raise ValueError(f"the report of {report.path} has no analysis; build it with build_report")
+    return report.result
+
+
+def leak_kind(leak: LeakSummary) -> str:
+    """``leak``, ``none``, ``caching``, ``fragmentation``, ``insufficient``, ...: of the most telling device."""
+    return "insufficient" if leak.worst is None else leak.worst.shown_kind
+
+
+def leak_verdict(leak: LeakSummary) -> str:
+    """The leak test's verdict in words, of the most telling device."""
+    return NO_ROWS if leak.worst is None else leak.worst.shown_verdict
+
+
+def soonest_oom(result: AnalysisResult) -> OomForecast | None:
+    """The OOM forecast of the device that runs out first (None for a log without rows)."""
+    return None if result.forecast.soonest is None else result.forecast.soonest.oom
+
+
+def oom_severity(result: AnalysisResult) -> Severity | None:
+    """How urgent the soonest OOM forecast is; None without a time to OOM."""
+    return forecast_severity(soonest_oom(result), result.steps.logged)
+
+
+def no_forecast_reason(result: AnalysisResult) -> str | None:
+    """Why the soonest device has no OOM forecast, as the report says it (naming ``--capacity``)."""
+    oom = soonest_oom(result)
+    return None if oom is None else forecast_reason(oom.reason)
