@@ -11,10 +11,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vramscope.analysis.results import OomForecast
+from vramscope.analysis.results import BatchPeak, OomForecast
 from vramscope.units import GIB, MIB, gib, human_precise
 
 # A forecast closer than this is red: it can hit before anyone looks again (tonight's run).
@@ -136,9 +137,18 @@ def idle_reason(key: str, peaks: dict[str, Any], has_steps: bool) -> str | None:
     return text
 
 
-def batch_peak_note(peak_metric: str | None, batches: list[dict[str, Any]]) -> str | None:
+def batches_note(peak_metric: str | None, batches: Sequence[BatchPeak]) -> str | None:
     """Why some of the longest batches have no peak; None when every one has it."""
-    if not batches or all(b.get("peak_allocated_bytes") is not None for b in batches):
+    return _batches_note(peak_metric, [b.peak_allocated_bytes for b in batches])
+
+
+def batch_peak_note(peak_metric: str | None, batches: list[dict[str, Any]]) -> str | None:
+    """:func:`batches_note` of batches in their JSON form, for the summary."""
+    return _batches_note(peak_metric, [b.get("peak_allocated_bytes") for b in batches])
+
+
+def _batches_note(peak_metric: str | None, peaks: Sequence[int | None]) -> str | None:
+    if not peaks or all(p is not None for p in peaks):
         return None
     if peak_metric is None:
         return "peaks unknown: the log has no allocator readings (a CPU run, or a log of NVML alone)"
