@@ -8,19 +8,24 @@ Figures over several GPUs are the largest of them (the GPU that runs out first d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from vramscope.report.figures import analysis_of, leak_kind, soonest_oom
+from vramscope.analysis.results import DeviceDetail
+from vramscope.report.figures import analysis_of, detail_of, leak_kind, soonest_oom
 from vramscope.report.model import LogReport
 from vramscope.units import MIB, gib
 
-Getter = Callable[[LogReport], float | int | str | None]
+Getter = Callable[[LogReport], "Value"]
+
+
+def _details(report: LogReport) -> list[DeviceDetail]:
+    return [detail_of(analysis_of(report), d.key) for d in analysis_of(report).devices]
 
 
 def _device_max(metric: str) -> Callable[[LogReport], int | None]:
     def get(report: LogReport) -> int | None:
-        values = [((d.get("peaks") or {}).get(metric) or {}).get("bytes") for d in report.summary["devices"].values()]
-        known = [v for v in values if v is not None]
+        known = [d.peaks[metric].bytes for d in _details(report) if metric in d.peaks]
         return max(known) if known else None
 
     return get
@@ -31,16 +36,13 @@ def _peak_allocated(report: LogReport) -> int | None:
 
 
 def _headroom(report: LogReport) -> int | None:
-    devices = report.summary["devices"].values()
-    known = [d["headroom_bytes"] for d in devices if d.get("headroom_bytes") is not None]
+    known = [left for d in _details(report) if (left := d.headroom.headroom_bytes) is not None]
     return min(known) if known else None
 
 
 def _unused(report: LogReport) -> int | None:
-    known = [((d.get("fragmentation") or {}).get("at_peak_reserved") or {}).get("unused_bytes")
-             for d in report.summary["devices"].values()]
-    values = [v for v in known if v is not None]
-    return max(values) if values else None
+    known = [d.fragmentation.at_peak_reserved.unused_bytes for d in _details(report) if d.fragmentation is not None]
+    return max(known) if known else None
 
 
 def _steps(report: LogReport) -> int | None:
@@ -61,10 +63,8 @@ def _oom(report: LogReport) -> float | None:
 
 
 def _longest(report: LogReport) -> int | None:
-    devices = report.summary["devices"].values()
-    tokens = [b.get("tokens") for d in devices for b in d.get("longest_batches") or []]
-    known = [t for t in tokens if t is not None]
-    return max(known) if known else None
+    tokens = [b.tokens for d in _details(report) for b in d.longest_batches]
+    return max(tokens) if tokens else None
 
 
 # (label, unit, which way is better, getter); unit "bytes", "s", "count" or "text"; better "lower",
@@ -85,25 +85,43 @@ ROWS: list[tuple[str, str, str | None, Getter]] = [
 ]
 
 
-def compare(reports: Sequence[LogReport]) -> list[dict[str, Any]]:
-    """One row per figure: ``{"figure", "unit", "better", "values": [...], "changes": [None, fraction, ...]}``.
+Value = float | int | str | None
 
-    ``changes[i]`` is log i against the first log as a fraction (-0.3 = 30% less), None where either is
-    unknown, zero or not a number; ``better`` says which direction is an improvement ("lower", "higher"
-    or None). Rows unknown in every log are left out.
-    """
-    rows: list[dict[str, Any]] = []
+
+@dataclass(frozen=True)
+class Row:
+    """One figure across the logs: ``values[i]`` is log i's, ``changes[i]`` log i against the first as a
+    fraction (-0.3 = 30% less; None for the first log and where either is unknown, zero or not a number);
+    ``better`` says which direction is an improvement ("lower", "higher" or None)."""
+
+    figure: str
+    unit: str  # "bytes", "s", "count" or "text"
+    better: str | None
+    values: tuple[Value, ...]
+    changes: tuple[float | None, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"figure": self.figure, "unit": self.unit, "better": self.better, "values": list(self.values),
+                "changes": list(self.changes)}
+
+
+def compare(reports: Sequence[LogReport]) -> list[Row]:
+    """One row per figure of :data:`ROWS`; rows unknown in every log are left out."""
+    rows: list[Row] = []
     for label, unit, better, get in ROWS:
-        values = [get(r) for r in reports]
+        values = tuple(get(r) for r in reports)
         if all(v is None for v in values):
             continue
         base = values[0]
-        changes: list[float | None] = [None]
-        for v in values[1:]:
-            numeric = isinstance(v, (int, float)) and isinstance(base, (int, float)) and unit != "text"
-            changes.append(round((v - base) / base, 4) if numeric and base else None)  # type: ignore[operator]
-        rows.append({"figure": label, "unit": unit, "better": better, "values": values, "changes": changes})
+        changes = (None, *(_change(v, base) if unit != "text" else None for v in values[1:]))
+        rows.append(Row(label, unit, better, values, changes))
     return rows
+
+
+def _change(value: Value, base: Value) -> float | None:
+    if isinstance(value, (int, float)) and isinstance(base, (int, float)) and base:
+        return round((value - base) / base, 4)
+    return None
 
 
 def format_value(value: Any, unit: str) -> str:

@@ -7,8 +7,8 @@ the same thing about the same log.
 
 from __future__ import annotations
 
-from vramscope.analysis.results import AnalysisResult, LeakSummary, OomForecast
-from vramscope.report.model import LogReport
+from vramscope.analysis.results import AnalysisResult, BatchPeak, DeviceDetail, LeakSummary, OomForecast, PeakAt
+from vramscope.report.model import DeviceView, LogReport
 from vramscope.report.verdicts import Severity, forecast_reason, forecast_severity
 
 NO_ROWS = "the log has no rows"
@@ -45,3 +45,22 @@ def no_forecast_reason(result: AnalysisResult) -> str | None:
     """Why the soonest device has no OOM forecast, as the report says it (naming ``--capacity``)."""
     oom = soonest_oom(result)
     return None if oom is None else forecast_reason(oom.reason)
+
+
+def devices_of(report: LogReport) -> list[tuple[DeviceView, DeviceDetail]]:
+    """Each device as drawn (title, charts, idle) with what the analysis found on it, in the log's order."""
+    result = analysis_of(report)
+    return [(view, detail_of(result, view.key)) for view in report.devices]
+
+
+def detail_of(result: AnalysisResult, key: str) -> DeviceDetail:
+    """The analysis' detail of device ``key`` (its peaks, phases, headroom, batches)."""
+    detail = result.device(key).detail
+    if detail is None:
+        raise ValueError(f"the analysis has no detail of device {key}")
+    return detail
+
+
+def seconds_shown(at: PeakAt | BatchPeak) -> float | None:
+    """When a peak (or a batch) was, in seconds since the log began, as ``--json`` writes it (to the ms)."""
+    return None if at.since_start_s is None else round(at.since_start_s, 3)

@@ -12,11 +12,21 @@ from html import escape
 from typing import Any
 
 from vramscope import __version__
+from vramscope.analysis.results import DeviceDetail, PeakAt
 from vramscope.report.compare import change_tone, compare, format_change, format_value
-from vramscope.report.figures import analysis_of, leak_kind, leak_verdict, no_forecast_reason, oom_severity, soonest_oom
+from vramscope.report.figures import (
+    analysis_of,
+    devices_of,
+    leak_kind,
+    leak_verdict,
+    no_forecast_reason,
+    oom_severity,
+    seconds_shown,
+    soonest_oom,
+)
 from vramscope.report.model import METRICS, Chart, LogReport
 from vramscope.report.svg import chart_svg
-from vramscope.report.verdicts import duration
+from vramscope.report.verdicts import batches_note, duration
 from vramscope.types import MemoryBreakdown
 from vramscope.units import gib
 
@@ -101,14 +111,14 @@ def _comparison(reports: Sequence[LogReport]) -> str:
     body = []
     for row in rows:
         cells = []
-        for value, change in zip(row["values"], row["changes"], strict=False):
-            text = escape(format_value(value, row["unit"]))
+        for value, change in zip(row.values, row.changes, strict=True):
+            text = escape(format_value(value, row.unit))
             if change:
-                tone = change_tone(change, row["better"])
+                tone = change_tone(change, row.better)
                 cls = f' class="{tone}"' if tone else ""
                 text += f" <span{cls}>({escape(format_change(change))})</span>"
             cells.append(f'<td class="n">{text}</td>')
-        body.append(f"<tr><th>{escape(row['figure'])}</th>{''.join(cells)}</tr>")
+        body.append(f"<tr><th>{escape(row.figure)}</th>{''.join(cells)}</tr>")
     return (f'<section class="log"><h2>Side by side</h2><p class="note">Changes are against the first log, '
             f"{escape(reports[0].path)}.</p><table><tr><th></th>{head}</tr>{''.join(body)}</table></section>")
 
@@ -126,7 +136,7 @@ def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
         facts.append(f"started {log['start']}")
     out = [f'<section class="log"><h2>{escape(report.path)}</h2>', f'<p class="sub">{escape(" · ".join(facts))}</p>']
     out.append(_cards(report))
-    for dev in report.devices:
+    for dev, detail in devices_of(report):
         if dev.idle:  # nothing of this run's to draw: say so in a line
             out.append(f'<h3>{escape(dev.title)} (idle)</h3><p class="note idle">{escape(dev.idle)}.</p>')
             continue
@@ -134,7 +144,7 @@ def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
         out.append(_figure(dev.timeline, y_max.get((dev.key, "time"))))
         if dev.steps is not None:
             out.append(_figure(dev.steps, y_max.get((dev.key, "step"))))
-        out.append(_device_tables(s["devices"].get(dev.key) or {}))
+        out.append(_device_tables(detail))
     if report.breakdown is not None:
         out.append(_breakdown(report.breakdown))
     out.append(_advice(s))
@@ -161,25 +171,24 @@ def _card(label: str, value: str, detail: str = "", tone: str = "", level: str =
 
 
 def _cards(report: LogReport) -> str:
-    s = report.summary
     cards = []
-    devices = [d for d in s["devices"].values() if not d.get("idle")]
-    peak = max(devices, key=lambda d: _peak_bytes(d) or 0, default=None)
-    if peak is not None and _peak_bytes(peak) is not None:
-        metric, where = _peak_metric(peak)
-        detail = f"{METRICS[metric]} on {peak['title']}"
-        if where.get("step") is not None:
-            detail += f", step {where['step']}"
-        if where.get("phase"):
-            detail += f" ({where['phase']})"
-        cards.append(_card("peak", gib(where["bytes"]), detail))
-    rooms = [d for d in devices if d.get("headroom_bytes") is not None]
+    used = [(view.title, detail) for view, detail in devices_of(report) if not view.idle]
+    peaks = [(title, *found) for title, detail in used if (found := _peak_of(detail)) is not None]
+    if peaks:
+        title, metric, at = max(peaks, key=lambda p: p[2].bytes)  # the first of equals
+        detail = f"{METRICS[metric]} on {title}"
+        if at.step is not None:
+            detail += f", step {at.step}"
+        if at.phase:
+            detail += f" ({at.phase})"
+        cards.append(_card("peak", gib(at.bytes), detail))
+    rooms = [(title, d.headroom, left) for title, d in used if (left := d.headroom.headroom_bytes) is not None]
     if rooms:
-        tight = min(rooms, key=lambda d: d["headroom_bytes"])
-        fraction = tight.get("headroom_fraction") or 0.0
+        title, room, left = min(rooms, key=lambda r: r[2])
+        fraction = room.headroom_fraction or 0.0
         tone = "bad" if fraction < 0.05 else "warn" if fraction < 0.1 else "good"
-        cards.append(_card("headroom at the peak", gib(tight["headroom_bytes"]),
-                           f"{fraction:.0%} of {gib(tight['capacity_bytes'])} on {tight['title']}", tone))
+        cards.append(_card("headroom at the peak", gib(left),
+                           f"{fraction:.0%} of {gib(room.capacity_bytes)} on {title}", tone))
     result = analysis_of(report)
     kind = leak_kind(result.leak)
     detected = result.leak.detected
@@ -207,54 +216,49 @@ def _cards(report: LogReport) -> str:
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
-def _peak_metric(dev: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    peaks = dev.get("peaks") or {}
-    for metric in ("device_used_bytes", "peak_allocated_bytes", "reserved_bytes", "allocated_bytes",
-                   "process_bytes", "host_rss_bytes"):
-        if peaks.get(metric):
-            return metric, peaks[metric]
-    return "device_used_bytes", {"bytes": None}
+# The peak a card shows: what the device held, else the best the log knows of it.
+CARD_PEAK_ORDER = ("device_used_bytes", "peak_allocated_bytes", "reserved_bytes", "allocated_bytes",
+                   "process_bytes", "host_rss_bytes")
 
 
-def _peak_bytes(dev: dict[str, Any]) -> int | None:
-    value = _peak_metric(dev)[1].get("bytes")
-    return int(value) if value is not None else None
+def _peak_of(detail: DeviceDetail) -> tuple[str, PeakAt] | None:
+    """The device's peak in the first memory measure of CARD_PEAK_ORDER the log has; None without one."""
+    return next(((m, detail.peaks[m]) for m in CARD_PEAK_ORDER if m in detail.peaks), None)
 
 
-def _device_tables(d: dict[str, Any]) -> str:
+def _device_tables(d: DeviceDetail) -> str:
     out = []
-    phases = d.get("phases") or {}
-    metrics = [m for m in METRICS if any(m in p for p in phases.values())]
+    phases = d.phases
+    metrics = [m for m in METRICS if any(m in p.peaks for p in phases.values())]
     if phases and metrics:
         head = "".join(f"<th>{escape(METRICS[m])}</th>" for m in metrics)
         rows = []
         for name, entry in phases.items():
             cells = []
             for m in metrics:
-                where = entry.get(m)
+                where = entry.peaks.get(m)
                 if where is None:
                     cells.append('<td class="n">-</td>')
                     continue
-                at = f" @ step {where['step']}" if where.get("step") is not None else (
-                    f" @ {format_value(where.get('elapsed_s'), 's')}" if where.get("elapsed_s") is not None else "")
-                cells.append(f'<td class="n">{escape(gib(where["bytes"]) + at)}</td>')
-            count = f"{entry.get('rows', 0):,}"
-            rows.append(f'<tr><th>{escape(name)}</th><td class="n">{count}</td>{"".join(cells)}</tr>')
+                seconds = seconds_shown(where)
+                at = f" @ step {where.step}" if where.step is not None else (
+                    f" @ {format_value(seconds, 's')}" if seconds is not None else "")
+                cells.append(f'<td class="n">{escape(gib(where.bytes) + at)}</td>')
+            rows.append(f'<tr><th>{escape(name)}</th><td class="n">{entry.rows:,}</td>{"".join(cells)}</tr>')
         out.append(f"<table><caption>peaks by phase</caption><tr><th>phase</th><th>rows</th>{head}</tr>"
                    f"{''.join(rows)}</table>")
-    frag = d.get("fragmentation")
-    if frag:
-        out.append(f'<p class="note"><b>Allocator cache:</b> {escape(str(frag.get("verdict", "")))}.</p>')
-    batches = d.get("longest_batches") or []
+    if d.fragmentation is not None:
+        out.append(f'<p class="note"><b>Allocator cache:</b> {escape(d.fragmentation.verdict)}.</p>')
+    batches = d.longest_batches
     if batches:
         lines = "".join(
-            f'<tr><td class="n">{escape(str(b.get("step")))}</td><td class="n">{b.get("tokens"):,}</td>'
-            f'<td class="n">{escape(gib(b.get("peak_allocated_bytes"), unknown="unknown"))}</td>'
-            f"<td>{escape(str(b.get('phase')))}</td></tr>"
+            f'<tr><td class="n">{escape(str(b.step))}</td><td class="n">{b.tokens:,}</td>'
+            f'<td class="n">{escape(gib(b.peak_allocated_bytes, unknown="unknown"))}</td>'
+            f"<td>{escape(b.phase)}</td></tr>"
             for b in batches
         )
-        note = d.get("longest_batches_note")
-        why = f'<p class="note">{escape(str(note))}.</p>' if note else ""
+        note = batches_note(d.batch_metric, batches)
+        why = f'<p class="note">{escape(note)}.</p>' if note else ""
         out.append("<table><caption>longest batches</caption><tr><th>step</th><th>tokens</th><th>peak allocated</th>"
                    f"<th>phase</th></tr>{lines}</table>{why}")
     return f'<div class="scroll">{"".join(out)}</div>'

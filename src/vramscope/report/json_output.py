@@ -20,4 +20,5 @@ def json_document(reports: Sequence[LogReport]) -> dict[str, Any]:
     """``{"schema_version": 1, **summary}`` for one log; ``{"schema_version", "logs", "comparison"}`` for several."""
     if len(reports) == 1:
         return {"schema_version": SCHEMA_VERSION, **reports[0].summary}
-    return {"schema_version": SCHEMA_VERSION, "logs": [r.summary for r in reports], "comparison": compare(reports)}
+    return {"schema_version": SCHEMA_VERSION, "logs": [r.summary for r in reports],
+            "comparison": [row.to_json() for row in compare(reports)]}

@@ -15,10 +15,20 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.analysis.results import DeviceDetail, RankImbalance
 from vramscope.report.compare import change_tone, compare, format_change, format_value
-from vramscope.report.figures import analysis_of, leak_kind, leak_verdict, no_forecast_reason, oom_severity, soonest_oom
-from vramscope.report.model import METRICS, LogReport
-from vramscope.report.verdicts import duration
+from vramscope.report.figures import (
+    analysis_of,
+    devices_of,
+    leak_kind,
+    leak_verdict,
+    no_forecast_reason,
+    oom_severity,
+    seconds_shown,
+    soonest_oom,
+)
+from vramscope.report.model import METRICS, DeviceView, LogReport
+from vramscope.report.verdicts import batches_note, duration
 from vramscope.safetext import inert, printable
 from vramscope.types import MemoryBreakdown
 from vramscope.units import gib
@@ -44,26 +54,24 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
         return
     report = reports[0]
     console.print(_header(report))
-    for key, dev in report.summary["devices"].items():
+    for view, detail in devices_of(report):
         console.print()
-        console.print(device_heading(key, dev))
-        if dev.get("idle"):  # the run did not use it: the heading says so, nothing else to show
+        console.print(device_heading(view, detail))
+        if view.idle:  # the run did not use it: the heading says so, nothing else to show
             continue
-        console.print(device_table(key, dev))
-        phases = phase_table(dev)
+        console.print(device_table(detail))
+        phases = phase_table(detail)
         if phases is not None:
             console.print(phases)
-        frag = dev.get("fragmentation")
-        if frag:
-            console.print(Text.assemble(("allocator cache: ", "bold"), str(frag.get("verdict", ""))))
-        batches = dev.get("longest_batches") or []
-        if batches:
-            console.print(Text.assemble(("longest batches: ", "bold"), batches_text(dev)))
-    ranks = rank_table(report.summary)
-    if ranks is not None:
+        if detail.fragmentation is not None:
+            console.print(Text.assemble(("allocator cache: ", "bold"), printable(detail.fragmentation.verdict)))
+        if detail.longest_batches:
+            console.print(Text.assemble(("longest batches: ", "bold"), batches_text(detail)))
+    ranks = analysis_of(report).ranks
+    if ranks is not None and len(ranks.ranks) >= 2:
         console.print()
-        console.print(rank_heading(report.summary))
-        console.print(ranks)
+        console.print(rank_heading(ranks))
+        console.print(rank_table(ranks))
     if report.breakdown is not None:
         console.print()
         console.print(breakdown_table(report.breakdown))
@@ -84,57 +92,59 @@ def _header(report: LogReport) -> Text:
     return Text.assemble(("vramscope report ", "bold"), (report.path, "bold cyan"), f"  ({', '.join(parts)})")
 
 
-def batches_text(dev: dict[str, Any]) -> str:
+def batches_text(detail: DeviceDetail) -> str:
     """``step 1394 (8,192 tokens, 18.62 GiB), ...``; a peak the log lacks is left out and the reason said once."""
     parts = []
-    for b in dev.get("longest_batches") or []:
-        peak = b.get("peak_allocated_bytes")
-        parts.append(f"step {b['step']} ({b['tokens']:,} tokens{'' if peak is None else ', ' + gib(peak)})")
-    note = dev.get("longest_batches_note")
+    for b in detail.longest_batches:
+        peak = b.peak_allocated_bytes
+        parts.append(f"step {b.step} ({b.tokens:,} tokens{'' if peak is None else ', ' + gib(peak)})")
+    note = batches_note(detail.batch_metric, detail.longest_batches)
     return ", ".join(parts) + (f"; {note}" if note else "")
 
 
-def device_heading(key: str, dev: dict[str, Any]) -> Text:
+def device_heading(view: DeviceView, detail: DeviceDetail) -> Text:
     """``GPU 0 · capacity 24.00 GiB (GPU total, NVML) · headroom at the peak 3.90 GiB (16%)``, coloured by
     how tight it is; ``GPU 1 · idle: ...`` for a GPU the run did not use."""
-    text = Text(str(dev.get("title") or key), style="bold")
-    if dev.get("idle"):
-        text.append(f" · {dev['idle']}", style="dim")
+    text = Text(view.title, style="bold")
+    if view.idle:
+        text.append(f" · {printable(view.idle)}", style="dim")
         return text
-    if dev.get("capacity_bytes") is not None:
-        source = f" ({dev['capacity_source']})" if dev.get("capacity_source") else ""
-        text.append(f" · capacity {gib(dev['capacity_bytes'])}{source}")
-    if dev.get("headroom_bytes") is not None:
-        fraction = dev.get("headroom_fraction") or 0.0
+    room = detail.headroom
+    if room.capacity_bytes is not None:
+        named = view.timeline.capacity_source  # the one every chart of the device names
+        source = f" ({named})" if named else ""
+        text.append(f" · capacity {gib(room.capacity_bytes)}{source}")
+    if room.headroom_bytes is not None:
+        fraction = room.headroom_fraction or 0.0
         style = "bold red" if fraction < 0.05 else "yellow" if fraction < 0.1 else "green"
         text.append(" · headroom at the peak ")
-        text.append(f"{gib(dev['headroom_bytes'])} ({fraction:.0%})", style=style)
+        text.append(f"{gib(room.headroom_bytes)} ({fraction:.0%})", style=style)
     return text
 
 
-def device_table(key: str, dev: dict[str, Any]) -> Table:
+def device_table(detail: DeviceDetail) -> Table:
     """Peaks of one GPU with when they happened."""
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold dim")
-    for name, justify in (("memory", "left"), ("peak", "right"), ("step", "right"), ("phase", "left"),
-                          ("elapsed", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    peaks = dev.get("peaks") or {}
+    table.add_column("memory")
+    for name in ("peak", "step"):
+        table.add_column(name, justify="right")
+    table.add_column("phase")
+    table.add_column("elapsed", justify="right")
     for metric in PEAK_ORDER:
-        where = peaks.get(metric)
-        if not where:
+        at = detail.peaks.get(metric)
+        if at is None:
             continue
-        step = where.get("step")
-        table.add_row(METRICS[metric], gib(where["bytes"]), "" if step is None else f"{step:,}",
-                      escape(str(where.get("phase") or "")), format_value(where.get("elapsed_s"), "s"))
+        table.add_row(METRICS[metric], gib(at.bytes), "" if at.step is None else f"{at.step:,}",
+                      escape(printable(at.phase)), format_value(seconds_shown(at), "s"))
     return table
 
 
-def phase_table(dev: dict[str, Any]) -> Table | None:
+def phase_table(detail: DeviceDetail) -> Table | None:
     """Peaks per phase (train, eval, ...), when the log has more than one phase."""
-    phases = dev.get("phases") or {}
+    phases = detail.phases
     if len(phases) < 2:
         return None
-    metrics = [m for m in PEAK_ORDER if any(m in p for p in phases.values())][:3]
+    metrics = [m for m in PEAK_ORDER if any(m in p.peaks for p in phases.values())][:3]
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold dim")
     table.add_column("peaks by phase")
     table.add_column("rows", justify="right")
@@ -142,9 +152,10 @@ def phase_table(dev: dict[str, Any]) -> Table | None:
         table.add_column(METRICS[m], justify="right")
     table.add_column("at step", justify="right")
     for name, entry in phases.items():
-        cells = [gib((entry.get(m) or {}).get("bytes")) if entry.get(m) else "-" for m in metrics]
-        step = (entry.get(metrics[0]) or {}).get("step") if metrics else None
-        table.add_row(escape(name), f"{entry.get('rows', 0):,}", *cells, "" if step is None else f"{step:,}")
+        cells = [gib(entry.peaks[m].bytes) if m in entry.peaks else "-" for m in metrics]
+        first = entry.peaks.get(metrics[0]) if metrics else None
+        step = None if first is None else first.step
+        table.add_row(escape(printable(name)), f"{entry.rows:,}", *cells, "" if step is None else f"{step:,}")
     return table
 
 
@@ -179,31 +190,28 @@ def parallelism_lines(s: dict[str, Any]) -> list[Text]:
     return out
 
 
-def rank_heading(s: dict[str, Any]) -> Text:
+def rank_heading(ranks: RankImbalance) -> Text:
     """``ranks · imbalance 12.5% in peak allocated``: the largest rank's peak over the smallest's, minus 1."""
     text = Text("ranks", style="bold")
-    imbalance = s.get("imbalance")
-    if imbalance is not None:
-        metric = str(s.get("imbalance_metric") or "")
+    if ranks.imbalance is not None:
+        metric = ranks.metric
         label = "peak " + METRICS.get(metric.removeprefix("peak_"), metric)
-        text.append(f" · imbalance {imbalance:.1%} in {label}", style="bold yellow" if imbalance >= 0.1 else "")
+        text.append(f" · imbalance {ranks.imbalance:.1%} in {label}", style="bold yellow" if ranks.imbalance >= 0.1
+                    else "")
     return text
 
 
-def rank_table(s: dict[str, Any]) -> Table | None:
-    """Peaks of each rank of a distributed run (rank 0's log gathers them all); None for one rank."""
-    ranks = s.get("ranks") or []
-    if len(ranks) < 2:
-        return None
+def rank_table(ranks: RankImbalance) -> Table:
+    """Peaks of each rank of a distributed run (rank 0's log gathers them all)."""
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold dim")
     columns = [c for c in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_used_bytes",
-                           "peak_host_rss_bytes") if any(r.get(c) is not None for r in ranks)]
-    for name in ("rank", "gpu", "rows", *(c.removeprefix("peak_") for c in columns)):
-        table.add_column(name if name in ("rank", "gpu", "rows") else f"peak {METRICS.get(name, name)}",
-                         justify="left" if name == "rank" else "right")
-    for r in ranks:
-        table.add_row(str(r["rank"]), ",".join(str(g) for g in r.get("gpus") or []) or "-", f"{r['rows']:,}",
-                      *(gib(r.get(c)) for c in columns))
+                           "peak_host_rss_bytes") if any(r.peaks.get(c) is not None for r in ranks.ranks)]
+    table.add_column("rank")
+    for name in ("gpu", "rows", *(f"peak {METRICS[c.removeprefix('peak_')]}" for c in columns)):
+        table.add_column(name, justify="right")
+    for r in ranks.ranks:
+        table.add_row(str(r.rank), ",".join(str(g) for g in r.gpus) or "-", f"{r.rows:,}",
+                      *(gib(r.peaks.get(c)) for c in columns))
     return table
 
 
@@ -216,14 +224,14 @@ def comparison_table(reports: Sequence[LogReport]) -> Table:
         table.add_column(escape(report.path), justify="right", overflow="fold")
     for row in compare(reports):
         cells = []
-        for value, change in zip(row["values"], row["changes"], strict=False):
-            text = escape(format_value(value, row["unit"]))
-            tone = change_tone(change, row["better"])
+        for value, change in zip(row.values, row.changes, strict=True):
+            text = escape(printable(format_value(value, row.unit)))
+            tone = change_tone(change, row.better)
             if change:
                 style = {"good": "green", "bad": "red"}.get(tone or "", "dim")
                 text += f" [{style}]({format_change(change)})[/{style}]"
             cells.append(text)
-        table.add_row(row["figure"], *cells)
+        table.add_row(row.figure, *cells)
     return table
 
 
