@@ -7,13 +7,13 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from vramscope.logfile import gc_paused
 from vramscope.logs_import import ColumnSpec, ImportedTable, read_any_log
 from vramscope.report.advice import RunSettings
+from vramscope.report.figures import analysis_of
 from vramscope.report.model import LogReport, build_report
-from vramscope.report.plan_check import check, strategy_beside
+from vramscope.report.plan_check import SavedPlan, check, strategy_beside
 from vramscope.types import MemoryBreakdown
 
 # The training monitor writes what held memory (MemoryMonitor.save_breakdown) beside its step log.
@@ -23,7 +23,7 @@ MAX_BREAKDOWN_BYTES = 1 << 20
 
 def report_file(path: str | os.PathLike[str], settings: RunSettings | None = None,
                 capacity_bytes: int | None = None, columns: Sequence[ColumnSpec] | None = None,
-                plan: dict[str, Any] | None = None) -> LogReport:
+                plan: SavedPlan | None = None) -> LogReport:
     """Read the log at ``path`` and build its report (see :func:`vramscope.logfile.gc_paused` for why the GC pauses).
 
     ``columns`` reads any CSV through that mapping (``--columns``); without it, any format
@@ -45,7 +45,7 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
         report.summary["log"]["columns"] = table.read_as
     seen = strategy_beside(path)
     if seen is not None or plan is not None:
-        report.summary["parallelism"] = check(report.summary, plan, seen)
+        report.summary["parallelism"] = check(analysis_of(report), plan, seen).to_json()
     found = read_breakdown(path)
     if found is None:
         return report

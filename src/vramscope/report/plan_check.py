@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vramscope.analysis.results import AnalysisResult
 from vramscope.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
 
 SIDE_FILE_LIMIT = 16 << 20  # a plan or a strategy file is a few kB; 16 MiB is not one
@@ -24,7 +26,71 @@ class PlanFileError(ValueError):
     """A --plan file that is not a plan: the message says what to pass."""
 
 
-def strategy_beside(log_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class PlannedGpu:
+    """What the plan predicts for one GPU (None where the file does not say it as a whole number)."""
+
+    peak_allocated_bytes: int | None
+    process_bytes: int | None
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """A plan from ``vramscope plan ... --json``, as a per-GPU plan (one GPU for a plan without ``--gpus``)."""
+
+    strategy: str | None  # "ddp", "fsdp", "split", "single", ...
+    world_size: int | None
+    per_gpu: tuple[PlannedGpu, ...]
+
+
+@dataclass(frozen=True)
+class SeenStrategy:
+    """The strategy the monitor recorded beside its log; ``recorded`` is the file's JSON, as written."""
+
+    strategy: str
+    world_size: int | None
+    recorded: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RankCheck:
+    """One rank's (or, for a split, one GPU's) measured peaks beside the plan's, and the plan's error."""
+
+    kind: str  # "rank" or "gpu"
+    index: int
+    measured_peak_allocated_bytes: int | None
+    planned_peak_allocated_bytes: int | None
+    allocated_error: float | None  # (planned - measured) / measured
+    measured_device_bytes: int | None
+    planned_process_bytes: int | None
+    device_error: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {self.kind: self.index, "measured_peak_allocated_bytes": self.measured_peak_allocated_bytes,
+                "planned_peak_allocated_bytes": self.planned_peak_allocated_bytes,
+                "allocated_error": self.allocated_error, "measured_device_bytes": self.measured_device_bytes,
+                "planned_process_bytes": self.planned_process_bytes, "device_error": self.device_error}
+
+
+@dataclass(frozen=True)
+class ParallelismCheck:
+    """The strategy seen beside the log and, with a plan, each rank against it (``summary["parallelism"]``)."""
+
+    strategy: SeenStrategy | None
+    plan: SavedPlan | None
+    ranks: tuple[RankCheck, ...] = ()
+    note: str | None = None  # where the plan and the run differ (strategy, world size)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"strategy": None if self.strategy is None else self.strategy.recorded}
+        if self.plan is None:
+            return out
+        out.update(plan_strategy=self.plan.strategy, plan_world_size=self.plan.world_size,
+                   ranks=[r.to_json() for r in self.ranks], note=self.note)
+        return out
+
+
+def strategy_beside(log_path: str | os.PathLike[str]) -> SeenStrategy | None:
     """The strategy the monitor recorded beside ``log_path`` (``mem.csv`` -> ``mem.strategy.json``), if any.
     The same name rule as the monitor's (the log's name without its last suffix)."""
     path = Path(os.fspath(log_path))
@@ -34,13 +100,13 @@ def strategy_beside(log_path: str | os.PathLike[str]) -> dict[str, Any] | None:
         data = json.loads(read_regular_file(candidate, "a strategy file", limit=SIDE_FILE_LIMIT).decode("utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("strategy"), str) else None
+    if not isinstance(data, dict) or not isinstance(data.get("strategy"), str):
+        return None
+    return SeenStrategy(data["strategy"], _whole(data.get("world_size")), data)
 
 
-def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_plan(path: str | os.PathLike[str]) -> SavedPlan:
     """A plan saved by ``vramscope plan ... --json`` (with or without ``--gpus``), as a per-GPU plan.
-
-    Returns ``{"strategy", "world_size", "per_gpu": [{"peak_allocated_bytes", "process_bytes", ...}]}``.
 
     Raises:
         PlanFileError: unreadable, not JSON, or not a plan.
@@ -57,63 +123,72 @@ def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise PlanFileError(f"--plan {path} cannot be read as JSON ({type(exc).__name__}); {hint}") from None
     if not isinstance(data, dict):
         raise PlanFileError(f"--plan {path} is not a plan; {hint}")
-    multi = (data.get("gpus") or {}).get("plan") if isinstance(data.get("gpus"), dict) else None
-    if isinstance(multi, dict) and isinstance(multi.get("per_gpu"), list) and multi["per_gpu"]:
-        return {"strategy": multi.get("strategy"), "world_size": multi.get("world_size"), "per_gpu": multi["per_gpu"]}
+    gpus = data.get("gpus")
+    multi = gpus.get("plan") if isinstance(gpus, dict) else None
+    per_gpu = multi.get("per_gpu") if isinstance(multi, dict) else None
+    if isinstance(multi, dict) and isinstance(per_gpu, list) and per_gpu:
+        strategy = multi.get("strategy")
+        return SavedPlan(strategy if isinstance(strategy, str) else None, _whole(multi.get("world_size")),
+                         tuple(_planned(g) for g in per_gpu))
     if isinstance(data.get("peak_allocated_bytes"), int) and isinstance(data.get("process_bytes"), int):
-        return {"strategy": "single", "world_size": 1,
-                "per_gpu": [{"peak_allocated_bytes": data["peak_allocated_bytes"],
-                             "process_bytes": data["process_bytes"]}]}
+        return SavedPlan("single", 1, (_planned(data),))
     raise PlanFileError(f"--plan {path} holds no per-GPU figures; {hint}")
 
 
-def _error(measured: Any, planned: Any) -> float | None:
-    if isinstance(measured, int) and isinstance(planned, int) and measured > 0:
+def _whole(value: object) -> int | None:
+    """``value`` when it is a whole number (JSON's true and false are not)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _planned(entry: object) -> PlannedGpu:
+    if not isinstance(entry, dict):
+        return PlannedGpu(None, None)
+    return PlannedGpu(_whole(entry.get("peak_allocated_bytes")), _whole(entry.get("process_bytes")))
+
+
+def _error(measured: int | None, planned: int | None) -> float | None:
+    if measured is not None and planned is not None and measured > 0:
         return round((planned - measured) / measured, 4)
     return None
 
 
-def check(summary: dict[str, Any], plan: dict[str, Any] | None, strategy: dict[str, Any] | None) -> dict[str, Any]:
-    """``{"strategy": {...} | None, "plan_strategy", "plan_world_size", "ranks": [...], "note"}``: each rank's
-    (or, for a split, each GPU's) measured peak allocated and device memory beside the plan's."""
-    out: dict[str, Any] = {"strategy": strategy}
+def _measured(result: AnalysisResult) -> list[tuple[str, int, int | None, int | None]]:
+    """(kind, index, peak allocated, device memory) of each rank, or of each GPU for a log of one process."""
+    if result.ranks is not None and result.ranks.ranks:
+        return [("rank", r.rank, r.peaks.get("peak_allocated_bytes"), r.peaks.get("peak_device_used_bytes"))
+                for r in result.ranks.ranks]
+    out = []
+    for dev in result.devices:
+        if dev.key == "host" or dev.detail is None:
+            continue
+        peaks = dev.detail.peaks
+        device = peaks.get("process_bytes") or peaks.get("device_used_bytes")
+        allocated = peaks.get("peak_allocated_bytes")
+        out.append(("gpu", int(dev.key), None if allocated is None else allocated.bytes,
+                    None if device is None else device.bytes))
+    return out
+
+
+def check(result: AnalysisResult, plan: SavedPlan | None, strategy: SeenStrategy | None) -> ParallelismCheck:
+    """Each rank's (or, for a split, each GPU's) measured peak allocated and device memory beside the plan's."""
     if plan is None:
-        return out
-    out.update(plan_strategy=plan.get("strategy"), plan_world_size=plan.get("world_size"))
-    per_gpu = plan["per_gpu"]
-    measured: list[tuple[str, int, dict[str, Any]]] = []
-    if summary.get("ranks"):
-        measured = [("rank", int(r["rank"]), {"allocated": r.get("peak_allocated_bytes"),
-                                             "device": r.get("peak_device_used_bytes")}) for r in summary["ranks"]]
-    else:
-        for key, dev in (summary.get("devices") or {}).items():
-            if key == "host":
-                continue
-            peaks = dev.get("peaks") or {}
-            device = (peaks.get("process_bytes") or peaks.get("device_used_bytes") or {}).get("bytes")
-            measured.append(("gpu", int(dev.get("gpu", 0) or 0),
-                             {"allocated": (peaks.get("peak_allocated_bytes") or {}).get("bytes"), "device": device}))
+        return ParallelismCheck(strategy, None)
     rows = []
-    for i, (kind, index, m) in enumerate(measured):
-        p = per_gpu[min(i, len(per_gpu) - 1)] if plan.get("strategy") == "split" else per_gpu[0]
-        rows.append({kind: index, "measured_peak_allocated_bytes": m["allocated"],
-                     "planned_peak_allocated_bytes": p.get("peak_allocated_bytes"),
-                     "allocated_error": _error(m["allocated"], p.get("peak_allocated_bytes")),
-                     "measured_device_bytes": m["device"], "planned_process_bytes": p.get("process_bytes"),
-                     "device_error": _error(m["device"], p.get("process_bytes"))})
-    out["ranks"] = rows
-    seen = (strategy or {}).get("strategy")
-    planned = plan.get("strategy")
+    for i, (kind, index, allocated, device) in enumerate(_measured(result)):
+        p = plan.per_gpu[min(i, len(plan.per_gpu) - 1)] if plan.strategy == "split" else plan.per_gpu[0]
+        rows.append(RankCheck(kind, index, allocated, p.peak_allocated_bytes,
+                              _error(allocated, p.peak_allocated_bytes), device, p.process_bytes,
+                              _error(device, p.process_bytes)))
+    seen = None if strategy is None else strategy.strategy
+    planned = plan.strategy
     notes = []
     if seen and planned and seen != planned and not (seen == "single" and planned == "single"):
         notes.append(f"the plan is for {STRATEGY_NAMES.get(planned, planned)}, the run was "
                      f"{STRATEGY_NAMES.get(seen, seen)}")
-    world = (strategy or {}).get("world_size")
-    if isinstance(world, int) and isinstance(plan.get("world_size"), int) and world != plan["world_size"] \
-            and planned != "split":
-        notes.append(f"the plan is for {plan['world_size']} GPUs, the run had {world} ranks")
-    out["note"] = "; ".join(notes) or None
-    return out
+    world = None if strategy is None else strategy.world_size
+    if world is not None and plan.world_size is not None and world != plan.world_size and planned != "split":
+        notes.append(f"the plan is for {plan.world_size} GPUs, the run had {world} ranks")
+    return ParallelismCheck(strategy, plan, tuple(rows), "; ".join(notes) or None)
 
 
-__all__ = ["PlanFileError", "check", "read_plan", "strategy_beside"]
+__all__ = ["ParallelismCheck", "PlanFileError", "SavedPlan", "SeenStrategy", "check", "read_plan", "strategy_beside"]
