@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramscope.analysis.results import DeviceDetail
-from vramscope.report.figures import analysis_of, detail_of, leak_kind, soonest_oom
+from vramscope.report.figures import analysis_of, detail_of, duration_shown, leak_kind, soonest_oom
 from vramscope.report.model import LogReport
 from vramscope.units import MIB, gib
 
@@ -70,7 +70,7 @@ def _longest(report: LogReport) -> int | None:
 # (label, unit, which way is better, getter); unit "bytes", "s", "count" or "text"; better "lower",
 # "higher" or None (a fact, neither good nor bad: a longer run is not a worse one).
 ROWS: list[tuple[str, str, str | None, Getter]] = [
-    ("duration", "s", None, lambda r: r.summary["log"].get("duration_s")),
+    ("duration", "s", None, lambda r: duration_shown(analysis_of(r))),
     ("steps", "count", None, _steps),
     ("peak device used", "bytes", "lower", _device_max("device_used_bytes")),
     ("peak reserved", "bytes", "lower", _device_max("reserved_bytes")),

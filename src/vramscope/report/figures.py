@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from vramscope.analysis.results import AnalysisResult, BatchPeak, DeviceDetail, LeakSummary, OomForecast, PeakAt
 from vramscope.report.model import DeviceView, LogReport
-from vramscope.report.verdicts import Severity, forecast_reason, forecast_severity
+from vramscope.report.verdicts import Severity, forecast_severity
 
 NO_ROWS = "the log has no rows"
 
@@ -42,9 +42,14 @@ def oom_severity(result: AnalysisResult) -> Severity | None:
 
 
 def no_forecast_reason(result: AnalysisResult) -> str | None:
-    """Why the soonest device has no OOM forecast, as the report says it (naming ``--capacity``)."""
+    """Why the soonest device has no OOM forecast (the analysis names ``--capacity`` when it is unknown)."""
     oom = soonest_oom(result)
-    return None if oom is None else forecast_reason(oom.reason)
+    return None if oom is None else oom.reason
+
+
+def duration_shown(result: AnalysisResult) -> float | None:
+    """The log's length by the clock, in seconds, as ``--json`` writes it (to the ms)."""
+    return None if result.clock_duration_s is None else round(result.clock_duration_s, 3)
 
 
 def devices_of(report: LogReport) -> list[tuple[DeviceView, DeviceDetail]]:

@@ -17,6 +17,7 @@ from vramscope.report.compare import change_tone, compare, format_change, format
 from vramscope.report.figures import (
     analysis_of,
     devices_of,
+    duration_shown,
     leak_kind,
     leak_verdict,
     no_forecast_reason,
@@ -125,15 +126,15 @@ def _comparison(reports: Sequence[LogReport]) -> str:
 
 def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
     s = report.summary
-    log = s["log"]
-    steps = analysis_of(report).steps
-    facts = [f"{log['rows']:,} rows", f"format {log['format']}"]
-    if log.get("duration_s") is not None:
-        facts.append(f"{format_value(log['duration_s'], 's')} long")
+    result = analysis_of(report)
+    steps, seconds = result.steps, duration_shown(result)
+    facts = [f"{result.rows:,} rows", f"format {s['log']['format']}"]
+    if seconds is not None:
+        facts.append(f"{format_value(seconds, 's')} long")
     if steps.count:
         facts.append(f"steps {steps.first} to {steps.last}")
-    if log.get("start"):
-        facts.append(f"started {log['start']}")
+    if result.start:
+        facts.append(f"started {result.start}")
     out = [f'<section class="log"><h2>{escape(report.path)}</h2>', f'<p class="sub">{escape(" · ".join(facts))}</p>']
     out.append(_cards(report))
     for dev, detail in devices_of(report):

@@ -20,6 +20,7 @@ from vramscope.report.compare import change_tone, compare, format_change, format
 from vramscope.report.figures import (
     analysis_of,
     devices_of,
+    duration_shown,
     leak_kind,
     leak_verdict,
     no_forecast_reason,
@@ -82,11 +83,11 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
 
 
 def _header(report: LogReport) -> Text:
-    log = report.summary["log"]
-    steps = analysis_of(report).steps
-    parts = [f"{log['rows']:,} rows", log["format"]]
-    if log.get("duration_s") is not None:
-        parts.append(format_value(log["duration_s"], "s"))
+    result = analysis_of(report)
+    steps, seconds = result.steps, duration_shown(result)
+    parts = [f"{result.rows:,} rows", printable(str(report.summary["log"]["format"]))]
+    if seconds is not None:
+        parts.append(format_value(seconds, "s"))
     if steps.count:
         parts.append(f"steps {steps.first}-{steps.last}")
     return Text.assemble(("vramscope report ", "bold"), (report.path, "bold cyan"), f"  ({', '.join(parts)})")

@@ -104,16 +104,6 @@ def _severity(steps: float | None, seconds: float | None, steps_logged: int | No
                     "(no step time in the log)")
 
 
-# The analysis cannot know the report's options: the report names the one that gives a capacity.
-CAPACITY_UNKNOWN = "capacity unknown"
-CAPACITY_HINT = "capacity unknown (no GPU total in the log): give it with --capacity, e.g. --capacity 24GiB"
-
-
-def forecast_reason(reason: str) -> str:
-    """Why there is no OOM forecast, as the report says it: a capacity unknown names ``--capacity``."""
-    return CAPACITY_HINT if reason.startswith(CAPACITY_UNKNOWN) else reason
-
-
 def idle_reason(key: str, peaks: dict[str, Any], has_steps: bool) -> str | None:
     """Why a GPU counts as idle for this run, or None when the run used it.
 
