@@ -21,7 +21,11 @@ from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_trai
 from vramscope.analysis.results import SCHEMA_VERSION
 from vramscope.cli import main
 from vramscope.logfile import read_log
+from vramscope.report.figures import analysis_of, detail_of, devices_of, oom_severity
+from vramscope.report.load import report_file
 from vramscope.report.model import build_report
+from vramscope.report.plan_check import read_plan
+from vramscope.report.verdicts import batches_note, device_idle
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]
 
@@ -429,3 +433,33 @@ def test_log_of_the_training_loop_api(tmp_path: Path, capsys: pytest.CaptureFixt
     assert host["peaks"]["host_rss_bytes"]["bytes"] > 300 * MIB
     assert data["leak"]["detected"] is True
     assert data["leak"]["slope_bytes_per_step"] == pytest.approx(2 * MIB, rel=0.25)
+
+
+def test_the_renderers_typed_verdicts_agree_with_the_json() -> None:
+    # A real H200 log: GPU 0 idle (other processes' memory), GPU 1 trained with evals. What the terminal and the
+    # page read from the typed analysis is what --json says from its dicts.
+    report = report_file(Path(__file__).parent / "data" / "traces" / "h200" / "clean_eval.csv")
+    result = analysis_of(report)
+    assert [view.key for view, _ in devices_of(report)] == list(report.summary["devices"]) == ["0", "1"]
+    for view, detail in devices_of(report):
+        summary = report.summary["devices"][view.key]
+        assert device_idle(detail) == view.idle == summary["idle"]
+        assert batches_note(detail.batch_metric, detail.longest_batches) == summary["longest_batches_note"]
+    assert device_idle(detail_of(result, "0")) is not None and device_idle(detail_of(result, "1")) is None
+    severity = oom_severity(result)
+    assert (None if severity is None else severity.to_json()) == report.summary["oom_severity"]
+
+
+def test_a_plan_with_a_figure_that_is_not_a_count_reads_it_as_unknown(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], logs: dict[str, Path]) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"gpus": {"plan": {"strategy": "ddp", "world_size": 2, "per_gpu": [
+        {"peak_allocated_bytes": "lots", "process_bytes": 20 * GIB}]}}}))
+    saved = read_plan(plan)
+    assert saved.strategy == "ddp" and saved.world_size == 2
+    assert [(g.peak_allocated_bytes, g.process_bytes) for g in saved.per_gpu] == [(None, 20 * GIB)]
+    data = report_json(capsys, str(logs["clean"]), "--plan", str(plan))
+    gpu0 = data["parallelism"]["ranks"][0]
+    assert gpu0["gpu"] == 0 and gpu0["planned_peak_allocated_bytes"] is None and gpu0["allocated_error"] is None
+    assert gpu0["measured_peak_allocated_bytes"] == data["devices"]["0"]["peaks"]["peak_allocated_bytes"]["bytes"]
+    assert gpu0["planned_process_bytes"] == 20 * GIB and gpu0["device_error"] is not None

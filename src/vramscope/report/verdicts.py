@@ -4,18 +4,21 @@
   nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and names it;
 * :func:`forecast_severity`: how urgent an OOM forecast is, from the time left (not from the word "OOM"):
   a forecast of four thousand days is not an alarm;
-* :func:`idle_reason`: a GPU this run did not use (no step, nothing beyond a CUDA context), which gets
+* :func:`device_idle`: a GPU this run did not use (no step, nothing beyond a CUDA context), which gets
   no advice;
-* :func:`batch_peak_note`: why the longest batches have no peak, instead of a bare "?".
+* :func:`batches_note`: why the longest batches have no peak, instead of a bare "?".
+
+Each takes typed analysis results; the ``oom_severity``, ``idle_reason`` and ``batch_peak_note`` forms take their
+JSON and serve report/model.py's summary while it builds dicts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vramscope.analysis.results import BatchPeak, OomForecast
+from vramscope.analysis.results import BatchPeak, DeviceDetail, OomForecast
 from vramscope.units import GIB, MIB, gib, human_precise
 
 # A forecast closer than this is red: it can hit before anyone looks again (tonight's run).
@@ -104,16 +107,26 @@ def _severity(steps: float | None, seconds: float | None, steps_logged: int | No
                     "(no step time in the log)")
 
 
-def idle_reason(key: str, peaks: dict[str, Any], has_steps: bool) -> str | None:
+def device_idle(detail: DeviceDetail) -> str | None:
     """Why a GPU counts as idle for this run, or None when the run used it.
 
     Idle: no training step logged on it, and this run held no more than a CUDA context there (its
     processes' memory, or the allocator's, or, in a log with neither, the device's used memory).
     """
+    peaks = {m: p.bytes for m, p in detail.peaks.items()}
+    return _idle(detail.key, peaks, detail.step_range is not None)
+
+
+def idle_reason(key: str, peaks: dict[str, Any], has_steps: bool) -> str | None:
+    """:func:`device_idle` of a device's peaks in their JSON form (``{metric: {"bytes": ...}}``)."""
+    return _idle(key, {m: p.get("bytes") for m, p in peaks.items() if p}, has_steps)
+
+
+def _idle(key: str, peaks: Mapping[str, int | None], has_steps: bool) -> str | None:
     if key == "host" or has_steps:
         return None
-    used = (peaks.get("device_used_bytes") or {}).get("bytes")
-    own = [(peaks.get(m) or {}).get("bytes") for m in OWN_METRICS]
+    used = peaks.get("device_used_bytes")
+    own = [peaks.get(m) for m in OWN_METRICS]
     known = [v for v in own if v is not None]
     mine = max(known) if known else used
     if mine is None or mine > IDLE_ALLOWANCE:
