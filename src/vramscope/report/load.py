@@ -8,7 +8,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from vramscope.logfile import gc_paused
 from vramscope.logs_import import ColumnSpec, ImportedTable, read_any_log
 from vramscope.report.advice import RunSettings
 from vramscope.report.figures import analysis_of
@@ -24,7 +23,7 @@ MAX_BREAKDOWN_BYTES = 1 << 20
 def report_file(path: str | os.PathLike[str], settings: RunSettings | None = None,
                 capacity_bytes: int | None = None, columns: Sequence[ColumnSpec] | None = None,
                 plan: SavedPlan | None = None) -> LogReport:
-    """Read the log at ``path`` and build its report (see :func:`vramscope.logfile.gc_paused` for why the GC pauses).
+    """Read the log at ``path`` and build its report.
 
     ``columns`` reads any CSV through that mapping (``--columns``); without it, any format
     :func:`vramscope.logs_import.read_any_log` knows. A log read through a mapping, given or guessed,
@@ -38,9 +37,9 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
         LogFormatError: the file cannot be read as a log.
         EmptyLogError: the log holds no memory readings.
     """
-    with gc_paused():
-        table = read_any_log(path, columns)
-        report = build_report(table, settings=settings, capacity_bytes=capacity_bytes)
+    # The log is read into numpy columns: nothing for the garbage collector to walk, so no pause for it.
+    table = read_any_log(path, columns)
+    report = build_report(table, settings=settings, capacity_bytes=capacity_bytes)
     if isinstance(table, ImportedTable):
         report.summary["log"]["columns"] = table.read_as
     seen = strategy_beside(path)
