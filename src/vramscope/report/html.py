@@ -266,7 +266,7 @@ def _device_tables(d: DeviceDetail) -> str:
 
 
 def _breakdown(b: MemoryBreakdown) -> str:
-    rows = "".join(f"<tr><td>{escape(label)}</td><td class=\"num\">{'unknown' if v is None else gib(v)}</td></tr>"
+    rows = "".join(f"<tr><td>{escape(label)}</td><td class=\"num\">{gib(v, unknown='unknown')}</td></tr>"
                    for label, v in b.rows())
     return (f"<h3>What held memory on {escape(b.device)} at the run's peak</h3>"
             f"<table><tr><th>part</th><th>memory</th></tr>{rows}</table>")

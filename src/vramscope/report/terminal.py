@@ -244,7 +244,7 @@ def breakdown_table(b: MemoryBreakdown) -> Table:
     table.add_column("part")
     table.add_column("memory", justify="right")
     for label, value in b.rows():
-        table.add_row(escape(printable(label)), "unknown" if value is None else gib(value))
+        table.add_row(escape(printable(label)), gib(value, unknown="unknown"))
     return table
 
 
