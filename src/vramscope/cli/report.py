@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.atomicfile import write_atomically
 from vramscope.cli.common import UsageError, positive_int
@@ -22,14 +22,14 @@ from vramscope.logs.mapping import ColumnsError, ColumnSpec, parse_columns
 from vramscope.planner import PlanInputError, load_config_file
 from vramscope.planner.settings import STYLES
 from vramscope.recipe import QLoraSpec
-from vramscope.report.advice import RunSettings
-from vramscope.report.html import render_html
-from vramscope.report.json_output import json_document
-from vramscope.report.load import report_file
-from vramscope.report.model import EmptyLogError, LogReport
-from vramscope.report.plan_check import PlanFileError, read_plan
 from vramscope.safetext import printable
 from vramscope.units import parse_bytes
+
+# The report floor reads logs into numpy columns: it is imported when the command runs, so that building
+# the parser (``vramscope --help``, every other command) does not load it.
+if TYPE_CHECKING:
+    from vramscope.report.advice import RunSettings
+    from vramscope.report.model import LogReport
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +76,12 @@ def _columns(text: str) -> list[ColumnSpec]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vramscope.report.html import render_html
+    from vramscope.report.json_output import json_document
+    from vramscope.report.load import report_file
+    from vramscope.report.model import EmptyLogError
+    from vramscope.report.plan_check import PlanFileError, read_plan
+
     outputs = [(flag, path) for flag, path in (("--html", args.html), ("--png", args.png)) if path]
     for flag, path in outputs:
         _check_output(flag, path, args.logs)
@@ -132,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_settings(args: argparse.Namespace) -> RunSettings | None:
     """The planner's inputs, when the user gave them; both --model and --batch-size, or neither."""
+    from vramscope.report.advice import RunSettings
+
     given = [flag for flag, value in (("--model", args.model), ("--batch-size", args.batch_size),
                                       ("--seq-len", args.seq_len), ("--optim", args.optim)) if value is not None]
     if not args.gradient_checkpointing:
