@@ -1,8 +1,10 @@
 """Reports: a memory log turned into answers (terminal, JSON, HTML with inline SVG, PNG).
 
-:func:`build_report` does the work once per log; :func:`render_html`, :func:`print_report` and
-:func:`vramscope.report.png.render_png` only format it. Never imports a backend: a report reads logs.
-matplotlib is imported only by the PNG renderer, when it runs.
+:func:`build_report` analyses a log once (typed results from :mod:`vramscope.analysis`);
+:func:`render_html`, :func:`vramscope.report.terminal.print_report` and
+:func:`vramscope.report.png.render_png` only draw them (:mod:`vramscope.report.figures` reads each
+figure one way for all of them). Never imports a backend: a report reads logs. matplotlib is imported
+only by the PNG renderer, when it runs.
 """
 
 from __future__ import annotations
