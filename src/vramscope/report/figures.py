@@ -8,7 +8,8 @@ the same thing about the same log.
 from __future__ import annotations
 
 from vramscope.analysis.results import AnalysisResult, BatchPeak, DeviceDetail, LeakSummary, OomForecast, PeakAt
-from vramscope.report.model import DeviceView, LogReport
+from vramscope.report.charts import DeviceView
+from vramscope.report.model import LogReport
 from vramscope.report.verdicts import Severity, forecast_severity
 
 NO_ROWS = "the log has no rows"

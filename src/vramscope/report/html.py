@@ -12,7 +12,9 @@ from html import escape
 from typing import Any
 
 from vramscope import __version__
+from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, PeakAt
+from vramscope.report.charts import Chart
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
     analysis_of,
@@ -25,7 +27,7 @@ from vramscope.report.figures import (
     seconds_shown,
     soonest_oom,
 )
-from vramscope.report.model import METRICS, Chart, LogReport
+from vramscope.report.model import LogReport
 from vramscope.report.svg import chart_svg
 from vramscope.report.verdicts import batches_note, duration
 from vramscope.types import MemoryBreakdown

@@ -12,7 +12,8 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from vramscope.report.model import Chart, LogReport
+from vramscope.report.charts import Chart
+from vramscope.report.model import LogReport
 from vramscope.report.svg import COLORS, PHASE_COLORS, format_seconds, time_step
 from vramscope.units import GIB, gib
 

@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable, Sequence
 from html import escape
 
+from vramscope.report.charts import Chart, Line, Span
 from vramscope.report.hover import Hover
-from vramscope.report.model import Chart, Line, Span
 from vramscope.report.verdicts import duration
 from vramscope.units import GIB, gib, human_precise
 

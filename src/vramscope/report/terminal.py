@@ -15,7 +15,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, RankImbalance
+from vramscope.report.charts import DeviceView
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
     analysis_of,
@@ -28,7 +30,7 @@ from vramscope.report.figures import (
     seconds_shown,
     soonest_oom,
 )
-from vramscope.report.model import METRICS, DeviceView, LogReport
+from vramscope.report.model import LogReport
 from vramscope.report.verdicts import batches_note, duration
 from vramscope.safetext import inert, printable
 from vramscope.types import MemoryBreakdown
