@@ -6,25 +6,30 @@ child process, and in nvidia-smi's own CSV format.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_training_log
 from vramscope.analysis.results import SCHEMA_VERSION
 from vramscope.cli import main
 from vramscope.logfile import read_log
 from vramscope.report.figures import analysis_of, detail_of, devices_of, oom_severity
+from vramscope.report.html import render_html
 from vramscope.report.load import report_file
 from vramscope.report.model import build_report
 from vramscope.report.plan_check import read_plan
+from vramscope.report.terminal import print_report
 from vramscope.report.verdicts import batches_note, device_idle
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]
@@ -463,3 +468,23 @@ def test_a_plan_with_a_figure_that_is_not_a_count_reads_it_as_unknown(
     assert gpu0["gpu"] == 0 and gpu0["planned_peak_allocated_bytes"] is None and gpu0["allocated_error"] is None
     assert gpu0["measured_peak_allocated_bytes"] == data["devices"]["0"]["peaks"]["peak_allocated_bytes"]["bytes"]
     assert gpu0["planned_process_bytes"] == 20 * GIB and gpu0["device_error"] is not None
+
+
+def test_the_renderers_draw_the_typed_analysis_not_the_summary_dict(logs: dict[str, Path]) -> None:
+    # The renderers read LogReport.result; the summary is --json's. With every analysed figure taken out of the
+    # summary (what is left: the log's format, the advice), the terminal and the page say the same as before.
+    def drawn(reports: list[Any]) -> tuple[str, str]:
+        out = io.StringIO()
+        print_report(reports, Console(file=out, width=120, highlight=False))
+        page = re.sub(r"generated [^<]* UTC", "", render_html(reports))
+        return out.getvalue(), page
+
+    reports = [report_file(logs["leak"]), report_file(Path(__file__).parent / "data" / "traces" / "h200" /
+                                                                "clean_eval.csv")]
+    before = [drawn([r]) for r in reports] + [drawn(reports)]
+    left = ("log", "recommendations")
+    bare = [replace(r, summary={**{k: r.summary[k] for k in left}, "log": {"format": r.summary["log"]["format"]}})
+            for r in reports]
+    assert [drawn([r]) for r in bare] + [drawn(bare)] == before
+    assert "leak test: leak: memory left after each step grows" in before[0][0]
+    assert "GPU 0 (idle)" in before[1][1] and "peaks by phase" in before[1][1]
