@@ -8,7 +8,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from vramscope.logs_import import ColumnSpec, ImportedTable, read_any_log
+from vramscope.logs.imports import ImportedTable, read_any_log
+from vramscope.logs.mapping import ColumnSpec
+from vramscope.output.names import sibling
 from vramscope.report.advice import RunSettings
 from vramscope.report.figures import analysis_of
 from vramscope.report.model import LogReport, build_report
@@ -26,7 +28,7 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
     """Read the log at ``path`` and build its report.
 
     ``columns`` reads any CSV through that mapping (``--columns``); without it, any format
-    :func:`vramscope.logs_import.read_any_log` knows. A log read through a mapping, given or guessed,
+    :func:`vramscope.logs.imports.read_any_log` knows. A log read through a mapping, given or guessed,
     says which in ``summary["log"]["columns"]``.
     A memory breakdown beside the log (``<stem>.breakdown.json``) is added as ``summary["breakdown"]``.
     ``capacity_bytes`` (``--capacity``) replaces the log's GPU total: see :func:`build_report`.
@@ -54,9 +56,8 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
 def read_breakdown(log_path: str | os.PathLike[str]) -> MemoryBreakdown | None:
     """The breakdown written beside ``log_path``; None when there is none or it cannot be read (the report
     goes on without it: it is an extra, not the log)."""
-    p = Path(log_path)
-    side = p.with_name(p.stem + BREAKDOWN_SUFFIX)
     try:
+        side = Path(sibling(log_path, suffix=BREAKDOWN_SUFFIX))
         if not side.is_file() or side.stat().st_size > MAX_BREAKDOWN_BYTES:
             return None
         return MemoryBreakdown.from_dict(json.loads(side.read_text(encoding="utf-8")))

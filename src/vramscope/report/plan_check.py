@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from vramscope.analysis.results import AnalysisResult
-from vramscope.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
+from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
+from vramscope.output.names import sibling
 
+STRATEGY_SUFFIX = ".strategy.json"  # beside the log: mem.csv -> mem.strategy.json
 SIDE_FILE_LIMIT = 16 << 20  # a plan or a strategy file is a few kB; 16 MiB is not one
 STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
                   "zero": "ZeRO", "split": "split", "single": "one process"}
@@ -92,10 +93,9 @@ class ParallelismCheck:
 
 def strategy_beside(log_path: str | os.PathLike[str]) -> SeenStrategy | None:
     """The strategy the monitor recorded beside ``log_path`` (``mem.csv`` -> ``mem.strategy.json``), if any.
-    The same name rule as the monitor's (the log's name without its last suffix)."""
-    path = Path(os.fspath(log_path))
-    candidate = path.with_name(path.stem + ".strategy.json") if path.suffix else Path(f"{path}.strategy.json")
+    The monitor's name rule (:func:`vramscope.output.names.sibling`)."""
     try:
+        candidate = sibling(log_path, suffix=STRATEGY_SUFFIX)
         # Bounded like every input: a FIFO or device of that name is passed over, never read or waited on.
         data = json.loads(read_regular_file(candidate, "a strategy file", limit=SIDE_FILE_LIMIT).decode("utf-8"))
     except (OSError, ValueError):
