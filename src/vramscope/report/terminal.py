@@ -44,7 +44,9 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
     """Print one log's summary, or several logs compared side by side and then each one's advice.
 
     Every string that came from a log (phase names, the file name, verdicts that quote them) is made
-    printable first: the terminal shows an escape sequence or a newline from a log as ``\x1b``, ``\n``.
+    printable: the terminal shows an escape sequence or a newline from a log as ``\x1b``, ``\n``. The
+    summary's strings (the advice, the strategy file's) all at once here, the typed analysis' where each
+    is printed.
     """
     reports = [replace(r, path=printable(r.path), summary=inert(r.summary)) for r in reports]
     if len(reports) > 1:
