@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vramscope.integrations.qlora import QLoraSpec, load_model, make_optimizer, write_random_checkpoint
 from vramscope.planner import estimate, plan, resolve_model
 from vramscope.planner.registry import get_config
+from vramscope.training.qlora import QLoraSpec, load_model, make_optimizer, write_random_checkpoint
 from vramscope.tune.calibrate import DEFAULT_SHAPES, Point, _static, fit, measure
 
 EVAL_SHAPES = ((4, 1024), (2, 2048), (8, 1024))

@@ -40,7 +40,7 @@ def evaluate(csv_path: Path, every: int = 5) -> dict[str, Any]:
     """Replay one trace against its truth file."""
     from vramscope.analysis.leak import first_detection
     from vramscope.analysis.summary import analyze, config_for
-    from vramscope.logfile import read_log
+    from vramscope.logs.reader import read_log
 
     truth = json.loads(csv_path.with_name(csv_path.stem + ".truth.json").read_text())
     table = read_log(csv_path)

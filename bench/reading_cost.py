@@ -155,7 +155,7 @@ def nvitop_snapshot() -> Callable[[], Any]:
 def vramscope_collector() -> Callable[[], Any]:
     from vramscope.backends.host import HostBackend
     from vramscope.backends.nvml import NvmlBackend
-    from vramscope.sampler import Collector
+    from vramscope.sampling.sampler import Collector
 
     allocator = None
     if common.cuda_available():

@@ -15,27 +15,27 @@ import pytest
 from test_report_fixtures import MIB, Run, write_training_log
 from vramscope.advice import Advice, rank_by_sufficiency, rank_by_urgency
 from vramscope.advice.log import RunSettings, advise_result, advise_run_result
-from vramscope.advice.log_summary import advise, advise_run
 from vramscope.advice.plan import advise_plan, title_of
 from vramscope.logs.reader import read_log
 from vramscope.oom import report_from_files
 from vramscope.planner import plan
-from vramscope.report.model import build_report
+from vramscope.report.model import LogReport, build_report
 
 OOM = Path(__file__).parent / "data" / "oom"
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 
 @pytest.fixture(scope="module")
-def leak_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def leak_report(tmp_path_factory: pytest.TempPathFactory) -> LogReport:
     path = write_training_log(tmp_path_factory.mktemp("log") / "leak.csv",
                               Run(steps=600, leak_per_step=3 * MIB, leak_from=200))
-    return build_report(read_log(path)).summary
+    return build_report(read_log(path))
 
 
-def test_an_oom_a_log_and_a_plan_give_the_same_type(leak_summary: dict[str, object]) -> None:
+def test_an_oom_a_log_and_a_plan_give_the_same_type(leak_report: LogReport) -> None:
     oom = report_from_files(OOM / "h200-oom-1-snapshot.pickle", OOM / "h200-oom-1.event.json", model="TinyLlama-1.1B")
-    from_log = advise(leak_summary)  # type: ignore[arg-type]
+    assert leak_report.result is not None
+    from_log = advise_result(leak_report.result)
     planned = advise_plan(plan("Llama-2-7B", 4, 2048, gpu_memory="24GiB"))
     for items, sources in ((oom.advice, {"snapshot", "planner"}), (from_log, {"log"}), (planned, {"planner"})):
         assert items and all(isinstance(a, Advice) for a in items)
@@ -65,10 +65,11 @@ def test_plan_advice_keeps_the_planners_numbers_and_drops_the_saving_from_the_ti
     assert title_of(p.recommendations[0]) == advise_plan(p)[0].title
 
 
-def test_log_advice_urgent_first_then_the_planner(leak_summary: dict[str, object]) -> None:
-    plain = advise(leak_summary)  # type: ignore[arg-type]
+def test_log_advice_urgent_first_then_the_planner(leak_report: LogReport) -> None:
+    assert leak_report.result is not None
+    plain = advise_result(leak_report.result)
     assert plain[0].key == "leak" and plain[0].urgent and plain[0].device == "0"
-    both = advise_run(leak_summary, RunSettings("Llama-2-7B", 4))  # type: ignore[arg-type]
+    both = advise_run_result(leak_report.result, RunSettings("Llama-2-7B", 4))
     urgent = [a for a in plain if a.urgent]
     assert both[: len(urgent)] == urgent
     assert both[len(urgent)].source == "planner" and both[len(urgent)].device == "all"
@@ -85,8 +86,8 @@ def test_the_two_orders() -> None:
     assert [x.key for x in rank_by_urgency([a, d, Advice("e", "E", ""), c])] == ["c", "a", "d", "e"]
 
 
-@pytest.mark.parametrize("first", ["vramscope.advice.oom", "vramscope.oom", "vramscope.oom.advice",
-                                   "vramscope.oom.records", "vramscope.advice.log", "vramscope.report.advice"])
+@pytest.mark.parametrize("first", ["vramscope.advice.oom", "vramscope.oom", "vramscope.oom.render",
+                                   "vramscope.oom.records", "vramscope.advice.log", "vramscope.report.model"])
 def test_any_import_order_works(first: str) -> None:
     # The OOM builder reads the oom package's records and the oom package's report builder calls it.
     code = f"import {first}; from vramscope.oom import advise, build_report; import vramscope.advice.oom"
@@ -94,14 +95,8 @@ def test_any_import_order_works(first: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_the_typed_analysis_gives_the_advice_the_summary_gives(tmp_path: Path) -> None:
-    # The rules read DeviceFacts; the typed analysis and the report's summary dict must hand them the same facts.
-    runs = {"leak": Run(steps=600, leak_per_step=3 * MIB, leak_from=200), "two_gpus": Run(steps=300, gpus=2),
-            "clean": Run(steps=600, seed=3)}
-    for name, run in runs.items():
-        report = build_report(read_log(write_training_log(tmp_path / f"{name}.csv", run)))
-        assert report.result is not None
-        idle = {k for k, d in report.summary["devices"].items() if d.get("idle")}
-        assert advise_result(report.result, idle) == advise(report.summary), name
-        settings = RunSettings("Llama-2-7B", 4)
-        assert advise_run_result(report.result, settings, idle) == advise_run(report.summary, settings), name
+def test_the_report_json_carries_the_typed_advice(leak_report: LogReport) -> None:
+    # report --json's recommendations are the typed Advice at the JSON edge, urgent (the leak) first.
+    recs = leak_report.summary["recommendations"]
+    assert recs and recs[0]["name"] == "leak" and recs[0]["urgent"] and recs[0]["source"] == "log"
+    assert set(recs[0]) == set(Advice("k", "t", "d").to_dict())

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.atomicfile import write_atomically
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.locate import CHUNK_BYTES, locate
 from vramscope.logs.reader import read_log
 from vramscope.logs.schema import COLUMNS
+from vramscope.output.atomic import write_atomically
 
 PYTHON = sys.executable
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -24,7 +24,7 @@ from vramscope.analysis.devices import DeviceRows, device_rows
 from vramscope.analysis.leak import detect_leak, median, trend
 from vramscope.analysis.summary import analyze, analyze_columns
 from vramscope.cli import main
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 from vramscope.report.downsample import minmax_indices, minmax_positions
 from vramscope.report.model import build_report
 

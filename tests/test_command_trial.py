@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.integrations.inject import SITE_DIR
-from vramscope.integrations.trial import ENV_TRIAL, TrialRequest, record_path, shape_batch
+from vramscope.training.inject import SITE_DIR
+from vramscope.training.trial import ENV_TRIAL, TrialRequest, record_path, shape_batch
 from vramscope.tune.command import TrialFailed, child_environment, run_trial_child
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_lora.py"
@@ -198,7 +198,7 @@ def test_the_start_up_hook_loads_the_trial_only_when_asked(tmp_path: Path) -> No
     import os
     import subprocess
 
-    from vramscope.integrations.inject import child_env
+    from vramscope.training.inject import child_env
 
     code = "import transformers.trainer as t; print(getattr(t.Trainer, '_vramscope_trial', False))"
     base = {k: v for k, v in os.environ.items() if k not in ("VRAMSCOPE_INJECT", ENV_TRIAL)}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 
 pytest.importorskip("torch")
 

@@ -35,7 +35,7 @@ import pytest
 
 import fake_nvml
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 from vramscope.sinks import CsvSink
 from vramscope.training.runner import run_monitored
 from vramscope.types import Sample

@@ -15,7 +15,7 @@ from vramscope.analysis.forecast import (
     seconds_per_step,
 )
 from vramscope.analysis.summary import analyze, analyze_columns
-from vramscope.logfile import LogTable
+from vramscope.logs.table import LogTable
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from vramscope.integrations.hf import MemoryMonitorCallback, prometheus_address  # noqa: E402
-from vramscope.logfile import read_log  # noqa: E402
+from vramscope.logs.reader import read_log  # noqa: E402
 from vramscope.training import hf  # noqa: E402
 
 VOCAB = 128

@@ -142,7 +142,7 @@ def test_vramscope_run_attaches_the_callback_to_an_unmodified_script(tmp_path: P
     result = run_child(vramscope, {}, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "first callback: MemoryMonitorCallback" in result.stdout
-    from vramscope.logfile import read_log
+    from vramscope.logs.reader import read_log
 
     steps = read_log(tmp_path / "mem.steps.csv")
     assert [s for s, p in zip(steps.ints("step"), steps.strings("phase"), strict=True) if p == "train"] == [1, 2, 3]

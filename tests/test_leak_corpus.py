@@ -22,7 +22,8 @@ import pytest
 
 from vramscope.analysis.leak import first_detection
 from vramscope.analysis.summary import analyze, config_for, leak_series
-from vramscope.logfile import read_log, step_series
+from vramscope.logs.reader import read_log
+from vramscope.logs.table import step_series
 
 TRACES = Path(__file__).parent / "data" / "traces"
 MIB = 1024 * 1024

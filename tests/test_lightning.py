@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning.pytorch")
 
 from vramscope.integrations.lightning import MemoryMonitorCallback  # noqa: E402
-from vramscope.logfile import read_log  # noqa: E402
+from vramscope.logs.reader import read_log  # noqa: E402
 from vramscope.training import lightning as vs_lightning  # noqa: E402
 
 VOCAB = 64

@@ -17,7 +17,7 @@ import pytest
 import fake_nvml
 from vramscope.analysis.summary import analyze
 from vramscope.integrations.loop import MemoryMonitor, batch_tokens, rank_path
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 from vramscope.sinks.base import LogPathError
 
 MIB = 1024 * 1024

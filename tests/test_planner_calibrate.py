@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramscope.integrations.qlora import QLoraSpec
 from vramscope.planner import Hardware, estimate, plan, resolve_model
+from vramscope.training.qlora import QLoraSpec
 from vramscope.tune.calibrate import CalibrationError, Point, fit
 
 MIB = 1024**2
@@ -50,7 +50,7 @@ def test_fit_refuses_an_implausible_scale() -> None:
 def test_calibration_on_the_gpu_predicts_a_larger_shape(framework: str) -> None:
     import tempfile
 
-    from vramscope.integrations.qlora import write_random_checkpoint
+    from vramscope.training.qlora import write_random_checkpoint
     from vramscope.tune.calibrate import calibrate, measure
 
     config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,

@@ -23,7 +23,7 @@ from rich.console import Console
 from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_training_log
 from vramscope.analysis.results import SCHEMA_VERSION
 from vramscope.cli import main
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 from vramscope.report.figures import analysis_of, detail_of, devices_of, oom_severity
 from vramscope.report.html import render_html
 from vramscope.report.load import report_file

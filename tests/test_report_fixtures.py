@@ -16,7 +16,7 @@ from pathlib import Path
 
 import fake_nvml
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 from vramscope.sampling.sampler import Collector, Sampler
 from vramscope.sinks import log_sink
 from vramscope.types import AllocatorReading

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]
 

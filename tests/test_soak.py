@@ -60,7 +60,7 @@ SOAK = textwrap.dedent(
     from vramscope.sampling.peaks import PeakTracker
     from vramscope.backends.host import HostBackend
     from vramscope.backends.nvml import NvmlBackend
-    from vramscope.logfile import read_log
+    from vramscope.logs.reader import read_log
     from vramscope.sampling.sampler import Collector, Sampler
     from vramscope.sinks import CsvSink, log_parts
     from vramscope.sinks.prometheus import PrometheusSink

@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from vramscope.logs.schema import COLUMNS
 from vramscope.output.safetext import inert, printable
-from vramscope.schema import COLUMNS
 
 PYTHON = sys.executable
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from vramscope.schema import sample_rows
+from vramscope.logs.schema import sample_rows
 from vramscope.training.gather import GATHER_FIELDS, row_numbers, row_sample
 from vramscope.training.history import RowHistory
 from vramscope.training.pacing import AnalysisPacer

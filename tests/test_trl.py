@@ -31,7 +31,7 @@ pytest.importorskip("peft", reason="peft is not installed: pip install 'vramscop
 tokenizers = pytest.importorskip("tokenizers")
 
 from vramscope.integrations.hf import MemoryMonitorCallback  # noqa: E402
-from vramscope.logfile import read_log  # noqa: E402
+from vramscope.logs.reader import read_log  # noqa: E402
 
 BATCH, LENGTH = 4, 32
 VOCAB = 300

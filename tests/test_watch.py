@@ -15,7 +15,7 @@ from vramscope.backends import nvml as nvml_backend
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.cli import main
-from vramscope.logfile import read_log
+from vramscope.logs.reader import read_log
 from vramscope.sampling.sampler import Collector
 from vramscope.tui.dashboard import render
 from vramscope.tui.text import snapshot_lines, sparkline

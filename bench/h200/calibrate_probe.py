@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import tempfile
 
-from vramscope.integrations.qlora import write_random_checkpoint
-from vramscope.planner.calibrate import _static, calibrate, estimate, measure, resolve_model
+from vramscope.planner.api import resolve_model
+from vramscope.planner.memory import estimate
 from vramscope.recipe import QLoraSpec
+from vramscope.training.qlora import write_random_checkpoint
+from vramscope.tune.calibrate import _static, calibrate, measure
 
 MIB = 2**20
 CONFIG = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,

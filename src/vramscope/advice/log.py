@@ -9,8 +9,7 @@ against the peak and capacity measured in the log; :func:`in_report_order` puts 
 
 The rules read :class:`DeviceFacts`, taken from the typed analysis (:func:`facts_of`, over
 :class:`vramscope.analysis.results.AnalysisResult`); :func:`advise_result` and :func:`advise_run_result` are the
-entry points. :mod:`vramscope.advice.log_summary` takes the same facts from the report's summary dict, for the
-report until it reads the typed result.
+entry points.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A log's columns as the analysis reads them: whole numpy arrays with a known-mask, read once.
 
-:class:`LogColumns` reads a :class:`~vramscope.logfile.LogTable` through its numpy API
+:class:`LogColumns` reads a :class:`~vramscope.logs.table.LogTable` through its numpy API
 (``int_column``/``float_column``/``labels``), or wraps the plain lists a live monitor holds
 (:meth:`LogColumns.from_lists`): both give the analysis the same arrays. A missing column reads as all
 unknown. The functions below are the few whole-column questions the analysis asks (the largest known
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from vramscope.logfile import Column, Labels, LogTable
-from vramscope.logs.table import ColumnData
+from vramscope.logs.cells import Column, Labels
+from vramscope.logs.table import ColumnData, LogTable
 
 INT_COLUMNS = (
     "step",

@@ -12,7 +12,7 @@ import numpy as np
 
 from vramscope.analysis.columns import LogColumns, argmax_known
 from vramscope.analysis.results import PeakAt, PhaseStretch
-from vramscope.logfile import Column
+from vramscope.logs.cells import Column
 
 TRAIN = "train"
 RUN = "run"  # the rows of a log without steps or phases: the watched command's run

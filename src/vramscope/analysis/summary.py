@@ -1,6 +1,6 @@
 """One analysis of a memory log: peaks, leak verdict and OOM forecast, as typed results.
 
-:func:`analyze` reads a :class:`~vramscope.logfile.LogTable` (what ``vramscope report`` loads);
+:func:`analyze` reads a :class:`~vramscope.logs.table.LogTable` (what ``vramscope report`` loads);
 :func:`analyze_columns` takes the plain columns a live :class:`~vramscope.training.monitor.MemoryMonitor`
 holds in memory and builds the same arrays, so that it gets exactly the same answer. Both return an
 :class:`~vramscope.analysis.results.AnalysisResult` (``to_json()`` is the JSON ``report --json`` prints).
@@ -49,7 +49,7 @@ from vramscope.analysis.results import (
     StepRange,
     no_batch_fit,
 )
-from vramscope.logfile import LogTable
+from vramscope.logs.table import LogTable
 from vramscope.units import MIB
 
 __all__ = [
@@ -88,7 +88,7 @@ def analyze(
     capacity_hint: str | None = None,
     columns: LogColumns | None = None,
 ) -> AnalysisResult:
-    """Analyse a log read by :func:`vramscope.logfile.read_log`.
+    """Analyse a log read by :func:`vramscope.logs.reader.read_log`.
 
     Args:
         table: the log.

@@ -1,5 +1,5 @@
 """The QLoRA/LoRA recipe flags shared by ``plan`` and ``tune``: one flag per
-:class:`~vramscope.integrations.qlora.QLoraSpec` field, with the QLoRA reference recipe as defaults."""
+:class:`~vramscope.recipe.QLoraSpec` field, with the QLoRA reference recipe as defaults."""
 
 from __future__ import annotations
 

@@ -14,21 +14,21 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vramscope.atomicfile import write_atomically
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.cli.recipe import add_framework_argument
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.mapping import ColumnsError, ColumnSpec, parse_columns
+from vramscope.output.atomic import write_atomically
+from vramscope.output.safetext import printable
 from vramscope.planner import PlanInputError, load_config_file
 from vramscope.planner.settings import STYLES
 from vramscope.recipe import QLoraSpec
-from vramscope.safetext import printable
 from vramscope.units import parse_bytes
 
 # The report floor reads logs into numpy columns: it is imported when the command runs, so that building
 # the parser (``vramscope --help``, every other command) does not load it.
 if TYPE_CHECKING:
-    from vramscope.report.advice import RunSettings
+    from vramscope.advice.log import RunSettings
     from vramscope.report.model import LogReport
 
 
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_settings(args: argparse.Namespace) -> RunSettings | None:
     """The planner's inputs, when the user gave them; both --model and --batch-size, or neither."""
-    from vramscope.report.advice import RunSettings
+    from vramscope.advice.log import RunSettings
 
     given = [flag for flag, value in (("--model", args.model), ("--batch-size", args.batch_size),
                                       ("--seq-len", args.seq_len), ("--optim", args.optim)) if value is not None]

@@ -1,5 +1,5 @@
 """``vramscope tune [--max-seq-len] -- <training command>``: tune the user's own command (see
-:mod:`vramscope.command_tuner`) and print the flag to set, in the command's own spelling."""
+:mod:`vramscope.tune.command`) and print the flag to set, in the command's own spelling."""
 
 from __future__ import annotations
 

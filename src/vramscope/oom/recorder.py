@@ -17,12 +17,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from vramscope.atomicfile import write_atomically
 from vramscope.oom.classify import oom_kind
 from vramscope.oom.env import DEFAULT_MAX_ENTRIES, ENV_MAX_ENTRIES, ENV_VAR
 from vramscope.oom.records import OomEvent
 from vramscope.oom.render import write_report
 from vramscope.oom.snapshot import build_report, report_from_files
+from vramscope.output.atomic import write_atomically
 
 log = logging.getLogger("vramscope.oom")  # the name users filter on, as before the split
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vramscope.atomicfile import write_atomically
 from vramscope.oom.records import Advice, OomReport
+from vramscope.output.atomic import write_atomically
 from vramscope.types import MemoryBreakdown
 from vramscope.units import human
 

@@ -111,7 +111,7 @@ def build_report(
             dict); with it and a ``batch_shape`` in the context, the advice includes the planner's
             recommendations fed with the measured peak and capacity. Also read from the context's
             ``"model"`` key.
-        spec: the recipe (:class:`~vramscope.integrations.qlora.QLoraSpec`, or its dict) for the planner;
+        spec: the recipe (:class:`~vramscope.recipe.QLoraSpec`, or its dict) for the planner;
             also read from the context's ``"spec"`` key. Default: the QLoRA reference recipe.
     """
     segments = _segments_of(snapshot, event.device)

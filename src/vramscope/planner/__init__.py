@@ -2,7 +2,7 @@
 
 ``plan(model, batch_size, seq_len, spec)`` returns a :class:`Plan` (three totals and a breakdown);
 ``recommend(...)`` ranks ways to use less memory. Nothing here imports torch except
-:mod:`vramscope.planner.calibrate`.
+:mod:`vramscope.tune.calibrate`.
 """
 
 from __future__ import annotations

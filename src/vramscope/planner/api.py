@@ -1,7 +1,7 @@
 """The planner's public functions: :func:`plan` and :func:`recommend`.
 
 Both take the model as a registry name, a config.json dict or a :class:`ModelShape`, the recipe as a
-:class:`~vramscope.integrations.qlora.QLoraSpec` and the batch shape, and return plain data.
+:class:`~vramscope.recipe.QLoraSpec` and the batch shape, and return plain data.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramscope.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
+from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
 from vramscope.planner.errors import PlanInputError
 
 # model_type -> how its decoder layer is built. Anything else is read as a LLaMA-style layer.

@@ -15,7 +15,7 @@ from vramscope.analysis.details import METRICS
 from vramscope.analysis.devices import RUN, TRAIN
 from vramscope.analysis.leak import median
 from vramscope.analysis.results import DeviceAnalysis
-from vramscope.logfile import Column
+from vramscope.logs.cells import Column
 from vramscope.report.downsample import minmax_positions
 from vramscope.report.hover import Hover, hover_buckets
 from vramscope.report.verdicts import duration, forecast_limit_note

@@ -8,10 +8,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from vramscope.advice.log import RunSettings
 from vramscope.logs.imports import ImportedTable, read_any_log
 from vramscope.logs.mapping import ColumnSpec
 from vramscope.output.names import sibling
-from vramscope.report.advice import RunSettings
 from vramscope.report.figures import analysis_of
 from vramscope.report.model import LogReport, build_report
 from vramscope.report.plan_check import SavedPlan, check, strategy_beside

@@ -1,6 +1,6 @@
 """What a report says about one log, as data: the summary (JSON-ready) and the series to draw.
 
-:func:`build_report` reads nothing and renders nothing: it takes a :class:`~vramscope.logfile.LogTable`,
+:func:`build_report` reads nothing and renders nothing: it takes a :class:`~vramscope.logs.table.LogTable`,
 runs :func:`vramscope.analysis.summary.analyze` on it once (devices, phases, peaks, leak verdict, OOM
 forecast, fragmentation, longest batches: typed results), and turns those results and the log's
 columns into what the renderers draw (:mod:`vramscope.report.charts`) and the summary ``--json``
@@ -18,7 +18,7 @@ from vramscope.analysis.columns import Clock, LogColumns
 from vramscope.analysis.details import LONGEST_BATCHES, METRICS
 from vramscope.analysis.results import AnalysisResult, DeviceAnalysis
 from vramscope.analysis.summary import analyze
-from vramscope.logfile import LogTable
+from vramscope.logs.table import LogTable
 from vramscope.report.charts import Chart, DeviceView, Line, Mark, Span, device_view
 from vramscope.report.downsample import DEFAULT_BUCKETS
 from vramscope.report.verdicts import batch_peak_note, capacity_source, idle_reason, oom_severity
@@ -63,7 +63,7 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
     """Analyse one log and prepare everything the renderers show.
 
     Args:
-        table: a log from :func:`vramscope.logfile.read_log`.
+        table: a log from :func:`vramscope.logs.reader.read_log`.
         buckets: min/max buckets per drawn series (two points each).
         settings: what ran (model, batch); adds the planner's recommendations with predicted savings.
         capacity_bytes: the memory each GPU is held against (``--capacity``), in place of the log's

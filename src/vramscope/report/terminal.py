@@ -17,6 +17,7 @@ from rich.text import Text
 
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, RankImbalance
+from vramscope.output.safetext import inert, printable
 from vramscope.report.charts import DeviceView
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
@@ -32,7 +33,6 @@ from vramscope.report.figures import (
 )
 from vramscope.report.model import LogReport
 from vramscope.report.verdicts import batches_note, duration
-from vramscope.safetext import inert, printable
 from vramscope.types import MemoryBreakdown
 from vramscope.units import gib
 

@@ -53,8 +53,8 @@ from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
 from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, analyze_columns
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
+from vramscope.logs.schema import sample_rows
 from vramscope.sampling.sampler import MIN_INTERVAL_S, Collector, Sampler
-from vramscope.schema import sample_rows
 from vramscope.sinks import log_sink
 from vramscope.sinks.base import Sink
 from vramscope.training.breakdown import BreakdownTracker

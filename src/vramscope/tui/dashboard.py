@@ -13,8 +13,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.logs.schema import iso_time
 from vramscope.output.safetext import printable
-from vramscope.schema import iso_time
 from vramscope.tui.text import host_line, sparkline
 from vramscope.types import Sample
 from vramscope.units import gib, human

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramscope.schema import iso_time
+from vramscope.logs.schema import iso_time
 from vramscope.types import GpuReading, Sample
 
 SNAPSHOT_SCHEMA_VERSION = 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vramscope.logs.schema import iso_time
 from vramscope.output.safetext import printable
-from vramscope.schema import iso_time
 from vramscope.types import GpuReading, HostReading, Sample
 from vramscope.units import gib, human
 

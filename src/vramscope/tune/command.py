@@ -43,7 +43,7 @@ class TrialFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class CommandTrial:
-    """One child's outcome: the tuner's :class:`~vramscope.tuner.Trial` plus what the child recorded."""
+    """One child's outcome: the tuner's :class:`~vramscope.tune.search.Trial` plus what the child recorded."""
 
     trial: Trial
     capacity_bytes: int | None
