@@ -17,8 +17,8 @@ import pytest
 import fake_nvml
 from vramscope.analysis.summary import analyze
 from vramscope.integrations.loop import MemoryMonitor, batch_tokens, rank_path
+from vramscope.logs.files import LogPathError
 from vramscope.logs.reader import read_log
-from vramscope.sinks.base import LogPathError
 
 MIB = 1024 * 1024
 torch = pytest.importorskip("torch")

@@ -26,9 +26,9 @@ from vramscope.cli.common import (
     log_megabytes,
     open_exporters_from_args,
 )
+from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
 from vramscope.output.names import sibling
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S
-from vramscope.sinks.base import LogPathError, existing_log_files, free_log_name
 from vramscope.training.runner import ProgramNotFoundError, RunResult, exit_like, run_monitored
 from vramscope.units import gib
 

@@ -17,9 +17,10 @@ from vramscope.cli.common import (
     open_exporters_from_args,
     positive_int,
 )
+from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
 from vramscope.sampling.sampler import Collector, Sampler
 from vramscope.sinks import CsvSink
-from vramscope.sinks.base import LogPathError, Sink, existing_log_files, free_log_name
+from vramscope.sinks.base import Sink
 from vramscope.tui.snapshot import snapshot_dict
 from vramscope.tui.text import host_line, snapshot_lines
 from vramscope.types import Sample

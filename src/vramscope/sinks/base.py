@@ -1,14 +1,12 @@
 """What a sink is: something that takes samples, one at a time, and can be closed.
 
-The log files themselves (writing, rotation, names) are :mod:`vramscope.logs.files`; its names are
-re-exported here until every import is rewritten (issue 15).
+The log files themselves (writing, rotation, names) are :mod:`vramscope.logs.files`.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from vramscope.logs.files import *  # noqa: F403  (the shim part)
 from vramscope.types import Sample
 
 
