@@ -49,3 +49,25 @@ def test_the_rank_gather_sends_the_numbers_of_the_rank_s_own_gpu() -> None:
     values = dict(zip(GATHER_FIELDS, row_numbers(sample, rank=2), strict=True))
     assert values["gpu"] == 2 and values["device"] == 0
     assert values["device_used_bytes"] == MACHINE[2].used_bytes
+
+
+def test_the_log_and_the_exporter_put_a_rank_s_allocator_on_the_same_gpu() -> None:
+    # CUDA_VISIBLE_DEVICES=3: the log row of NVML's GPU 3 carries the allocator, and the exporter labels the
+    # allocator's series (the latest and the running peaks) gpu="3", as the GPU's own series.
+    from vramscope.exporters.collector import SampleCollector
+    from vramscope.logs.schema import sample_rows
+
+    sample = Sample(time=0.0, elapsed_s=0.0, gpus=MACHINE, allocator=(torch_view(0, "GPU-3"),), host=HostReading())
+    rows = sample_rows(sample)
+    assert [(r["gpu"], r["allocated_bytes"]) for r in rows] == [(3, GIB)]  # only the rank's own GPU
+    collector = SampleCollector(host="h")
+    collector.update(sample)
+    labels = {(s.name, s.labels["gpu"], s.labels["uuid"]) for m in collector.collect() for s in m.samples
+              if s.name.startswith("vramscope_allocator_")}
+    assert {(name, gpu) for name, gpu, _ in labels} >= {("vramscope_allocator_allocated_bytes", "3"),
+                                                       ("vramscope_allocator_peak_allocated_bytes", "3")}
+    assert {(gpu, uuid) for _, gpu, uuid in labels} == {("3", "GPU-3")}
+    # Without NVML (no GPU readings) torch's own index is all there is.
+    collector.update(Sample(time=1.0, elapsed_s=1.0, gpus=(), allocator=(torch_view(0, None),), host=HostReading()))
+    assert {s.labels["gpu"] for m in collector.collect() for s in m.samples
+            if s.name == "vramscope_allocator_allocated_bytes"} == {"0"}

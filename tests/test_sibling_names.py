@@ -55,3 +55,21 @@ def test_the_step_log_is_absolute_because_the_child_may_change_directory(
     monkeypatch.chdir(tmp_path)
     found = steps_log_path("mem.csv")
     assert os.path.isabs(found) and found == str(tmp_path.resolve() / "mem.steps.csv")
+
+
+def test_the_readers_follow_the_rule(tmp_path: Path) -> None:
+    from vramscope.analysis.alerts import warnings_path
+    from vramscope.tune.command import _records
+
+    log = tmp_path / "mem.csv"
+    assert warnings_path(log) == sibling(log, suffix=".warnings.jsonl") == str(tmp_path / "mem.warnings.jsonl")
+    assert warnings_path("mem") == "mem.warnings.jsonl"
+    # The tuner reads back the records its trial ranks wrote, by the writers' names, in a folder whose name
+    # would be a glob pattern if it were not escaped.
+    folder = tmp_path / "trial[1]"
+    folder.mkdir()
+    record = str(folder / "trial0.json")
+    for rank in (0, 1, 2):
+        Path(record_path(record, rank)).write_text(f'{{"rank": {rank}}}', encoding="utf-8")
+    (folder / "trial0.steps.json").write_text('{"rank": 9}', encoding="utf-8")  # beside it, not a rank's
+    assert [r["rank"] for r in _records(record)] == [0, 1, 2]

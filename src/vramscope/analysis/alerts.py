@@ -18,17 +18,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
+
+from vramscope.output.names import sibling
 
 DEFAULT_REPEAT_S = 600.0
 
 
 def warnings_path(log_path: str | os.PathLike[str]) -> str:
     """``runs/mem.csv`` -> ``runs/mem.warnings.jsonl`` (the file beside a log)."""
-    path = Path(log_path)
-    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
-    return str(path.with_name(f"{stem}.warnings.jsonl"))
+    return sibling(log_path, suffix=".warnings.jsonl")
 
 
 @dataclass

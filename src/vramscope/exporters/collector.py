@@ -15,7 +15,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from vramscope.types import Sample
+from vramscope.sampling.devices import gpu_of
+from vramscope.types import AllocatorReading, Sample
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -136,7 +137,8 @@ class SampleCollector:
         self._version = 0  # bumped on every change, so the pusher can skip pushes of unchanged state
         # Running peaks since start, because the allocator's own peak is reset at every reading and a
         # gauge scraped every 15 s would miss the peaks in between.
-        self._allocator_peaks: dict[tuple[int, str | None], tuple[int | None, int | None]] = {}
+        # Keyed by torch's device and UUID; the latest reading is kept to find its NVML GPU by at each scrape.
+        self._allocator_peaks: dict[tuple[int, str | None], tuple[AllocatorReading, int | None, int | None]] = {}
         self._watched_peaks: dict[int, tuple[str | None, int]] = {}
         self._analysis: dict[int | None, tuple[float | None, float | None]] = {}
 
@@ -166,10 +168,10 @@ class SampleCollector:
             self._version += 1
             for reading in sample.allocator:
                 key = (reading.device, reading.uuid)
-                old_alloc, old_res = self._allocator_peaks.get(key, (None, None))
+                _, old_alloc, old_res = self._allocator_peaks.get(key, (reading, None, None))
                 alloc = _first(reading.peak_allocated_bytes, reading.allocated_bytes)
                 res = _first(reading.peak_reserved_bytes, reading.reserved_bytes)
-                self._allocator_peaks[key] = (_max(old_alloc, alloc), _max(old_res, res))
+                self._allocator_peaks[key] = (reading, _max(old_alloc, alloc), _max(old_res, res))
             for index, uuid, used in watched:
                 if used is not None:
                     old = self._watched_peaks.get(index)
@@ -238,7 +240,7 @@ class _Families:
 def _add_sample(
     families: _Families,
     sample: Sample,
-    allocator_peaks: dict[tuple[int, str | None], tuple[int | None, int | None]],
+    allocator_peaks: dict[tuple[int, str | None], tuple[AllocatorReading, int | None, int | None]],
     watched_peaks: dict[int, tuple[str | None, int]],
 ) -> None:
     families.gauge("vramscope_last_sample_timestamp_seconds", {}, sample.time)
@@ -250,11 +252,8 @@ def _add_sample(
     families.gauge("vramscope_host_memory_used_bytes", {}, sample.host.system_used_bytes)
     families.gauge("vramscope_host_memory_total_bytes", {}, sample.host.system_total_bytes)
 
-    index_by_uuid: dict[str, int] = {}
     for gpu in sample.gpus:
         ids = {"gpu": str(gpu.index), "uuid": gpu.uuid or ""}
-        if gpu.uuid:
-            index_by_uuid[gpu.uuid] = gpu.index
         families.gauge("vramscope_gpu_info", {**ids, "name": gpu.name or ""}, 1)
         families.gauge("vramscope_gpu_memory_used_bytes", ids, gpu.used_bytes)
         families.gauge("vramscope_gpu_memory_total_bytes", ids, gpu.total_bytes)
@@ -268,22 +267,24 @@ def _add_sample(
     for index, (uuid, peak) in sorted(watched_peaks.items()):
         families.gauge("vramscope_watched_gpu_memory_peak_bytes", {"gpu": str(index), "uuid": uuid or ""}, peak)
 
-    def ids_of(device: int, uuid: str | None) -> dict[str, str]:
-        # NVML's index where the UUID joins the allocator to an NVML reading; torch's index otherwise
-        # (the same unless CUDA_VISIBLE_DEVICES reorders devices).
-        index = index_by_uuid.get(uuid, device) if uuid else device
-        return {"gpu": str(index), "uuid": uuid or ""}
+    def ids_of(reading: AllocatorReading) -> dict[str, str]:
+        # The ``gpu`` label is NVML's index, as on the GPU series, where the one GPU-to-allocator rule
+        # (sampling.devices) finds the reading's GPU in this sample; torch's index where it finds none
+        # (no NVML, or a GPU this sample does not list), which is the same unless CUDA_VISIBLE_DEVICES
+        # reorders the devices.
+        gpu = gpu_of(reading, sample.gpus)
+        return {"gpu": str(reading.device if gpu is None else gpu.index), "uuid": reading.uuid or ""}
 
     for reading in sample.allocator:
-        ids = ids_of(reading.device, reading.uuid)
+        ids = ids_of(reading)
         families.gauge("vramscope_allocator_allocated_bytes", ids, reading.allocated_bytes)
         families.gauge("vramscope_allocator_reserved_bytes", ids, reading.reserved_bytes)
         families.gauge("vramscope_allocator_active_bytes", ids, reading.active_bytes)
         families.gauge("vramscope_allocator_inactive_split_bytes", ids, reading.inactive_split_bytes)
         families.counter("vramscope_allocator_alloc_retries_total", ids, reading.num_alloc_retries)
         families.counter("vramscope_allocator_ooms_total", ids, reading.num_ooms)
-    for (device, uuid), (peak_alloc, peak_res) in sorted(allocator_peaks.items(), key=lambda kv: kv[0][0]):
-        ids = ids_of(device, uuid)
+    for _, (last, peak_alloc, peak_res) in sorted(allocator_peaks.items(), key=lambda kv: kv[0][0]):
+        ids = ids_of(last)
         families.gauge("vramscope_allocator_peak_allocated_bytes", ids, peak_alloc)
         families.gauge("vramscope_allocator_peak_reserved_bytes", ids, peak_res)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from vramscope.types import AllocatorReading, GpuReading, Sample
+from vramscope.sampling.devices import allocator_of
+from vramscope.types import AllocatorReading, Sample
 
 CORE_COLUMNS: tuple[str, ...] = (
     "time",
@@ -52,17 +53,6 @@ def iso_time(unix: float) -> str:
     return datetime.fromtimestamp(unix, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _match_allocator(gpu: GpuReading, allocator: tuple[AllocatorReading, ...]) -> AllocatorReading | None:
-    if gpu.uuid is not None:
-        for reading in allocator:
-            if reading.uuid is not None and reading.uuid == gpu.uuid:
-                return reading
-    # Without UUIDs, fall back to the index (right unless CUDA_VISIBLE_DEVICES reorders devices).
-    if all(r.uuid is None for r in allocator) or gpu.uuid is None:
-        return next((r for r in allocator if r.device == gpu.index), None)
-    return None
-
-
 def sample_rows(sample: Sample) -> list[Row]:
     """One row per GPU of the sample; a single row with ``gpu`` None when there is no GPU."""
     base: Row = {
@@ -83,7 +73,7 @@ def sample_rows(sample: Sample) -> list[Row]:
     if sample.allocator:
         # A training process logs the GPUs it uses (those its allocator has touched), not every GPU NVML
         # lists: under DDP each rank's rows are its own GPU's, not a second copy of its neighbours'.
-        own = tuple(g for g in gpus if _match_allocator(g, sample.allocator) is not None)
+        own = tuple(g for g in gpus if allocator_of(g, sample.allocator) is not None)
         gpus = own or gpus
     if gpus:
         for gpu in gpus:
@@ -97,7 +87,7 @@ def sample_rows(sample: Sample) -> list[Row]:
                 utilization_pct=gpu.utilization_pct,
                 process_bytes=sample.process_bytes(gpu.index),
             )
-            _put_allocator(row, _match_allocator(gpu, sample.allocator))
+            _put_allocator(row, allocator_of(gpu, sample.allocator))
             rows.append(row)
     elif sample.allocator:  # torch sees GPUs that NVML cannot (no NVML in a container, say)
         for reading in sample.allocator:

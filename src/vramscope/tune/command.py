@@ -13,6 +13,7 @@ Imports no torch: the parent never touches the GPU, so the children get all of i
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from vramscope.output.names import sibling
 from vramscope.planner.command import ParsedCommand
 from vramscope.training.inject import ENV_PACKAGE_PARENT, SITE_DIR
 from vramscope.training.trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
@@ -65,10 +67,12 @@ def child_environment(request: TrialRequest, environ: Mapping[str, str] | None =
 def _records(record: str) -> list[dict[str, Any]]:
     """Rank 0's record and those of any other ranks beside it."""
     out: list[dict[str, Any]] = []
-    p = Path(record)
-    for path in [p, *sorted(p.parent.glob(f"{p.stem}.rank*{p.suffix}"))]:
+    # The names training.trial.record_path gives the other ranks (mem.rank3.json), the log's name escaped
+    # so that a "[" in a folder or file name is not read as a pattern.
+    others = sorted(glob.glob(sibling(glob.escape(record), tag="rank*")))
+    for path in [record, *others]:
         try:
-            out.append(json.loads(path.read_text(encoding="utf-8")))
+            out.append(json.loads(Path(path).read_text(encoding="utf-8")))
         except (OSError, ValueError):
             continue
     return out
