@@ -226,19 +226,22 @@ def batch_metric(dev: DeviceRows) -> str | None:
 
 
 def longest_batches(dev: DeviceRows, clock: Clock) -> tuple[BatchPeak, ...]:
-    """The batches with the most tokens (one row per step), the highest peak first among equals, then the
-    latest row."""
+    """The training batches with the most tokens (one row per step), the highest peak first among equals,
+    then the latest row.
+
+    Only a training phase's rows (``train`` or none): an eval batch (often longer, and without a backward)
+    is not the run's longest training batch, and the forecast fits the same rows."""
     if not dev.filled("tokens"):
         return ()
     tokens = dev.column("tokens")
-    if not tokens.known.any():
+    remaining = tokens.known & dev.training_phase()
+    if not remaining.any():
         return ()
     metric = batch_metric(dev)
     peak = dev.column(metric) if metric else None
     step = dev.column("step")
     out: list[BatchPeak] = []
     seen: set[int] = set()
-    remaining = tokens.known.copy()
     while len(out) < LONGEST_BATCHES and remaining.any():
         # One length at a time, the longest first: batches padded to max_length can make one length hold
         # most of the run.

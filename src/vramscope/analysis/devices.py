@@ -110,13 +110,18 @@ class DeviceRows:
             out[label] = out.get(label, 0) + e - s
         return out
 
-    def training(self) -> np.ndarray:
-        """The rows the leak test reads: a training phase (empty or ``train``) with a known step."""
+    def training_phase(self) -> np.ndarray:
+        """The rows of a training phase (logged as ``train`` or with no phase): not eval's, predict's or a
+        start-up's, whose batches and memory are their own."""
         logged = self.cols.labels("phase")
         codes = logged.codes if self.every else logged.codes[self.sel]
         train_codes = [c for c, name in enumerate(logged.names) if name in TRAIN_PHASES]
         in_train: np.ndarray = (codes < 0) | np.isin(codes, train_codes) if train_codes else codes < 0
-        rows: np.ndarray = np.logical_and(in_train, self.column("step").known)
+        return in_train
+
+    def training(self) -> np.ndarray:
+        """The rows the leak test reads: a training phase (empty or ``train``) with a known step."""
+        rows: np.ndarray = np.logical_and(self.training_phase(), self.column("step").known)
         return rows
 
     # -- peaks ------------------------------------------------------------------------------------

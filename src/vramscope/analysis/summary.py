@@ -317,7 +317,8 @@ def _longest_batch(dev: DeviceRows, train: np.ndarray, capacity: int | None,
     tokens, peaks = dev.column("tokens"), dev.column("peak_allocated_bytes")
     if not tokens.known.any():
         return no_batch_fit("no token counts in the log")
-    rows = tail(train & tokens.known & peaks.known, RECENT_BATCHES)  # the fit reads the newest rows only
+    # The newest training rows only: ``train`` is every row of a log without steps, eval's among them.
+    rows = tail(train & dev.training_phase() & tokens.known & peaks.known, RECENT_BATCHES)
     if not len(rows):
         return no_batch_fit("no per-step peaks")
     return longest_batch(tokens.values[rows], peaks.values[rows], capacity, max_batch_tokens, recent=RECENT_BATCHES)
