@@ -1,4 +1,5 @@
-"""The monitor's parts on their own: the rank gather's wire format, the bounded row history, the analysis pacing.
+"""The monitor's parts on their own: the rank gather's wire format, the bounded row history, the live rows, the
+step window, the analysis pacing.
 
 The monitor itself is driven end to end in test_loop.py and test_distributed.py (real gloo ranks); these pin
 what each part promises, with real objects (a Sample, a clock that the test advances).
@@ -11,7 +12,9 @@ import itertools
 from vramscope.logs.schema import sample_rows
 from vramscope.training.gather import GATHER_FIELDS, row_numbers, row_sample
 from vramscope.training.history import RowHistory
+from vramscope.training.live import LiveRows
 from vramscope.training.pacing import AnalysisPacer
+from vramscope.training.window import StepWindow
 from vramscope.types import AllocatorReading, GpuReading, HostReading, ProcessGpuReading, Sample
 
 GIB = 1024**3
@@ -77,3 +80,33 @@ def test_the_analysis_waits_for_rows_time_and_its_own_cost() -> None:
     assert not any(pacer.due() for _ in range(10))
     now[0] += 41.0
     assert pacer.due()
+
+
+def test_the_live_rows_keep_what_the_analysis_and_the_figures_read() -> None:
+    import dataclasses
+
+    live = LiveRows(256)
+    step = _sample()
+    live.record(step)
+    between = dataclasses.replace(step, step=None, allocator=(), host=HostReading(rss_bytes=9 * GIB,
+                                  system_total_bytes=512 * GIB))
+    live.record(between, background=True)
+    columns, has_gpu, system_total = live.columns()
+    # The step's row is its own GPU's; the background sample, without the allocator, is a row per GPU.
+    assert len(live) == 3 and columns["step"] == [40, None, None] and columns["gpu"] == [3, 0, 3]
+    assert has_gpu and system_total == 512 * GIB
+    assert live.latest is step and live.logged == 1  # a background sample is for the analysis only
+    assert live.figures(reset=True) == (step, 24 * GIB)  # the step's allocator peak, not the background RSS
+    assert live.figures(reset=False) == (step, None)  # reset: the next peak starts afresh
+
+
+def test_the_step_window_covers_the_steps_since_the_last_row() -> None:
+    window = StepWindow()
+    window.batch(512, (2, 256))
+    window.step_done(1, None)
+    window.batch(300, (1, 300))
+    window.step_done(2, 100)
+    assert (window.last_step, window.pending, window.tokens) == (2, True, 512)  # the largest batch since the row
+    assert (window.batch_tokens, window.batch_shape) == (300, (1, 300))  # the batch an OOM report names
+    window.logged()
+    assert (window.pending, window.tokens, window.last_step, window.batch_tokens) == (False, None, 2, 300)

@@ -4,6 +4,8 @@
   phases, the live analysis and its warnings.
 * :mod:`~vramscope.training.gather`: the rank gather to rank 0 and its fixed wire format (``GATHER_FIELDS``).
 * :mod:`~vramscope.training.history`: the bounded row history the live analysis reads.
+* :mod:`~vramscope.training.live`: the monitor's rows, latest sample and figures' peak, behind one lock.
+* :mod:`~vramscope.training.window`: the steps and batches since the monitor's last logged row.
 * :mod:`~vramscope.training.hooks`: a batch's tokens and shape from a forward call's arguments.
 * :mod:`~vramscope.training.ranks`: this process's rank and each rank's file names.
 * :mod:`~vramscope.training.readers`: the monitor's backends, background thread and OOM recorder.

@@ -43,29 +43,28 @@ import functools
 import logging
 import os
 import sys
-import threading
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, TextIO
 
 from vramscope.analysis.alerts import Alerts, warnings_path
 from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
-from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, analyze_columns
+from vramscope.analysis.summary import analyze_columns
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.logs.schema import sample_rows
 from vramscope.sampling.sampler import MIN_INTERVAL_S, Collector, Sampler
 from vramscope.sinks import log_sink
 from vramscope.sinks.base import Sink
 from vramscope.training.breakdown import BreakdownTracker
 from vramscope.training.gather import RankGather
-from vramscope.training.history import RowHistory
 from vramscope.training.hooks import batch_tokens
+from vramscope.training.live import LiveRows
 from vramscope.training.outputs import export_analysis, raise_warnings, trainer_figures
 from vramscope.training.pacing import AnalysisPacer
 from vramscope.training.ranks import current_rank, rank_path, write_json_beside
 from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
 from vramscope.training.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
+from vramscope.training.window import StepWindow
 from vramscope.types import MemoryBreakdown, Sample
 
 log = logging.getLogger("vramscope.integrations.loop")  # the logger name users filter on, kept from before the split
@@ -164,27 +163,18 @@ class MemoryMonitor:
         self.rank = 0
         self.log_path: str | None = None
         self.alerts: Alerts | None = None
-        self.latest: Sample | None = None
         self.last_analysis: dict[str, Any] | None = None
-        self.rows_logged = 0
         self._sampler: Sampler | None = None
         self._collector: Collector | None = None
         self._prometheus_sink: Any = None
         self._oom: Any = None
-        self._lock = threading.Lock()
-        self._rows = RowHistory(self.history, (*INT_COLUMNS, *FLOAT_COLUMNS, *TEXT_COLUMNS))
+        self._live = LiveRows(self.history)  # the rows the live analysis reads, and the trainer's figures
         self._phases: list[str] = []
-        self._last_step: int | None = None
-        self._pending = False  # steps since the last logged row
-        self._window_tokens: int | None = None  # largest batch since the last logged row
-        self._current_tokens: int | None = None
-        self._current_shape: tuple[int, ...] | None = None
+        self._window = StepWindow()  # the steps since the last logged row
         self._hooks: list[Any] = []
         self._breakdown = BreakdownTracker()
         self._hook_failed = False
         self._pacer = AnalysisPacer(analyze_every, analyze_min_interval_s, analyze_max_share)
-        self._figures_peak: int | None = None
-        self._system_total: int | None = None
         self._started = False
         self._closed = False
         self._narrowed = False
@@ -254,7 +244,7 @@ class MemoryMonitor:
             return False
         sample = collector.collect(phase=self.current_phase, extra={"rank": self.rank})
         sampler.emit(sample)
-        self._record(sample, background=True)
+        self._live.record(sample, background=True)
         return True
 
     def close(self) -> None:
@@ -353,9 +343,9 @@ class MemoryMonitor:
 
     def flush(self) -> Sample | None:
         """Log a row now for the steps since the last logged one (with ``every_n_steps`` > 1)."""
-        if not self.started or not self._pending:
+        if not self.started or not self._window.pending:
             return None
-        return self._log_row(step=self._last_step, phase=self.current_phase)
+        return self._log_row(step=self._window.last_step, phase=self.current_phase)
 
     @property
     def current_phase(self) -> str:
@@ -371,10 +361,7 @@ class MemoryMonitor:
         Returns:
             The logged sample, or None when this step is not logged.
         """
-        if tokens is not None and (self._window_tokens is None or tokens > self._window_tokens):
-            self._window_tokens = tokens
-        self._last_step = step
-        self._pending = True
+        self._window.step_done(step, tokens)
         if step % self.every_n_steps:
             return None
         sample = self._log_row(step=step, phase=self.current_phase)
@@ -410,8 +397,8 @@ class MemoryMonitor:
 
         The steps before it are logged first, so that their peak is not counted as the phase's.
         """
-        if self._started and self._pending:
-            self._log_row(step=self._last_step, phase=self.current_phase)
+        if self._started and self._window.pending:
+            self._log_row(step=self._window.last_step, phase=self.current_phase)
         elif self._started:
             self._reset_peak()
         self._phases.append(name)
@@ -420,12 +407,12 @@ class MemoryMonitor:
         finally:
             self._phases.pop()
             if self._started:
-                self._log_row(step=self._last_step, phase=name)
+                self._log_row(step=self._window.last_step, phase=name)
 
     def enter_phase(self, name: str) -> None:
         """:meth:`phase` for callbacks that see a beginning and an end in separate calls."""
-        if self._started and self._pending:
-            self._log_row(step=self._last_step, phase=self.current_phase)
+        if self._started and self._window.pending:
+            self._log_row(step=self._window.last_step, phase=self.current_phase)
         elif self._started:
             self._reset_peak()
         self._phases.append(name)
@@ -435,7 +422,7 @@ class MemoryMonitor:
         if name in self._phases:
             self._phases.remove(name)
             if self._started:
-                self._log_row(step=self._last_step, phase=name)
+                self._log_row(step=self._window.last_step, phase=name)
 
     def watch_model(self, model: Any, phase_from_mode: bool = False) -> None:
         """Count each forward call's tokens (and keep its shape for OOM reports) with a pre-hook.
@@ -471,25 +458,23 @@ class MemoryMonitor:
         """Note a batch about to run: its tokens (for the row's ``tokens``) and shape (for OOM reports)."""
         if tokens is None:
             return
-        self._current_tokens = tokens
-        self._current_shape = shape
-        if self._window_tokens is None or tokens > self._window_tokens:
-            self._window_tokens = tokens
+        self._window.batch(tokens, shape)
 
     @property
     def last_batch_shape(self) -> tuple[int, ...] | None:
         """The shape of the last batch seen (forward hook or :meth:`observe_batch`); None before any."""
-        return self._current_shape
+        return self._window.batch_shape
 
     def oom_context(self) -> dict[str, Any]:
         """What was running when memory ran out (called by the OOM recorder)."""
-        running = None if self._last_step is None else self._last_step + 1
+        window = self._window
+        running = None if window.last_step is None else window.last_step + 1
         return {
             "step": running,
-            "last_completed_step": self._last_step,
+            "last_completed_step": window.last_step,
             "phase": self.current_phase,
-            "tokens": self._current_tokens,
-            "batch_shape": list(self._current_shape) if self._current_shape is not None else None,
+            "tokens": window.batch_tokens,
+            "batch_shape": list(window.batch_shape) if window.batch_shape is not None else None,
             "rank": self.rank,
             "breakdown": self._breakdown_dict(),
         }
@@ -511,12 +496,11 @@ class MemoryMonitor:
     def _log_row(self, step: int | None, phase: str) -> Sample | None:
         if self._collector is None or self._sampler is None or self._closed:
             return None
-        sample = self._collector.collect(step=step, phase=phase, tokens=self._window_tokens,
+        sample = self._collector.collect(step=step, phase=phase, tokens=self._window.tokens,
                                          extra={"rank": self.rank})
-        self._window_tokens = None
-        self._pending = False
+        self._window.logged()
         self._sampler.emit(sample)
-        self._record(sample)
+        self._live.record(sample)
         self._breakdown.observe(sample)
         if step is not None and not self._breakdown.saved_with_states and self._breakdown.has_optimizer_states:
             # Once, as soon as the optimizer holds its states: a run that dies later still leaves it.
@@ -533,26 +517,19 @@ class MemoryMonitor:
             self._pacer.ran()
         return sample
 
-    def _record(self, sample: Sample, background: bool = False) -> None:
-        """Keep the sample's rows for the analysis, in bounded memory (:class:`RowHistory`)."""
-        rows = sample_rows(sample)
-        with self._lock:
-            if not background:
-                self.latest = sample
-                self.rows_logged += 1
-            if sample.host.system_total_bytes:
-                self._system_total = sample.host.system_total_bytes
-            for row in rows:
-                self._rows.add(tuple(row.get(name) for name in self._rows.columns))
-                peak = row.get("peak_allocated_bytes")
-                peak = peak if peak is not None else row.get("allocated_bytes") or row.get("host_rss_bytes")
-                if peak is not None and not background and (self._figures_peak is None or peak > self._figures_peak):
-                    self._figures_peak = peak
+    @property
+    def latest(self) -> Sample | None:
+        """The latest logged step (or phase) sample; None before :meth:`start`."""
+        return self._live.latest
+
+    @property
+    def rows_logged(self) -> int:
+        """Step and phase samples logged so far (the start row included; background samples not)."""
+        return self._live.logged
 
     def rows_held(self) -> int:
         """Rows kept in memory for the analysis (bounded by ``history``)."""
-        with self._lock:
-            return len(self._rows)
+        return len(self._live)
 
     def _narrow_nvml(self, sample: Sample) -> None:
         # Read only the GPUs this process uses, once it uses one: one NVML query per GPU per step
@@ -570,10 +547,7 @@ class MemoryMonitor:
     # -- analysis ---------------------------------------------------------------------------------
     def analysis(self) -> dict[str, Any]:
         """The same dict as :func:`vramscope.analysis.summary.analyze` over the rows logged so far."""
-        with self._lock:
-            columns = self._rows.as_columns()
-            has_gpu = any(g is not None for g in columns["gpu"])
-            system_total = self._system_total
+        columns, has_gpu, system_total = self._live.columns()
         capacity = self.capacity_bytes if self.capacity_bytes is not None else (None if has_gpu else system_total)
         return analyze_columns(columns, capacity_bytes=capacity, max_batch_tokens=self.max_batch_tokens,
                                config=self.leak_config).to_json()
@@ -589,7 +563,7 @@ class MemoryMonitor:
 
     def _raise_warnings(self, result: dict[str, Any]) -> None:
         if self.alerts is not None:
-            raise_warnings(self.alerts, result, self._last_step, self.total_steps)
+            raise_warnings(self.alerts, result, self._window.last_step, self.total_steps)
 
     # -- figures for trainers' loggers --------------------------------------------------------------
     def figures(self, reset: bool = True) -> dict[str, float]:
@@ -597,11 +571,7 @@ class MemoryMonitor:
 
         Only known values are returned (missing means absent, not 0).
         """
-        with self._lock:
-            sample = self.latest
-            peak = self._figures_peak
-            if reset:
-                self._figures_peak = None
+        sample, peak = self._live.figures(reset)
         return trainer_figures(sample, peak, self.last_analysis)
 
 
