@@ -19,6 +19,7 @@ from vramscope.advice.plan import advise_plan, title_of
 from vramscope.logs.reader import read_log
 from vramscope.oom import report_from_files
 from vramscope.planner import plan
+from vramscope.report.json_output import summary_of
 from vramscope.report.model import LogReport, build_report
 
 OOM = Path(__file__).parent / "data" / "oom"
@@ -97,6 +98,6 @@ def test_any_import_order_works(first: str) -> None:
 
 def test_the_report_json_carries_the_typed_advice(leak_report: LogReport) -> None:
     # report --json's recommendations are the typed Advice at the JSON edge, urgent (the leak) first.
-    recs = leak_report.summary["recommendations"]
+    recs = summary_of(leak_report)["recommendations"]
     assert recs and recs[0]["name"] == "leak" and recs[0]["urgent"] and recs[0]["source"] == "log"
     assert set(recs[0]) == set(Advice("k", "t", "d").to_dict())

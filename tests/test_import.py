@@ -66,7 +66,7 @@ def test_reading_a_log_and_planning_need_no_psutil_nvml_or_torch() -> None:
         "import glob, vramscope\n"
         "from vramscope.report.load import report_file\n"
         "report = report_file(sorted(glob.glob('tests/data/traces/cpu/*.csv'))[0])\n"
-        "print(report.summary['log']['rows'] > 0, vramscope.plan('Llama-2-7B', 1, 512).peak_allocated_bytes > 0)\n"
+        "print(report.result.rows > 0, vramscope.plan('Llama-2-7B', 1, 512).peak_allocated_bytes > 0)\n"
     )
     result = run_python(code)
     assert result.returncode == 0, result.stderr

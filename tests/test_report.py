@@ -24,8 +24,9 @@ from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_trai
 from vramscope.analysis.results import SCHEMA_VERSION
 from vramscope.cli import main
 from vramscope.logs.reader import read_log
-from vramscope.report.figures import analysis_of, detail_of, devices_of, oom_severity
+from vramscope.report.figures import detail_of, devices_of, oom_severity
 from vramscope.report.html import render_html
+from vramscope.report.json_output import summary_of
 from vramscope.report.load import report_file
 from vramscope.report.model import build_report
 from vramscope.report.plan_check import read_plan
@@ -442,17 +443,18 @@ def test_log_of_the_training_loop_api(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_the_renderers_typed_verdicts_agree_with_the_json() -> None:
     # A real H200 log: GPU 0 idle (other processes' memory), GPU 1 trained with evals. What the terminal and the
-    # page read from the typed analysis is what --json says from its dicts.
+    # page read from the typed analysis is what --json writes of it at its edge.
     report = report_file(Path(__file__).parent / "data" / "traces" / "h200" / "clean_eval.csv")
-    result = analysis_of(report)
-    assert [view.key for view, _ in devices_of(report)] == list(report.summary["devices"]) == ["0", "1"]
+    result = report.result
+    json_summary = summary_of(report)
+    assert [view.key for view, _ in devices_of(report)] == list(json_summary["devices"]) == ["0", "1"]
     for view, detail in devices_of(report):
-        summary = report.summary["devices"][view.key]
+        summary = json_summary["devices"][view.key]
         assert device_idle(detail) == view.idle == summary["idle"]
         assert batches_note(detail.batch_metric, detail.longest_batches) == summary["longest_batches_note"]
     assert device_idle(detail_of(result, "0")) is not None and device_idle(detail_of(result, "1")) is None
     severity = oom_severity(result)
-    assert (None if severity is None else severity.to_json()) == report.summary["oom_severity"]
+    assert (None if severity is None else severity.to_json()) == json_summary["oom_severity"]
 
 
 def test_a_plan_with_a_figure_that_is_not_a_count_reads_it_as_unknown(
@@ -470,9 +472,9 @@ def test_a_plan_with_a_figure_that_is_not_a_count_reads_it_as_unknown(
     assert gpu0["planned_process_bytes"] == 20 * GIB and gpu0["device_error"] is not None
 
 
-def test_the_renderers_draw_the_typed_analysis_not_the_summary_dict(logs: dict[str, Path]) -> None:
-    # The renderers read LogReport.result; the summary is --json's. With every analysed figure taken out of the
-    # summary (what is left: the log's format, the advice), the terminal and the page say the same as before.
+def test_the_renderers_and_the_json_say_what_the_typed_report_holds(logs: dict[str, Path]) -> None:
+    # One LogReport, typed; the terminal, the page and --json (made at its edge) each read its fields. Advice
+    # taken out of the report is gone from all three alike, and a log's format is what each names.
     def drawn(reports: list[Any]) -> tuple[str, str]:
         out = io.StringIO()
         print_report(reports, Console(file=out, width=120, highlight=False))
@@ -482,9 +484,14 @@ def test_the_renderers_draw_the_typed_analysis_not_the_summary_dict(logs: dict[s
     reports = [report_file(logs["leak"]), report_file(Path(__file__).parent / "data" / "traces" / "h200" /
                                                                 "clean_eval.csv")]
     before = [drawn([r]) for r in reports] + [drawn(reports)]
-    left = ("log", "recommendations")
-    bare = [replace(r, summary={**{k: r.summary[k] for k in left}, "log": {"format": r.summary["log"]["format"]}})
-            for r in reports]
-    assert [drawn([r]) for r in bare] + [drawn(bare)] == before
+    leak = reports[0]
+    assert leak.advice and [a.to_dict() for a in leak.advice] == summary_of(leak)["recommendations"]
+    quiet = replace(leak, advice=[], log_format="hand-written")
+    text, page = drawn([quiet])
+    assert summary_of(quiet)["recommendations"] == [] and summary_of(quiet)["log"]["format"] == "hand-written"
+    assert "recommendations (from" in before[0][0] and "recommendations (from" not in text
+    assert leak.advice[0].title in before[0][1] and "Nothing to change" in page and leak.advice[0].title not in page
+    assert "hand-written" in text.splitlines()[0] and "format hand-written" in page
     assert "leak test: leak: memory left after each step grows" in before[0][0]
     assert "GPU 0 (idle)" in before[1][1] and "peaks by phase" in before[1][1]
+

@@ -104,11 +104,11 @@ def run(args: argparse.Namespace) -> int:
                                        plan=plan))
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
             raise UsageError(str(exc)) from None
-        read_as = reports[-1].summary["log"].get("columns")
+        read_as = reports[-1].read_as
         if read_as and args.columns is None:
             # A guess should be seen: the units especially (GiB is assumed for a "gb" column).
-            print(f"vramscope: read {path} as a hand-written log: --columns {read_as} (pass --columns to "
-                  "read it otherwise)", file=sys.stderr)
+            print(f"vramscope: read {printable(path)} as a hand-written log: --columns {printable(read_as)} (pass "
+                  "--columns to read it otherwise)", file=sys.stderr)
 
     # Everything is rendered before anything is written: a failure leaves no output at all.
     files: list[tuple[str, bytes]] = []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramscope.analysis.results import DeviceDetail
-from vramscope.report.figures import analysis_of, detail_of, duration_shown, leak_kind, soonest_oom
+from vramscope.report.figures import detail_of, duration_shown, leak_kind, soonest_oom
 from vramscope.report.model import LogReport
 from vramscope.units import MIB, gib
 
@@ -20,7 +20,7 @@ Getter = Callable[[LogReport], "Value"]
 
 
 def _details(report: LogReport) -> list[DeviceDetail]:
-    return [detail_of(analysis_of(report), d.key) for d in analysis_of(report).devices]
+    return [detail_of(report.result, d.key) for d in report.result.devices]
 
 
 def _device_max(metric: str) -> Callable[[LogReport], int | None]:
@@ -46,11 +46,11 @@ def _unused(report: LogReport) -> int | None:
 
 
 def _steps(report: LogReport) -> int | None:
-    return analysis_of(report).steps.count or None
+    return report.result.steps.count or None
 
 
 def _leak(report: LogReport) -> str:
-    leak = analysis_of(report).leak
+    leak = report.result.leak
     if leak.worst is not None and leak.detected:
         slope = leak.worst.slope_bytes_per_step
         return f"leak, {slope / MIB:.2f} MiB/step" if slope is not None else "leak"
@@ -58,7 +58,7 @@ def _leak(report: LogReport) -> str:
 
 
 def _oom(report: LogReport) -> float | None:
-    oom = soonest_oom(analysis_of(report))
+    oom = soonest_oom(report.result)
     return None if oom is None or oom.steps_to_oom is None else float(oom.steps_to_oom)
 
 
@@ -70,7 +70,7 @@ def _longest(report: LogReport) -> int | None:
 # (label, unit, which way is better, getter); unit "bytes", "s", "count" or "text"; better "lower",
 # "higher" or None (a fact, neither good nor bad: a longer run is not a worse one).
 ROWS: list[tuple[str, str, str | None, Getter]] = [
-    ("duration", "s", None, lambda r: duration_shown(analysis_of(r))),
+    ("duration", "s", None, lambda r: duration_shown(r.result)),
     ("steps", "count", None, _steps),
     ("peak device used", "bytes", "lower", _device_max("device_used_bytes")),
     ("peak reserved", "bytes", "lower", _device_max("reserved_bytes")),

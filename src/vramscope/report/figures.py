@@ -15,13 +15,6 @@ from vramscope.report.verdicts import Severity, forecast_severity
 NO_ROWS = "the log has no rows"
 
 
-def analysis_of(report: LogReport) -> AnalysisResult:
-    """The report's analysis; every report :func:`~vramscope.report.model.build_report` makes has one."""
-    if report.result is None:
-        raise ValueError(f"the report of {report.path} has no analysis; build it with build_report")
-    return report.result
-
-
 def leak_kind(leak: LeakSummary) -> str:
     """``leak``, ``none``, ``caching``, ``fragmentation``, ``insufficient``, ...: of the most telling device."""
     return "insufficient" if leak.worst is None else leak.worst.shown_kind
@@ -55,8 +48,7 @@ def duration_shown(result: AnalysisResult) -> float | None:
 
 def devices_of(report: LogReport) -> list[tuple[DeviceView, DeviceDetail]]:
     """Each device as drawn (title, charts, idle) with what the analysis found on it, in the log's order."""
-    result = analysis_of(report)
-    return [(view, detail_of(result, view.key)) for view in report.devices]
+    return [(view, detail_of(report.result, view.key)) for view in report.devices]
 
 
 def detail_of(result: AnalysisResult, key: str) -> DeviceDetail:

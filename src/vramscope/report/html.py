@@ -9,15 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from html import escape
-from typing import Any
 
 from vramscope import __version__
+from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, PeakAt
 from vramscope.report.charts import Chart
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
-    analysis_of,
     devices_of,
     duration_shown,
     leak_kind,
@@ -127,10 +126,9 @@ def _comparison(reports: Sequence[LogReport]) -> str:
 
 
 def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
-    s = report.summary
-    result = analysis_of(report)
+    result = report.result
     steps, seconds = result.steps, duration_shown(result)
-    facts = [f"{result.rows:,} rows", f"format {s['log']['format']}"]
+    facts = [f"{result.rows:,} rows", f"format {report.log_format}"]
     if seconds is not None:
         facts.append(f"{format_value(seconds, 's')} long")
     if steps.count:
@@ -150,8 +148,8 @@ def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
         out.append(_device_tables(detail))
     if report.breakdown is not None:
         out.append(_breakdown(report.breakdown))
-    out.append(_advice(s))
-    warnings = analysis_of(report).warnings
+    out.append(_advice(report.advice))
+    warnings = report.result.warnings
     if warnings:
         items = "".join(f"<li>{escape(w)}</li>" for w in warnings)
         out.append(f'<h3>Warnings</h3><ul class="warnings">{items}</ul>')
@@ -192,7 +190,7 @@ def _cards(report: LogReport) -> str:
         tone = "bad" if fraction < 0.05 else "warn" if fraction < 0.1 else "good"
         cards.append(_card("headroom at the peak", gib(left),
                            f"{fraction:.0%} of {gib(room.capacity_bytes)} on {title}", tone))
-    result = analysis_of(report)
+    result = report.result
     kind = leak_kind(result.leak)
     detected = result.leak.detected
     value = "leak" if detected else ("caching" if kind in ("caching", "fragmentation") else "no leak")
@@ -274,15 +272,13 @@ def _breakdown(b: MemoryBreakdown) -> str:
             f"<table><tr><th>part</th><th>memory</th></tr>{rows}</table>")
 
 
-def _advice(s: dict[str, Any]) -> str:
-    items = s.get("recommendations") or []
-    if not items:
+def _advice(advice: Sequence[Advice]) -> str:
+    if not advice:
         return '<h3>Recommendations</h3><p class="note">Nothing to change: no leak, no tight spot, no waste seen.</p>'
     lis = []
-    for item in items:
-        saves = f" (up to {gib(item['saves_bytes'])})" if item.get("saves_bytes") else ""
-        urgent = '<span class="urgent">urgent: </span>' if item.get("urgent") else ""
-        lis.append(f'<li>{urgent}<span class="t">{escape(item["title"])}{escape(saves)}</span>. '
-                   f"{escape(item['detail'])}</li>")
+    for item in advice:
+        saves = f" (up to {gib(item.saves_bytes)})" if item.saves_bytes else ""
+        urgent = '<span class="urgent">urgent: </span>' if item.urgent else ""
+        lis.append(f'<li>{urgent}<span class="t">{escape(item.title)}{escape(saves)}</span>. '
+                   f"{escape(item.detail)}</li>")
     return f'<h3>Recommendations</h3><ol class="advice">{"".join(lis)}</ol>'
-

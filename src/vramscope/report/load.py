@@ -12,7 +12,6 @@ from vramscope.advice.log import RunSettings
 from vramscope.logs.imports import ImportedTable, read_any_log
 from vramscope.logs.mapping import ColumnSpec
 from vramscope.output.names import sibling
-from vramscope.report.figures import analysis_of
 from vramscope.report.model import LogReport, build_report
 from vramscope.report.plan_check import SavedPlan, check, strategy_beside
 from vramscope.types import MemoryBreakdown
@@ -29,11 +28,11 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
 
     ``columns`` reads any CSV through that mapping (``--columns``); without it, any format
     :func:`vramscope.logs.imports.read_any_log` knows. A log read through a mapping, given or guessed,
-    says which in ``summary["log"]["columns"]``.
-    A memory breakdown beside the log (``<stem>.breakdown.json``) is added as ``summary["breakdown"]``.
+    says which in ``read_as``.
+    A memory breakdown beside the log (``<stem>.breakdown.json``) is the report's ``breakdown``.
     ``capacity_bytes`` (``--capacity``) replaces the log's GPU total: see :func:`build_report`.
     The strategy the monitor recorded beside the log, and each rank against ``plan`` (``--plan``, from
-    :func:`vramscope.report.plan_check.read_plan`) when one is given, are added as ``summary["parallelism"]``.
+    :func:`vramscope.report.plan_check.read_plan`) when one is given, are its ``parallelism``.
 
     Raises:
         LogFormatError: the file cannot be read as a log.
@@ -42,15 +41,10 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
     # The log is read into numpy columns: nothing for the garbage collector to walk, so no pause for it.
     table = read_any_log(path, columns)
     report = build_report(table, settings=settings, capacity_bytes=capacity_bytes)
-    if isinstance(table, ImportedTable):
-        report.summary["log"]["columns"] = table.read_as
     seen = strategy_beside(path)
-    if seen is not None or plan is not None:
-        report.summary["parallelism"] = check(analysis_of(report), plan, seen).to_json()
-    found = read_breakdown(path)
-    if found is None:
-        return report
-    return dataclasses.replace(report, summary={**report.summary, "breakdown": found.to_dict()}, breakdown=found)
+    return dataclasses.replace(
+        report, read_as=table.read_as if isinstance(table, ImportedTable) else None, breakdown=read_breakdown(path),
+        parallelism=check(report.result, plan, seen) if seen is not None or plan is not None else None)
 
 
 def read_breakdown(log_path: str | os.PathLike[str]) -> MemoryBreakdown | None:

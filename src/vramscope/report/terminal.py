@@ -8,20 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, RankImbalance
-from vramscope.output.safetext import inert, printable
+from vramscope.output.safetext import printable
 from vramscope.report.charts import DeviceView
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
-    analysis_of,
     devices_of,
     duration_shown,
     leak_kind,
@@ -32,6 +31,7 @@ from vramscope.report.figures import (
     soonest_oom,
 )
 from vramscope.report.model import LogReport
+from vramscope.report.plan_check import ParallelismCheck, SeenStrategy
 from vramscope.report.verdicts import batches_note, duration
 from vramscope.types import MemoryBreakdown
 from vramscope.units import gib
@@ -43,19 +43,18 @@ PEAK_ORDER = ("device_used_bytes", "reserved_bytes", "peak_allocated_bytes", "al
 def print_report(reports: Sequence[LogReport], console: Console) -> None:
     """Print one log's summary, or several logs compared side by side and then each one's advice.
 
-    Every string that came from a log (phase names, the file name, verdicts that quote them) is made
-    printable: the terminal shows an escape sequence or a newline from a log as ``\x1b``, ``\n``. The
-    summary's strings (the advice, the strategy file's) all at once here, the typed analysis' where each
-    is printed.
+    Every string that came from a log or a file beside it (phase names, the file name, verdicts and advice
+    that quote them, the strategy file's) is made printable where it is printed: the terminal shows an
+    escape sequence or a newline from a log as ``\x1b``, ``\n``.
     """
-    reports = [replace(r, path=printable(r.path), summary=inert(r.summary)) for r in reports]
+    reports = [replace(r, path=printable(r.path)) for r in reports]
     if len(reports) > 1:
         console.print(comparison_table(reports))
         for report in reports:
             console.print()
             console.print(Text(f"{report.path}", style="bold"))
             _print_verdicts(report, console)
-            _print_advice(report.summary, console, limit=3)
+            _print_advice(report.advice, console, limit=3)
         return
     report = reports[0]
     console.print(_header(report))
@@ -72,7 +71,7 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
             console.print(Text.assemble(("allocator cache: ", "bold"), printable(detail.fragmentation.verdict)))
         if detail.longest_batches:
             console.print(Text.assemble(("longest batches: ", "bold"), batches_text(detail)))
-    ranks = analysis_of(report).ranks
+    ranks = report.result.ranks
     if ranks is not None and len(ranks.ranks) >= 2:
         console.print()
         console.print(rank_heading(ranks))
@@ -80,16 +79,16 @@ def print_report(reports: Sequence[LogReport], console: Console) -> None:
     if report.breakdown is not None:
         console.print()
         console.print(breakdown_table(report.breakdown))
-    for line in parallelism_lines(report.summary):
+    for line in parallelism_lines(report.parallelism):
         console.print(line)
     _print_verdicts(report, console)
-    _print_advice(report.summary, console)
+    _print_advice(report.advice, console)
 
 
 def _header(report: LogReport) -> Text:
-    result = analysis_of(report)
+    result = report.result
     steps, seconds = result.steps, duration_shown(result)
-    parts = [f"{result.rows:,} rows", printable(str(report.summary["log"]["format"]))]
+    parts = [f"{result.rows:,} rows", printable(report.log_format)]
     if seconds is not None:
         parts.append(format_value(seconds, "s"))
     if steps.count:
@@ -164,35 +163,42 @@ def phase_table(detail: DeviceDetail) -> Table | None:
     return table
 
 
-def parallelism_lines(s: dict[str, Any]) -> list[Text]:
+def parallelism_lines(check: ParallelismCheck | None) -> list[Text]:
     """``strategy: FSDP (FSDP2 fully_shard), 2 ranks, nccl`` and each rank's peak beside the per-rank plan."""
-    par = s.get("parallelism")
-    if not par:
+    if check is None:
         return []
     out: list[Text] = []
-    seen = par.get("strategy")
-    if seen:
-        world = seen.get("world_size")
-        parts = [seen.get("implementation") or seen.get("strategy"), f"{world} rank{'s' if world != 1 else ''}"]
-        if seen.get("backend"):
-            parts.append(str(seen["backend"]))
-        out.append(Text.assemble(("strategy: ", "bold"), f"{', '.join(str(p) for p in parts)} "
-                                 f"(from the {seen.get('source')})"))
-    for r in par.get("ranks") or []:
-        who = f"rank {r['rank']}" if "rank" in r else f"GPU {r['gpu']}"
-        bits = []
-        for label, meas, plan, err in (("peak allocated", r["measured_peak_allocated_bytes"],
-                                        r["planned_peak_allocated_bytes"], r["allocated_error"]),
-                                       ("device", r["measured_device_bytes"], r["planned_process_bytes"],
-                                        r["device_error"])):
-            if meas is not None and plan is not None:
-                bits.append(f"{label} {gib(meas)}, plan {gib(plan)}"
-                            + (f" ({err * 100:+.1f}%)" if err is not None else ""))
-        if bits:
-            out.append(Text.assemble((f"{who} vs plan ({par.get('plan_strategy')}): ", "bold"), "; ".join(bits)))
-    if par.get("note"):
-        out.append(Text.assemble(("note: ", "bold yellow"), str(par["note"])))
+    if check.strategy is not None:
+        out.append(Text.assemble(("strategy: ", "bold"), printable(strategy_text(check.strategy))))
+    if check.plan is not None:
+        planned = printable(str(check.plan.strategy))
+        for r in check.ranks:
+            bits = []
+            for label, meas, plan, err in (
+                    ("peak allocated", r.measured_peak_allocated_bytes, r.planned_peak_allocated_bytes,
+                     r.allocated_error),
+                    ("device", r.measured_device_bytes, r.planned_process_bytes, r.device_error)):
+                if meas is not None and plan is not None:
+                    bits.append(f"{label} {gib(meas)}, plan {gib(plan)}"
+                                + (f" ({err * 100:+.1f}%)" if err is not None else ""))
+            if bits:
+                out.append(Text.assemble((f"{r.kind if r.kind == 'rank' else 'GPU'} {r.index} vs plan ({planned}): ",
+                                          "bold"), "; ".join(bits)))
+    if check.note:
+        out.append(Text.assemble(("note: ", "bold yellow"), printable(check.note)))
     return out
+
+
+def strategy_text(seen: SeenStrategy) -> str:
+    """``FSDP2 fully_shard, 2 ranks, nccl (from the model wrapping)``: what the strategy file beside the log says.
+
+    Read from the file as it was written (any JSON): a field of another type is shown as it is."""
+    recorded = seen.recorded
+    world = recorded.get("world_size")
+    parts = [recorded.get("implementation") or recorded.get("strategy"), f"{world} rank{'s' if world != 1 else ''}"]
+    if recorded.get("backend"):
+        parts.append(str(recorded["backend"]))
+    return f"{', '.join(str(p) for p in parts)} (from the {recorded.get('source')})"
 
 
 def rank_heading(ranks: RankImbalance) -> Text:
@@ -253,7 +259,7 @@ def breakdown_table(b: MemoryBreakdown) -> Table:
 
 
 def _print_verdicts(report: LogReport, console: Console) -> None:
-    result = analysis_of(report)
+    result = report.result
     style = "bold red" if result.leak.detected else "green"
     verdict = leak_verdict(result.leak) or leak_kind(result.leak)
     console.print(Text.assemble(("leak test: ", "bold"), (printable(verdict), style)))
@@ -274,15 +280,14 @@ def _print_verdicts(report: LogReport, console: Console) -> None:
     # The analysis' warnings repeat the verdicts above in one line each; --json and the HTML list them.
 
 
-def _print_advice(s: dict[str, Any], console: Console, limit: int = 5) -> None:
-    items = (s.get("recommendations") or [])[:limit]
+def _print_advice(advice: Sequence[Advice], console: Console, limit: int = 5) -> None:
+    items = advice[:limit]
     if not items:
         return
-    sources = "this log and the planner" if any(i.get("source") == "planner" for i in items) else "this log"
+    sources = "this log and the planner" if any(a.source == "planner" for a in items) else "this log"
     lines: list[Text] = [Text(f"recommendations (from {sources}):", style="bold")]
     for i, item in enumerate(items, 1):
-        saves = f" [saves up to {gib(item['saves_bytes'])}]" if item.get("saves_bytes") else ""
-        lines.append(Text.assemble(f" {i}. ", (item["title"], "bold red" if item.get("urgent") else "bold"),
-                                   (saves, "green"), f": {item['detail']}"))
+        saves = f" [saves up to {gib(item.saves_bytes)}]" if item.saves_bytes else ""
+        lines.append(Text.assemble(f" {i}. ", (printable(item.title), "bold red" if item.urgent else "bold"),
+                                   (saves, "green"), f": {printable(item.detail)}"))
     console.print(Group(*lines))
-

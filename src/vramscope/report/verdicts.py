@@ -8,15 +8,13 @@
   no advice;
 * :func:`batches_note`: why the longest batches have no peak, instead of a bare "?".
 
-Each takes typed analysis results; the ``oom_severity``, ``idle_reason`` and ``batch_peak_note`` forms take their
-JSON and serve report/model.py's summary while it builds dicts.
+Each takes typed analysis results.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from vramscope.analysis.results import BatchPeak, DeviceDetail, OomForecast
 from vramscope.units import GIB, MIB, gib, human_precise
@@ -84,12 +82,6 @@ def forecast_severity(oom: OomForecast | None, steps_logged: int | None) -> Seve
     return _severity(oom.steps_to_oom, oom.seconds_to_oom, steps_logged)
 
 
-def oom_severity(forecast: dict[str, Any], steps_logged: int | None) -> dict[str, Any] | None:
-    """:func:`forecast_severity` of a forecast in its JSON form (``{"level", "why"}``), for the summary."""
-    found = _severity(forecast.get("steps_to_oom"), forecast.get("seconds_to_oom"), steps_logged)
-    return None if found is None else found.to_json()
-
-
 def _severity(steps: float | None, seconds: float | None, steps_logged: int | None) -> Severity | None:
     if steps is None and seconds is None:
         return None
@@ -117,11 +109,6 @@ def device_idle(detail: DeviceDetail) -> str | None:
     return _idle(detail.key, peaks, detail.step_range is not None)
 
 
-def idle_reason(key: str, peaks: dict[str, Any], has_steps: bool) -> str | None:
-    """:func:`device_idle` of a device's peaks in their JSON form (``{metric: {"bytes": ...}}``)."""
-    return _idle(key, {m: p.get("bytes") for m, p in peaks.items() if p}, has_steps)
-
-
 def _idle(key: str, peaks: Mapping[str, int | None], has_steps: bool) -> str | None:
     if key == "host" or has_steps:
         return None
@@ -143,11 +130,6 @@ def _idle(key: str, peaks: Mapping[str, int | None], has_steps: bool) -> str | N
 def batches_note(peak_metric: str | None, batches: Sequence[BatchPeak]) -> str | None:
     """Why some of the longest batches have no peak; None when every one has it."""
     return _batches_note(peak_metric, [b.peak_allocated_bytes for b in batches])
-
-
-def batch_peak_note(peak_metric: str | None, batches: list[dict[str, Any]]) -> str | None:
-    """:func:`batches_note` of batches in their JSON form, for the summary."""
-    return _batches_note(peak_metric, [b.get("peak_allocated_bytes") for b in batches])
 
 
 def _batches_note(peak_metric: str | None, peaks: Sequence[int | None]) -> str | None:
