@@ -25,6 +25,7 @@ from vramscope.analysis.results import SCHEMA_VERSION
 from vramscope.cli import main
 from vramscope.logs.reader import read_log
 from vramscope.report.figures import detail_of, devices_of, oom_severity
+from vramscope.report.hover import hover_buckets
 from vramscope.report.html import render_html
 from vramscope.report.json_output import summary_of
 from vramscope.report.load import report_file
@@ -495,3 +496,26 @@ def test_the_renderers_and_the_json_say_what_the_typed_report_holds(logs: dict[s
     assert "leak test: leak: memory left after each step grows" in before[0][0]
     assert "GPU 0 (idle)" in before[1][1] and "peaks by phase" in before[1][1]
 
+
+@pytest.mark.parametrize("x", [2.0**53, -(2.0**53), 1e17, 0.0])
+def test_a_log_of_one_x_far_from_zero_draws_a_page_and_a_png(x: float, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # Every reading at one x: the hover's stretch is one unit wide, or one float step where x + 1.0 == x.
+    log = tmp_path / "one.csv"
+    log.write_text(f"time,allocated_bytes,elapsed_s\n,{2 * GIB},{x!r}\n,{3 * GIB},{x!r}\n")
+    page, png = tmp_path / "r.html", tmp_path / "r.png"
+    assert main(["report", str(log), "--html", str(page), "--png", str(png)]) == 0, capsys.readouterr().err
+    assert "<h3>GPU 0</h3>" in page.read_text() and png.read_bytes().startswith(b"\x89PNG")
+    hovers = hover_buckets(report_file(log).devices[0].timeline.lines, [])
+    assert hovers and all(h.x0 <= x <= h.x1 for h in hovers[:1]) and hovers[0].values
+
+
+def test_a_png_of_a_log_whose_gpus_are_all_idle_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The fuzzed log of one idle reading: the page says "idle" in a line, the PNG in a picture (not a crash).
+    log = tmp_path / "idle.csv"
+    log.write_text("time,allocated_bytes,time,elapsed_s,time\n,0,,9007199254740992.0,\n")
+    page, png = tmp_path / "r.html", tmp_path / "r.png"
+    assert main(["report", str(log), "--html", str(page), "--png", str(png)]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error" not in err
+    assert "(idle)" in page.read_text() and png.read_bytes().startswith(b"\x89PNG")

@@ -10,6 +10,7 @@ range holds the log's true extremes there, spikes included.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -53,7 +54,9 @@ def hover_buckets(series: Sequence[Series], bands: Sequence[Band], columns: int 
     lo = min(min(line.xs[0], line.xs[-1]) for line in lines)
     hi = max(max(line.xs[0], line.xs[-1]) for line in lines)
     if hi <= lo:
-        hi = lo + 1.0
+        # One x for every reading: a stretch of one unit, or of one representable step above it where a
+        # unit is lost in rounding (an x near 2**53 plus 1.0 is the same x).
+        hi = max(lo + 1.0, math.nextafter(lo, math.inf))
     width = (hi - lo) / columns
     out = [Hover(lo + i * width, lo + (i + 1) * width) for i in range(columns)]
     for line in lines:

@@ -51,6 +51,8 @@ def render_png(reports: Sequence[LogReport], dpi: int = 110) -> bytes:
                 charts.append(dev.steps)
         columns.append(charts)
     rows = max(len(c) for c in columns)
+    if rows == 0:  # every device of every log idle: a picture that says so, as the page says it in a line
+        return _nothing_drawn(reports, dpi, Figure, FigureCanvasAgg)
     fig = Figure(figsize=(9.5 * len(columns), 3.3 * rows + 0.6), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, len(columns), squeeze=False)
@@ -64,6 +66,17 @@ def render_png(reports: Sequence[LogReport], dpi: int = 110) -> bytes:
             _draw(ax, charts[row], ticks)
             if row == 0 and len(reports) > 1:
                 ax.set_title(_plain(f"{report.path}\n{charts[row].title}"), fontsize=10, loc="left")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _nothing_drawn(reports: Sequence[LogReport], dpi: int, figure: Any, canvas: Any) -> bytes:
+    fig = figure(figsize=(9.5, 1.2), dpi=dpi)
+    canvas(fig)
+    names = ", ".join(report.path for report in reports)
+    fig.text(0.02, 0.5, _plain(f"{names}: nothing to draw; the run used no GPU of the log (each is idle)"),
+             fontsize=10, va="center")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return buffer.getvalue()
@@ -109,7 +122,11 @@ def _draw(ax: Any, chart: Chart, ticks: dict[str, Any]) -> None:
     if chart.x_label == "time":
         xs = [x for line in chart.lines for x in line.xs[:1] + line.xs[-1:]]
         if xs:
-            ax.xaxis.set_major_locator(ticks["every"](time_step(max(xs) - min(xs), 8)))
+            seconds = max(xs) - min(xs)
+            if seconds <= 0:  # one x: matplotlib widens the axis around it (by a share of x), so tick that width
+                low, high = ax.get_xlim()
+                seconds = high - low
+            ax.xaxis.set_major_locator(ticks["every"](time_step(seconds, 8)))
         ax.xaxis.set_major_formatter(ticks["fmt"](lambda v, _pos: format_seconds(v)))
         ax.set_xlabel("elapsed time (h:mm:ss)")
     else:

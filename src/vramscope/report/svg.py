@@ -114,8 +114,8 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
     x_hi = max(xs_all, default=1.0)
     for line in lines:  # the forecast may run past the log
         x_hi = max(x_hi, max(line.xs))
-    if x_hi <= x_lo:
-        x_hi = x_lo + 1.0
+    if x_hi <= x_lo:  # one x: a unit wide, or one float step where x + 1.0 is x again (x near 2**53)
+        x_hi = max(x_lo + 1.0, math.nextafter(x_lo, math.inf))
 
     def sx(x: float) -> float:
         return left + (x - x_lo) / (x_hi - x_lo) * pw
@@ -158,6 +158,8 @@ def chart_svg(chart: Chart, width: int = 960, height: int = 300, y_max_bytes: fl
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + ph}" y2="{top + ph + 4}" stroke="#888"/>')
         out.append(f'<text x="{x:.1f}" y="{top + ph + 17}" text-anchor="middle" fill="#555">'
                    f"{format_seconds(tick) if chart.x_label == 'time' else f'{tick:,.0f}'}</text>")
+        if tick + x_step == tick:  # a step below the float spacing at x (x near 2**53): one tick is all there is
+            break
         tick += x_step
     axis_name = "elapsed time (h:mm:ss)" if chart.x_label == "time" else "training step"
     out.append(f'<text x="{left + pw / 2:.0f}" y="{height - 4}" text-anchor="middle" fill="#555">{axis_name}</text>')
