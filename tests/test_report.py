@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import struct
 import subprocess
@@ -35,6 +36,7 @@ from vramscope.report.terminal import print_report
 from vramscope.report.verdicts import batches_note, device_idle
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @pytest.fixture(scope="module")
@@ -519,3 +521,17 @@ def test_a_png_of_a_log_whose_gpus_are_all_idle_says_so(tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert "Traceback" not in err and "error" not in err
     assert "(idle)" in page.read_text() and png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_png_of_a_phase_with_control_characters_sends_none_to_the_terminal(
+        tmp_path: Path, logs: dict[str, Path]) -> None:
+    # matplotlib warns about a glyph it lacks with the raw character in the warning: an ESC in a phase name
+    # reached the terminal through stderr. The PNG draws it as its escape, as the terminal report shows it.
+    log = tmp_path / "hostile.csv"
+    log.write_text(logs["clean"].read_text().replace(",eval,", ",ev\x1b[31mal\x07,"))
+    png = tmp_path / "r.png"
+    done = subprocess.run([*VRAMSCOPE, "report", str(log), "--png", str(png), "--json"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes().startswith(b"\x89PNG") and "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert "ev\x1b[31mal\x07" in json.loads(done.stdout)["log"]["phases"]  # --json keeps the name as logged

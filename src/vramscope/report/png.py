@@ -12,6 +12,7 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
+from vramscope.output.safetext import printable
 from vramscope.report.charts import Chart
 from vramscope.report.model import LogReport
 from vramscope.report.svg import COLORS, PHASE_COLORS, format_seconds, time_step
@@ -139,8 +140,11 @@ def _draw(ax: Any, chart: Chart, ticks: dict[str, Any]) -> None:
 
 
 def _plain(text: str) -> str:
-    # matplotlib reads $...$ as math; a phase name or a path from the log must print as written.
-    return text.replace("$", r"\$")
+    # matplotlib reads $...$ as math; a phase name or a path from the log must print as written. A control
+    # character has no glyph: matplotlib would warn on stderr with the raw character in it (an ESC reaches
+    # the terminal), so it is drawn as its escape, as the terminal report shows it. The lines the report
+    # breaks itself (a title under the path, a wrapped note) stay lines.
+    return "\n".join(printable(line) for line in text.split("\n")).replace("$", r"\$")
 
 
 def _wrap(text: str, width: int) -> str:
