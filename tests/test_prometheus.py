@@ -334,24 +334,27 @@ def test_ipv6_loopback() -> None:
 def test_scrapes_during_writes_see_whole_samples(sink: PrometheusSink) -> None:
     # The sampler writes on its thread while Prometheus scrapes on the server's: every scrape must show
     # one consistent sample (step and sample count advance together here).
-    stop = threading.Event()
+    stop, started = threading.Event(), threading.Event()
+    steps = [0]
 
     def writer() -> None:
-        step = 0
         while not stop.is_set():
-            step += 1
-            sink.write(training_sample(step=step))
+            steps[0] += 1
+            sink.write(training_sample(step=steps[0]))
+            started.set()
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
-    checked = 0
+    # Scrapes begin once the writer has written: without the wait, 20 quick scrapes on an idle machine could all
+    # come before its first sample (the test failed so, 4 times in 5, on the tree before and after issue 15).
+    assert started.wait(timeout=10)
+    first = steps[0]
     try:
         for _ in range(20):
             series = scrape(sink.url)
-            if values(series, "vramscope_training_step"):
-                assert one(series, "vramscope_training_step") == one(series, "vramscope_samples_total")
-                checked += 1
-        assert checked >= 10  # the writer had started for most scrapes
+            assert one(series, "vramscope_training_step") == one(series, "vramscope_samples_total")
+            time.sleep(0.002)  # the writer's turn: a scrape loop with no pause holds the collector's lock back to back
+        assert steps[0] > first  # it wrote while the scrapes went on
     finally:
         stop.set()
         thread.join(timeout=5)
