@@ -18,26 +18,14 @@ from typing import Any
 import numpy as np
 
 from vramscope.logs.cells import Column, Labels
+from vramscope.logs.schema import FLOAT_COLUMNS
 from vramscope.logs.table import ColumnData, LogTable
 
-INT_COLUMNS = (
-    "step",
-    "gpu",
-    "allocated_bytes",
-    "reserved_bytes",
-    "peak_allocated_bytes",
-    "device_used_bytes",
-    "device_total_bytes",
-    "process_bytes",
-    "host_rss_bytes",
-    "tokens",
-    "inactive_split_bytes",
-    "rank",
-    "num_alloc_retries",
-    "num_ooms",
-)
-FLOAT_COLUMNS = ("elapsed_s",)
-TEXT_COLUMNS = ("time", "phase")
+# The columns the analysis reads (a live monitor keeps just these of each row); what each holds (text, seconds,
+# integers) is the log schema's to say.
+ANALYSED_COLUMNS = ("time", "elapsed_s", "phase", "step", "gpu", "allocated_bytes", "reserved_bytes",
+                    "peak_allocated_bytes", "device_used_bytes", "device_total_bytes", "process_bytes",
+                    "host_rss_bytes", "tokens", "inactive_split_bytes", "rank", "num_alloc_retries", "num_ooms")
 
 _LOWEST = np.iinfo(np.int64).min
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from vramscope.analysis.columns import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS, Clock, LogColumns, tail
+from vramscope.analysis.columns import ANALYSED_COLUMNS, Clock, LogColumns, tail
 from vramscope.analysis.details import device_detail, rank_imbalance
 from vramscope.analysis.devices import DeviceRows, device_rows
 from vramscope.analysis.forecast import (
@@ -53,9 +53,7 @@ from vramscope.logs.table import LogTable
 from vramscope.units import MIB
 
 __all__ = [
-    "FLOAT_COLUMNS",
-    "INT_COLUMNS",
-    "TEXT_COLUMNS",
+    "ANALYSED_COLUMNS",
     "LeakSeries",
     "analyze",
     "analyze_columns",

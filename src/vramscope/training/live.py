@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from vramscope.analysis.summary import FLOAT_COLUMNS, INT_COLUMNS, TEXT_COLUMNS
+from vramscope.analysis.summary import ANALYSED_COLUMNS
 from vramscope.logs.schema import sample_rows
 from vramscope.training.history import RowHistory
 from vramscope.types import Sample
@@ -22,7 +22,7 @@ class LiveRows:
 
     def __init__(self, size: int) -> None:
         self._lock = threading.Lock()
-        self._rows = RowHistory(size, (*INT_COLUMNS, *FLOAT_COLUMNS, *TEXT_COLUMNS))
+        self._rows = RowHistory(size, ANALYSED_COLUMNS)
         self._latest: Sample | None = None
         self._logged = 0
         self._system_total: int | None = None
