@@ -12,7 +12,7 @@ demo: setup
 	.venv/bin/vramscope report out/demo_memory.steps.csv
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n auto
 
 lint: setup
 	.venv/bin/ruff check src tests bench examples

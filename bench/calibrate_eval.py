@@ -22,8 +22,8 @@ from typing import Any
 
 from vramscope.planner import estimate, plan, resolve_model
 from vramscope.planner.registry import get_config
-from vramscope.training.qlora import QLoraSpec, load_model, make_optimizer, write_random_checkpoint
 from vramscope.tune.calibrate import DEFAULT_SHAPES, Point, _static, fit, measure
+from vramscope.tune.qlora import QLoraSpec, load_model, make_optimizer, write_random_checkpoint
 
 EVAL_SHAPES = ((4, 1024), (2, 2048), (8, 1024))
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

@@ -433,7 +433,7 @@ def ensure_checkpoint(config: dict[str, Any], root: Path | None = None) -> tuple
     (torch's default device set to CUDA around the shared writer), which is much faster than a CPU
     initialisation of 7B parameters; the values do not matter for memory or step time.
     """
-    from vramscope.training.qlora import write_random_checkpoint
+    from vramscope.tune.qlora import write_random_checkpoint
 
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
     name = f"{config.get('model_type', 'model')}-{digest}"
@@ -480,7 +480,7 @@ def build_qlora_trainer(
 
     Returns the trainer and what building it cost, for the result file.
     """
-    from vramscope.training.qlora import QLoraSpec, build_trainer
+    from vramscope.tune.qlora import QLoraSpec, build_trainer
 
     if tiny:
         import torch

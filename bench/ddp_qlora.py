@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from vramscope.integrations.loop import MemoryMonitor
 from vramscope.planner.registry import get_config
-from vramscope.training.qlora import QLoraSpec, load_model, make_optimizer, write_random_checkpoint
+from vramscope.tune.qlora import QLoraSpec, load_model, make_optimizer, write_random_checkpoint
 
 MODEL = "TinyLlama-1.1B"
 # The same shape of model, small enough for two CPU processes in seconds.

@@ -145,7 +145,7 @@ def make_checkpoints(archs: list[str], root: Path) -> dict[str, dict[str, Any]]:
     import torch
 
     from vramscope.planner import registry
-    from vramscope.training.qlora import write_random_checkpoint
+    from vramscope.tune.qlora import write_random_checkpoint
 
     configs: dict[str, dict[str, Any]] = {}
     for arch in archs:

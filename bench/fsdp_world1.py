@@ -244,7 +244,7 @@ def parent(args: argparse.Namespace) -> int:
         from vramscope.planner.registry import get_config
 
         config = get_config(ARCH)
-    from vramscope.training.qlora import write_random_checkpoint
+    from vramscope.tune.qlora import write_random_checkpoint
 
     root = Path(tempfile.mkdtemp(prefix="vs-w1-", dir="/dev/shm" if os.path.isdir("/dev/shm") and cuda else None))
     ckpt = str(write_random_checkpoint(config, root / "model", device="cuda" if cuda else None))

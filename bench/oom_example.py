@@ -212,7 +212,7 @@ def main() -> int:
 
     import torch
 
-    from vramscope.training.qlora import QLoraSpec, build_trainer
+    from vramscope.tune.qlora import QLoraSpec, build_trainer
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from tune_compare import default_checkpoint_dir, write_checkpoint

@@ -1,7 +1,7 @@
 """What watching memory costs a real QLoRA fine-tune: step time with each monitor, side by side.
 
 One model (Llama-2-7B architecture, random weights, the QLoRA reference recipe from
-``vramscope.training.qlora``: NF4, LoRA on every linear layer, gradient checkpointing, paged AdamW)
+``vramscope.tune.qlora``: NF4, LoRA on every linear layer, gradient checkpointing, paged AdamW)
 is built once and trained on random tokens (batch 4 x 1024 tokens by default). The monitors ("arms"):
 
 - ``none``: the baseline.
@@ -185,9 +185,9 @@ class RunSamplerArm(Arm):
     def start(self, block: int) -> None:
         from vramscope.backends.host import HostBackend
         from vramscope.backends.nvml import NvmlBackend
+        from vramscope.logs.sinks import CsvSink
         from vramscope.sampling.peaks import PeakTracker
         from vramscope.sampling.sampler import Collector, Sampler
-        from vramscope.sinks import CsvSink
 
         self._log_path = self._logs / f"run_10hz-{block}.csv"
         collector = Collector(nvml=NvmlBackend(), host=HostBackend())

@@ -32,7 +32,7 @@ from typing import Any
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.sampling.sampler import Collector, Sampler
-from vramscope.training.qlora import QLoraSpec, load_model, make_optimizer, write_random_checkpoint
+from vramscope.tune.qlora import QLoraSpec, load_model, make_optimizer, write_random_checkpoint
 
 FIELDS = [
     "arch",

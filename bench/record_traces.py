@@ -100,7 +100,7 @@ class Setup:
 def build(tiny: bool) -> tuple[Setup, dict[str, Any]]:
     import torch
 
-    from vramscope.training.qlora import QLoraSpec, load_model
+    from vramscope.tune.qlora import QLoraSpec, load_model
 
     if tiny:
         torch.set_num_threads(1)  # a shared CPU: one thread is steadier and kinder to neighbours
@@ -145,7 +145,7 @@ def run_loop(scn: Scenario, setup: Setup, log_path: Path, steps: int) -> dict[st
     import torch.nn.functional as F
 
     from vramscope.integrations.loop import MemoryMonitor
-    from vramscope.training.qlora import make_optimizer
+    from vramscope.tune.qlora import make_optimizer
 
     model = setup.model
     model.train()

@@ -40,9 +40,9 @@ sys.path.insert(0, str(REPO / "bench"))  # common
 import fake_nvml  # noqa: E402
 from vramscope.backends.host import HostBackend  # noqa: E402
 from vramscope.backends.nvml import NvmlBackend  # noqa: E402
+from vramscope.logs.sinks import log_parts  # noqa: E402
+from vramscope.run.runner import run_monitored  # noqa: E402
 from vramscope.sampling.sampler import Collector  # noqa: E402
-from vramscope.sinks import log_parts  # noqa: E402
-from vramscope.training.runner import run_monitored  # noqa: E402
 from vramscope.types import HostReading  # noqa: E402
 
 DAY_S = 86400.0
@@ -70,7 +70,7 @@ class CountingHost(HostBackend):
 
 def soak(samples: int, out_dir: Path, max_log_mb: int) -> dict[str, Any]:
     """Run the simulated day; returns what was counted and measured."""
-    from vramscope.sinks.prometheus import PrometheusSink
+    from vramscope.exporters import PrometheusSink
 
     log = out_dir / "soak.csv"
     stop = out_dir / "stop"

@@ -80,7 +80,7 @@ def trace_point(point: tuple[str, int | None, str, int, int, bool]) -> dict[str,
 
     torch.set_num_threads(1)
     from vramscope.planner import plan
-    from vramscope.planner.trace import trace_plan
+    from vramscope.planner.trace.engine import trace_plan
 
     name, layers, fw, b, s, ck = point
     cfg, spec = config_of(name, layers), spec_of(fw, ck)
@@ -107,7 +107,7 @@ def real_point(point: tuple[str, int | None, str, int, int, bool], ckpt_dir: Pat
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from vramscope.planner.trace import prepare_model, run_steps
+    from vramscope.planner.trace.engine import prepare_model, run_steps
 
     name, layers, fw, b, s, ck = point
     cfg, spec = config_of(name, layers), spec_of(fw, ck)
@@ -139,7 +139,7 @@ def real_point(point: tuple[str, int | None, str, int, int, bool], ckpt_dir: Pat
 
 
 def write_checkpoint(name: str, layers: int | None, root: Path) -> Path:
-    from vramscope.training.qlora import write_random_checkpoint
+    from vramscope.tune.qlora import write_random_checkpoint
 
     out = root / (name if layers is None else f"{name}-{layers}L")
     if not (out / "config.json").exists():

@@ -184,7 +184,7 @@ def write_checkpoint(config: dict[str, Any], out_dir: Path, cuda: bool) -> Path:
     if (out_dir / "config.json").exists():
         return out_dir
     if not cuda:
-        from vramscope.training.qlora import write_random_checkpoint
+        from vramscope.tune.qlora import write_random_checkpoint
 
         return write_random_checkpoint(config, out_dir)
     import torch
@@ -278,7 +278,7 @@ def run_lightning(h: Harness, init_val: int, max_batch: int) -> dict[str, Any]:
     from lightning.pytorch.tuner import Tuner
     from torch.utils.data import DataLoader, Dataset
 
-    from vramscope.training.qlora import make_optimizer
+    from vramscope.tune.qlora import make_optimizer
 
     harness = h
     vocab = h.trainer.vocab_size
@@ -324,7 +324,7 @@ def run_lightning(h: Harness, init_val: int, max_batch: int) -> dict[str, Any]:
                 )
 
         def configure_optimizers(self) -> Any:
-            from vramscope.training.qlora import QLoraSpec
+            from vramscope.tune.qlora import QLoraSpec
 
             return make_optimizer(self.model, QLoraSpec())
 
@@ -457,7 +457,7 @@ def main() -> int:
 
     import torch
 
-    from vramscope.training.qlora import QLoraSpec, build_trainer
+    from vramscope.tune.qlora import QLoraSpec, build_trainer
 
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda and not args.tiny:

@@ -16,7 +16,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from vramscope.recipe import QLoraSpec
-from vramscope.training.qlora import load_model, write_random_checkpoint
+from vramscope.tune.qlora import load_model, write_random_checkpoint
 
 TINY_LLAMA = {
     "model_type": "llama",

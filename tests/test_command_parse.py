@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.planner.command import CommandReadError, ParsedCommand, parse_command
+from vramscope.commands import CommandReadError, ParsedCommand, parse_command
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
          "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 1024, "max_position_embeddings": 2048}

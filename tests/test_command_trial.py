@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from vramscope.training.inject import SITE_DIR
-from vramscope.training.trial import ENV_TRIAL, TrialRequest, record_path, shape_batch
+from vramscope.run.inject import SITE_DIR
 from vramscope.tune.command import TrialFailed, child_environment, run_trial_child
+from vramscope.tune.command_trial import ENV_TRIAL, TrialRequest, record_path, shape_batch
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_lora.py"
 PY = sys.executable
@@ -184,7 +184,7 @@ def test_trl_sft_trains_at_the_trial_shape(tmp_path: Path, tiny_model: Path) -> 
 
 @pytest.mark.slow
 def test_tuning_needs_the_trials_on_a_gpu(tmp_path: Path, tiny_model: Path) -> None:
-    from vramscope.planner.command import parse_command
+    from vramscope.commands import parse_command
     from vramscope.tune.command import tune_command
 
     argv = [PY, str(EXAMPLE), "--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "o"),
@@ -198,7 +198,7 @@ def test_the_start_up_hook_loads_the_trial_only_when_asked(tmp_path: Path) -> No
     import os
     import subprocess
 
-    from vramscope.training.inject import child_env
+    from vramscope.run.inject import child_env
 
     code = "import transformers.trainer as t; print(getattr(t.Trainer, '_vramscope_trial', False))"
     base = {k: v for k, v in os.environ.items() if k not in ("VRAMSCOPE_INJECT", ENV_TRIAL)}

@@ -19,8 +19,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from vramscope.cli import main  # noqa: E402
-from vramscope.training.trial import TrialRequest  # noqa: E402
 from vramscope.tune.command import run_trial_child  # noqa: E402
+from vramscope.tune.command_trial import TrialRequest  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_lora.py"
 LIMIT = 6 * 2**30

@@ -36,8 +36,8 @@ import pytest
 import fake_nvml
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.reader import read_log
-from vramscope.sinks import CsvSink
-from vramscope.training.runner import run_monitored
+from vramscope.logs.sinks import CsvSink
+from vramscope.run.runner import run_monitored
 from vramscope.types import Sample
 
 GIB = fake_nvml.GIB
@@ -584,7 +584,7 @@ WRITER = textwrap.dedent(
     import sys
     from vramscope.backends.host import HostBackend
     from vramscope.sampling.sampler import Collector, Sampler
-    from vramscope.sinks import log_sink
+    from vramscope.logs.sinks import log_sink
     sink = log_sink(sys.argv[1])
     def done(sample):
         print(sampler.samples_taken, flush=True)
@@ -803,7 +803,7 @@ def fake_samples(n: int, gpus: int = 2) -> list[Sample]:
 
 @pytest.mark.parametrize("name", ["m.csv", "m.jsonl"])
 def test_rotation_keeps_every_row_and_reads_back_as_one_log(name: str, tmp_path: Path) -> None:
-    from vramscope.sinks import log_parts, log_sink
+    from vramscope.logs.sinks import log_parts, log_sink
 
     samples = fake_samples(120)
     plain, rotated = tmp_path / "plain" / name, tmp_path / "rot" / name

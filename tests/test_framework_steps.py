@@ -12,7 +12,7 @@ pytest.importorskip("peft")
 pytest.importorskip("trl")
 
 from vramscope.recipe import QLoraSpec
-from vramscope.training.qlora import build_trainer, write_random_checkpoint
+from vramscope.tune.qlora import build_trainer, write_random_checkpoint
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128}

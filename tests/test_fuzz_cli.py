@@ -163,7 +163,7 @@ class Workspace:
 
 def no_fixed_port(text: str) -> bool:
     """True unless ``text`` is an address that would bind a fixed port (port 0 picks a free one)."""
-    from vramscope.sinks.prometheus import PrometheusAddressError, parse_address
+    from vramscope.exporters import PrometheusAddressError, parse_address
 
     try:
         _, port = parse_address(text)

@@ -221,8 +221,8 @@ def real_log(root: Path, name: str, samples: int = 12) -> Path:
     import fake_nvml
     from vramscope.backends.host import HostBackend
     from vramscope.backends.nvml import NvmlBackend
+    from vramscope.logs.sinks import log_sink
     from vramscope.sampling.sampler import Collector
-    from vramscope.sinks import log_sink
 
     path = root / name
     sink = log_sink(path)

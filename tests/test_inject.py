@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from vramscope.training.inject import (
+from vramscope.run.inject import (
     ENV_INJECT,
     ENV_STEP_LOG,
     SITE_DIR,

@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning.pytorch")
 
+from vramscope.integrations import lightning as vs_lightning  # noqa: E402
 from vramscope.integrations.lightning import MemoryMonitorCallback  # noqa: E402
 from vramscope.logs.reader import read_log  # noqa: E402
-from vramscope.training import lightning as vs_lightning  # noqa: E402
 
 VOCAB = 64
 
@@ -150,7 +150,7 @@ def _trainer(tmp_path: Path, callbacks: list[Any] | None = None) -> Any:
 
 
 def test_attach_lightning_adds_the_callback_once_and_leaves_the_users_own(tmp_path: Path) -> None:
-    from vramscope.training.inject import ENV_STEP_LOG, attach_lightning
+    from vramscope.run.inject import ENV_STEP_LOG, attach_lightning
 
     env = {ENV_STEP_LOG: str(tmp_path / "mem.steps.csv")}
     trainer = _trainer(tmp_path)
@@ -234,5 +234,5 @@ def test_a_log_that_cannot_be_created_never_stops_the_fit(tmp_path: Path, caplog
 
 
 def test_the_public_path_is_the_training_callback_itself() -> None:
-    # Users import vramscope.integrations.lightning (README, docs); the injection sees vramscope.training.lightning.
+    # Users import vramscope.integrations.lightning (README, docs); the injection sees vramscope.integrations.lightning.
     assert MemoryMonitorCallback is vs_lightning.MemoryMonitorCallback

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from vramscope.planner import Hardware, estimate, plan, resolve_model
-from vramscope.training.qlora import QLoraSpec
 from vramscope.tune.calibrate import CalibrationError, Point, fit
+from vramscope.tune.qlora import QLoraSpec
 
 MIB = 1024**2
 
@@ -50,8 +50,8 @@ def test_fit_refuses_an_implausible_scale() -> None:
 def test_calibration_on_the_gpu_predicts_a_larger_shape(framework: str) -> None:
     import tempfile
 
-    from vramscope.training.qlora import write_random_checkpoint
     from vramscope.tune.calibrate import calibrate, measure
+    from vramscope.tune.qlora import write_random_checkpoint
 
     config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
               "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 8000, "max_position_embeddings": 4096}

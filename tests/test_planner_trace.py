@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 
 from vramscope.cli import main
 from vramscope.planner import plan
-from vramscope.planner.trace import trace_plan, trace_step
+from vramscope.planner.trace.engine import trace_plan, trace_step
 from vramscope.recipe import QLoraSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,8 +58,8 @@ def test_linear4bit_standin_holds_what_params4bit_holds(double_quant: bool, out_
     bnb = pytest.importorskip("bitsandbytes")
     import torch
 
-    from vramscope.planner.trace_counter import block_bytes
-    from vramscope.planner.trace_standins import make_linear4bit_standin
+    from vramscope.planner.trace.counter import block_bytes
+    from vramscope.planner.trace.standins import make_linear4bit_standin
 
     w = torch.randn(out_features, in_features, dtype=torch.bfloat16)
     real = bnb.nn.Params4bit(w, requires_grad=False, compress_statistics=double_quant, quant_type="nf4").to("cpu")

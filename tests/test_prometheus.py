@@ -26,8 +26,7 @@ import fake_nvml
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.cli import main
-from vramscope.sampling.sampler import Collector
-from vramscope.sinks.prometheus import (
+from vramscope.exporters import (
     METRICS,
     PrometheusAddressError,
     PrometheusBindError,
@@ -37,6 +36,7 @@ from vramscope.sinks.prometheus import (
     PrometheusUnavailableError,
     parse_address,
 )
+from vramscope.sampling.sampler import Collector
 from vramscope.types import AllocatorReading, Sample
 
 GIB = 1024**3
@@ -369,7 +369,7 @@ def test_without_prometheus_client_the_error_names_the_install_command(monkeypat
 def test_importing_the_module_does_not_import_prometheus_client() -> None:
     # So that `vramscope run --help` and address parsing work without the extra.
     code = (
-        "import sys, vramscope.sinks.prometheus as p, vramscope.cli.run, vramscope.cli.watch\n"
+        "import sys, vramscope.exporters as p, vramscope.cli.run, vramscope.cli.watch\n"
         "p.parse_address('9400')\n"
         "assert 'prometheus_client' not in sys.modules, 'imported'\n"
     )

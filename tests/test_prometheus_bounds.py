@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from vramscope.exporters import PrometheusSink
 from vramscope.exporters import server as metrics_http
-from vramscope.sinks.prometheus import PrometheusSink
 
 PYTHON = sys.executable
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -171,7 +171,7 @@ def test_close_stops_the_thread_and_frees_the_port() -> None:
 
 
 def test_every_interface_warns_once_and_loopback_not_at_all(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="vramscope.sinks.prometheus")
+    caplog.set_level(logging.WARNING, logger="vramscope.exporters")
     quiet = PrometheusSink("0")
     quiet.close()
     assert not caplog.records

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from test_prometheus import training_sample
-from vramscope.sinks.prometheus import METRICS, PrometheusSink
+from vramscope.exporters import METRICS, PrometheusSink
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "vramscope-dashboard.json"

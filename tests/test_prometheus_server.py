@@ -31,7 +31,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from test_prometheus import GIB, training_sample
-from vramscope.sinks.prometheus import PrometheusSink, PushgatewaySink
+from vramscope.exporters import PrometheusSink, PushgatewaySink
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ import pytest
 
 from test_prometheus import GIB, training_sample
 from test_prometheus_server import HOST, PUSHGATEWAY, Gateway, free_port, needs_pushgateway, wait_for
-from vramscope.sinks.prometheus import PushgatewaySink, PushgatewayURLError
+from vramscope.exporters import PushgatewaySink, PushgatewayURLError
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_a_gateway_that_is_down_only_warns_and_is_used_once_it_is_up(
     sink = PushgatewaySink(f"http://127.0.0.1:{port}", job="late-gateway", interval=0.1, timeout=1.0)
     late: Gateway | None = None
     try:
-        with caplog.at_level(logging.WARNING, logger="vramscope.sinks.prometheus"):
+        with caplog.at_level(logging.WARNING, logger="vramscope.exporters"):
             sink.write(training_sample())
             time.sleep(0.5)  # several failed ticks
             failures = [r for r in caplog.records if "cannot push metrics" in r.getMessage()]

@@ -17,8 +17,8 @@ from pathlib import Path
 import fake_nvml
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.reader import read_log
+from vramscope.logs.sinks import log_sink
 from vramscope.sampling.sampler import Collector, Sampler
-from vramscope.sinks import log_sink
 from vramscope.types import AllocatorReading
 
 GIB = 1024**3

@@ -35,8 +35,8 @@ import fake_nvml
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.cli.run import files_written, format_summary, summary_json
 from vramscope.logs.reader import read_log
-from vramscope.training.inject import ENV_INJECT, ENV_PACKAGE_PARENT, ENV_STEP_LOG, SITE_DIR
-from vramscope.training.runner import CLEANUP_LIMIT_S, ENV_RUN_ID, run_monitored
+from vramscope.run.inject import ENV_INJECT, ENV_PACKAGE_PARENT, ENV_STEP_LOG, SITE_DIR
+from vramscope.run.runner import CLEANUP_LIMIT_S, ENV_RUN_ID, run_monitored
 
 PYTHON = sys.executable
 SRC = str(Path(__file__).resolve().parent.parent / "src")

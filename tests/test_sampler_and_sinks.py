@@ -17,8 +17,8 @@ from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.reader import read_log
 from vramscope.logs.schema import CORE_COLUMNS
+from vramscope.logs.sinks import CsvSink, JsonlSink, LogPathError, log_sink
 from vramscope.sampling.sampler import Collector, Sampler
-from vramscope.sinks import CsvSink, JsonlSink, LogPathError, log_sink
 from vramscope.types import AllocatorReading, Sample
 
 

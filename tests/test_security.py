@@ -160,7 +160,7 @@ def test_run_exporter_binds_loopback_by_default_and_says_where(tmp_path: Path) -
 def test_every_interface_only_when_asked_and_then_said(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vramscope.sinks.prometheus import PrometheusSink
+    from vramscope.exporters import PrometheusSink
 
     open_wide = PrometheusSink("0.0.0.0:0")
     try:
@@ -271,7 +271,7 @@ def structure(page: str) -> Counter[tuple[str, tuple[str, ...]]]:
 
 
 def write_log(path: Path, phase_names: tuple[str, str]) -> None:
-    from vramscope.sinks import CsvSink
+    from vramscope.logs.sinks import CsvSink
     from vramscope.types import AllocatorReading, Sample
 
     sink = CsvSink(path)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from vramscope.output.names import sibling
-from vramscope.training.inject import steps_log_path
+from vramscope.run.inject import steps_log_path
 from vramscope.training.ranks import beside, rank_path
-from vramscope.training.trial import record_path
+from vramscope.tune.command_trial import record_path
 
 
 @pytest.mark.parametrize(

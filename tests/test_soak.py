@@ -62,8 +62,8 @@ SOAK = textwrap.dedent(
     from vramscope.backends.nvml import NvmlBackend
     from vramscope.logs.reader import read_log
     from vramscope.sampling.sampler import Collector, Sampler
-    from vramscope.sinks import CsvSink, log_parts
-    from vramscope.sinks.prometheus import PrometheusSink
+    from vramscope.logs.sinks import CsvSink, log_parts
+    from vramscope.exporters import PrometheusSink
     from vramscope.types import HostReading
 
     samples, traced_tail, out_dir, day = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])

@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vramscope.tune.batching import split_batch
+from vramscope.planner.batching import split_batch
 from vramscope.tune.find import find_max_batch_size, find_max_seq_len
 from vramscope.tune.search import NoSizeFitsError, Trial, fit_line, search
 

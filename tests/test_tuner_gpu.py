@@ -50,7 +50,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def trainer(checkpoint: Path) -> Iterator[Any]:
     import torch
 
-    from vramscope.training.qlora import QLoraSpec, build_trainer
+    from vramscope.tune.qlora import QLoraSpec, build_trainer
 
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(LIMIT / total)

@@ -12,8 +12,8 @@ import tempfile
 from vramscope.planner.api import resolve_model
 from vramscope.planner.memory import estimate
 from vramscope.recipe import QLoraSpec
-from vramscope.training.qlora import write_random_checkpoint
 from vramscope.tune.calibrate import _static, calibrate, measure
+from vramscope.tune.qlora import write_random_checkpoint
 
 MIB = 2**20
 CONFIG = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,

@@ -11,7 +11,7 @@ import tempfile
 import torch
 
 from vramscope.recipe import QLoraSpec
-from vramscope.training.qlora import Trainer, load_model, make_optimizer, write_random_checkpoint
+from vramscope.tune.qlora import Trainer, load_model, make_optimizer, write_random_checkpoint
 
 config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
           "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 8000, "max_position_embeddings": 4096}

@@ -15,8 +15,8 @@ from typing import Any
 from vramscope.advice.plan import from_recommendation
 from vramscope.advice.types import EXPANDABLE_SEGMENTS, Advice, rank_by_sufficiency
 from vramscope.oom.records import NO_STACK, AllocationSite, OomReport
+from vramscope.planner.batching import split_batch
 from vramscope.planner.settings import written_as
-from vramscope.tune.batching import split_batch
 from vramscope.units import GIB, MIB, human
 
 

@@ -2,7 +2,7 @@
 
 :func:`add_command_argument` gives a subcommand the trailing ``-- COMMAND`` and remembers which of its own
 flags were given explicitly (they override what the command says); :func:`read_command` parses the command
-(:func:`vramscope.planner.command.parse_command`) and merges those overrides; :func:`format_command`
+(:func:`vramscope.commands.parse_command`) and merges those overrides; :func:`format_command`
 prints what was read. The plan and tune modules call these and stay thin.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from vramscope.cli.common import UsageError
-from vramscope.planner.command import ParsedCommand, parse_command
+from vramscope.commands import ParsedCommand, parse_command
 from vramscope.planner.errors import PlanInputError
 from vramscope.recipe import QLoraSpec
 

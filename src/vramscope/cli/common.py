@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vramscope.sampling.sampler import MAX_INTERVAL_S, MIN_INTERVAL_S
-from vramscope.sinks.base import Sink
+from vramscope.types import Sink
 from vramscope.units import MIB
 
 

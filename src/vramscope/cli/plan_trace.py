@@ -45,7 +45,7 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec) -> int:
     """Trace, print, return the exit code. Bad input raises PlanInputError (the caller makes it exit 2)."""
-    from vramscope.planner.trace import require_trace_libraries, trace_plan
+    from vramscope.planner.trace.engine import require_trace_libraries, trace_plan
 
     require_trace_libraries(spec.bits)
     result = trace_plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu)

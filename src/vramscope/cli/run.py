@@ -28,8 +28,8 @@ from vramscope.cli.common import (
 )
 from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
 from vramscope.output.names import sibling
+from vramscope.run.runner import ProgramNotFoundError, RunResult, exit_like, run_monitored
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S
-from vramscope.training.runner import ProgramNotFoundError, RunResult, exit_like, run_monitored
 from vramscope.units import gib
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -73,15 +73,18 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if args.inject:
         env.update(_injection_env(args))
+    # Before the command starts: a port in use must not cost a run (and leaves no OOM folder behind).
+    exporters = open_exporters_from_args(args, announce=False)
     if args.oom_snapshot is not None:  # read by the child (HF injection, OomRecorder.from_env)
         from vramscope.oom import snapshot_env
 
         try:
-            env.update(snapshot_env(args.oom_snapshot, args.log))
+            snapshot = snapshot_env(args.oom_snapshot, args.log)
         except ValueError as exc:
+            for sink in exporters:
+                sink.close()
             raise UsageError(str(exc)) from None
-    # Before the command starts: a port in use must not cost a run.
-    exporters = open_exporters_from_args(args, announce=False)
+        env.update(snapshot)
     if not args.quiet:
         for sink in exporters:
             _say(f"vramscope: {getattr(sink, 'where', type(sink).__name__)}", sys.stderr)
@@ -109,7 +112,7 @@ def _refuse_existing_logs(log: str, steps: bool) -> None:
     def taken(path: str) -> list[str]:
         found = existing_log_files(path)
         if steps:
-            from vramscope.training.inject import steps_log_path
+            from vramscope.run.inject import steps_log_path
 
             found += existing_log_files(steps_log_path(path))
         return found
@@ -146,7 +149,7 @@ def _say(text: str, stream: TextIO) -> None:
 def _injection_env(args: argparse.Namespace) -> dict[str, str]:
     """Environment that makes HF Trainers inside the child log step-aligned memory (training integration)."""
     try:
-        inject = importlib.import_module("vramscope.training.inject")
+        inject = importlib.import_module("vramscope.run.inject")
     except ModuleNotFoundError:
         return {}
     env: dict[str, str] = inject.child_env(log_path=args.log)
@@ -158,7 +161,7 @@ def files_written(result: RunResult, started: float, oom_dir: str | None = None)
     beside it (``mem.steps.csv``, its analysis and warnings, other ranks' and trainers' logs)."""
     files = list(result.log_files)
     if result.log_path is not None:
-        from vramscope.training.inject import steps_log_path
+        from vramscope.run.inject import steps_log_path
 
         stem = sibling(steps_log_path(result.log_path), suffix="")  # mem.steps: the start of every file beside it
         for path in sorted(glob.glob(glob.escape(stem) + "*")):

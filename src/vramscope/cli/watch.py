@@ -18,12 +18,11 @@ from vramscope.cli.common import (
     positive_int,
 )
 from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
+from vramscope.logs.sinks import CsvSink
 from vramscope.sampling.sampler import Collector, Sampler
-from vramscope.sinks import CsvSink
-from vramscope.sinks.base import Sink
 from vramscope.tui.snapshot import snapshot_dict
 from vramscope.tui.text import host_line, snapshot_lines
-from vramscope.types import Sample
+from vramscope.types import Sample, Sink
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -15,8 +15,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from vramscope.sampling.devices import gpu_of
-from vramscope.types import AllocatorReading, Sample
+from vramscope.types import AllocatorReading, Sample, gpu_of
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -21,7 +21,7 @@ from vramscope.exporters.server import MetricsServer
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-log = logging.getLogger("vramscope.sinks.prometheus")  # the logger name the docs give, kept from before the split
+log = logging.getLogger("vramscope.exporters")  # one logger for every exporter
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -19,7 +19,7 @@ from vramscope.exporters.collector import (
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-log = logging.getLogger("vramscope.sinks.prometheus")  # the logger name the docs give, kept from before the split
+log = logging.getLogger("vramscope.exporters")  # one logger for every exporter
 
 
 def check_push_url(url: str) -> str:

@@ -9,7 +9,7 @@ from vramscope.exporters.collector import DEFAULT_PUSH_INTERVAL_S, PushgatewayUR
 from vramscope.exporters.http import PrometheusSink
 from vramscope.exporters.push import PushgatewaySink, check_push_url
 
-log = logging.getLogger("vramscope.sinks.prometheus")  # the logger name the docs give, kept from before the split
+log = logging.getLogger("vramscope.exporters")  # one logger for every exporter
 
 
 def open_exporters(

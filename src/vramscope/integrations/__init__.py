@@ -1,7 +1,9 @@
-"""The paths users import: ``vramscope.integrations.hf``, ``.lightning`` and ``.loop``.
+"""The callbacks users add to their training: ``vramscope.integrations.hf``, ``.lightning`` and ``.loop``.
 
-They re-export the callbacks and the monitor, which live in :mod:`vramscope.training`; these three stay as
-the public API. The other modules here (``breakdown``, ``guard``, ``strategy``, ``inject``, ``qlora``,
-``trial``) only keep old imports working while the house is rebuilt (issue 15). Never imported by
-vramscope/__init__.py.
+* :mod:`~vramscope.integrations.hf`: :class:`MemoryMonitorCallback` for Hugging Face's ``Trainer`` (and TRL's,
+  axolotl's, LLaMA-Factory's, which are HF Trainers underneath).
+* :mod:`~vramscope.integrations.lightning`: :class:`MemoryMonitorCallback` for PyTorch Lightning.
+* :mod:`~vramscope.integrations.loop`: :class:`~vramscope.training.monitor.MemoryMonitor` for a plain loop.
+
+Each drives the in-process monitor of :mod:`vramscope.training`. Never imported by vramscope/__init__.py.
 """

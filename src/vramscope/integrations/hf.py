@@ -1,11 +1,249 @@
-"""Public path: ``from vramscope.integrations.hf import MemoryMonitorCallback`` (the README's, docs', examples').
+"""Step-aligned memory for Hugging Face's ``Trainer``: :class:`MemoryMonitorCallback`.
 
-The Hugging Face ``Trainer`` callback lives in :mod:`vramscope.training.hf`, beside the monitor it drives;
-this module only re-exports it, so that users' imports keep working. It is meant to stay.
+::
+
+    from vramscope.integrations.hf import MemoryMonitorCallback
+    trainer = Trainer(..., callbacks=[MemoryMonitorCallback(log="memory_log.csv")])
+
+The callback drives a :class:`~vramscope.training.monitor.MemoryMonitor`: one row per
+``every_n_steps`` optimizer steps (``state.global_step``), evaluation as its own ``eval`` phase (it
+begins at the first forward in eval mode, so the training steps before it keep their own peak), the
+tokens of each step's batch from a forward pre-hook on the model, and its figures
+(``mem/peak_allocated_gib``, ``mem/reserved_gib``, ``mem/leak_mib_per_step``, ...) added to the
+Trainer's ``logs`` in ``on_log``, so they reach whatever ``report_to`` already has (TensorBoard, W&B,
+MLflow) with no other code. ``vramscope run`` attaches it to every Trainer by itself (see
+:mod:`vramscope.run.inject`).
 """
 
 from __future__ import annotations
 
-from vramscope.training.hf import INSTALL_HINT, PEAK_FIGURES, MemoryMonitorCallback, prometheus_address
+import atexit
+import importlib.util
+import inspect
+import logging
+import os
+import weakref
+from typing import Any
 
-__all__ = ["INSTALL_HINT", "PEAK_FIGURES", "MemoryMonitorCallback", "prometheus_address"]
+from vramscope.training.guard import never_stops_training
+from vramscope.training.monitor import MemoryMonitor
+
+log = logging.getLogger("vramscope.integrations.hf")  # the logger name users filter on, kept from before the move
+
+if importlib.util.find_spec("transformers") is not None:
+    from transformers import TrainerCallback as _CallbackBase
+else:  # the class still imports, so that the error can say what to install
+    _CallbackBase = object  # type: ignore[misc,assignment]
+
+INSTALL_HINT = "transformers is not installed; run: pip install 'vramscope[hf]'"
+
+# The figures that hold a peak since the previous log (on a GPU, and on a CPU-only run).
+PEAK_FIGURES = ("mem/peak_allocated_gib", "mem/peak_rss_gib")
+# A first training batch at most this long per sequence is a tokenizer that made (almost) nothing of the text.
+SHORT_SEQUENCE_TOKENS = 2
+SHORT_SEQUENCE_HINT = (
+    "at most {n} tokens per sequence, so a causal LM has (almost) nothing to predict and the memory is not "
+    "that of the run you meant (TRL's num_tokens says the same); check that the tokenizer turns the text into "
+    "tokens: transformers 5 loads a Qwen2 checkpoint's tokenizer as Qwen2Tokenizer, which makes every word of "
+    "a word-level vocabulary nothing, leaving only the EOS token"
+)
+
+_never_stops_training = never_stops_training
+
+
+_GUARD_CODE = _never_stops_training(lambda: None).__code__  # the guard's frames, to look past them
+
+
+def prometheus_address(port: int | str | None) -> str | None:
+    """``9400`` -> ``"127.0.0.1:9400"``; an address with a host is kept as it is."""
+    if port is None:
+        return None
+    text = str(port)
+    return text if ":" in text else f"127.0.0.1:{text}"
+
+
+class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
+    """A ``transformers.TrainerCallback`` that logs memory at training steps and warns about leaks.
+
+    Args:
+        log: CSV (or ``.jsonl``) log path; each rank > 0 writes ``<stem>.rank<k><suffix>``. None keeps
+            the rows in memory (warnings and the ``logs`` figures still work).
+        every_n_steps: log every this many optimizer steps.
+        interval: also sample every ``interval`` seconds between steps (None: step rows only).
+        gpus: NVML indices to read (default: the GPUs this process uses).
+        oom_snapshot: save an allocator snapshot and the step/batch context on a CUDA OOM (True:
+            into ``<log stem>.oom/``; a path: into that folder).
+        prometheus_port: serve the samples and the analysis to Prometheus on this port (or
+            ``"HOST:PORT"``).
+        warn: print throttled leak / OOM warnings while training.
+        log_to_trainer: add the figures to the Trainer's ``logs`` in ``on_log``.
+        max_seq_length: the longest sequence the data can hold; with the batch size it sets the
+            longest batch for the OOM warning (default: the longest batch seen so far).
+        **monitor_options: passed to :class:`MemoryMonitor` (``analyze_every``, ``capacity_bytes``, ...).
+
+    Raises:
+        ImportError: transformers is not installed (with the install command).
+    """
+
+    def __init__(
+        self,
+        log: str | os.PathLike[str] | None = None,
+        every_n_steps: int = 1,
+        interval: float | None = None,
+        gpus: list[int] | None = None,
+        oom_snapshot: bool | str | os.PathLike[str] = False,
+        prometheus_port: int | str | None = None,
+        warn: bool = True,
+        log_to_trainer: bool = True,
+        max_seq_length: int | None = None,
+        **monitor_options: Any,
+    ) -> None:
+        if _CallbackBase is object:
+            raise ImportError(INSTALL_HINT)
+        # Build the monitor now (it validates its arguments), start it at the first event.
+        self.monitor = MemoryMonitor(
+            log=log,
+            every_n_steps=every_n_steps,
+            interval=interval,
+            gpus=gpus,
+            oom_snapshot=oom_snapshot,
+            prometheus=prometheus_address(prometheus_port),
+            warn=warn,
+            **monitor_options,
+        )
+        self.log_to_trainer = log_to_trainer
+        self.max_seq_length = max_seq_length
+        self._watched: weakref.ref[Any] | None = None
+        self._eval_phase = False
+        self._atexit = False
+        self._rows_at_last_log = 0
+        self._run_peaks: dict[str, float] = {}  # the largest peak figure of the run, per key
+        self._batch_checked = False
+        self._failed = False  # set by the failure guard: the callback has stepped aside
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def _ensure_started(self, args: Any, state: Any, model: Any) -> MemoryMonitor:
+        mon = self.monitor
+        if not mon.started and not mon.closed:
+            if getattr(state, "max_steps", 0):
+                mon.total_steps = int(state.max_steps)
+            if self.max_seq_length is not None and mon.max_batch_tokens is None:
+                mon.max_batch_tokens = int(self.max_seq_length) * int(getattr(args, "per_device_train_batch_size", 1))
+            mon.start()
+            if not self._atexit:
+                # Evaluation often follows train(); close (last row, analysis file) only at exit.
+                atexit.register(mon.close)
+                self._atexit = True
+        if model is not None and (self._watched is None or self._watched() is not model):
+            mon.watch_model(model, phase_from_mode=True)
+            self._watched = weakref.ref(model)
+        return mon
+
+    def _move_to_front(self) -> None:
+        """Run first among the Trainer's callbacks, so that ``on_log`` adds the figures before the
+        ``report_to`` integrations (added before any user callback) send the logs on.
+
+        The Trainer does not pass its callback handler to callbacks; the handler is the ``self`` of
+        the frame that called this event. Moving this callback from position k to 0 while that frame
+        iterates over the list leaves the element after k where it was, so no callback is skipped
+        or called twice. Where the frame is not a handler (another trainer), nothing changes.
+        """
+        frame = inspect.currentframe()
+        try:
+            caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+            if caller is not None and caller.f_code is _GUARD_CODE:
+                caller = caller.f_back  # the failure guard's frame sits between the event and its caller
+            handler = caller.f_locals.get("self") if caller is not None else None
+            callbacks = getattr(handler, "callbacks", None)
+            if type(handler).__name__ == "CallbackHandler" and isinstance(callbacks, list) and self in callbacks:
+                index = callbacks.index(self)
+                if index > 0:
+                    callbacks.insert(0, callbacks.pop(index))
+        finally:
+            del frame
+
+    # -- events -----------------------------------------------------------------------------------------
+    @_never_stops_training
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._move_to_front()
+        self._ensure_started(args, state, model).note_strategy(model, args)
+
+    @_never_stops_training
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        mon = self._ensure_started(args, state, model)
+        mon.watch_optimizer(kwargs.get("optimizer"))  # for the memory breakdown: its states by category
+        if mon.current_phase == "eval":  # an eval-mode forward outside evaluate(): back to training
+            mon.exit_phase("eval")
+        mon.step(int(state.global_step))
+        if not self._batch_checked and mon.current_phase == "train":
+            self._check_first_batch(mon, int(state.global_step))
+
+    @_never_stops_training
+    def on_prediction_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        # The forward hook normally entered the phase already; this covers models without hooks.
+        mon = self._ensure_started(args, state, model)
+        if mon.current_phase != "eval":
+            mon.enter_phase("eval")
+
+    @_never_stops_training
+    def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        mon = self._ensure_started(args, state, model)
+        mon.exit_phase("eval")
+
+    @_never_stops_training
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        self.monitor.exit_phase("eval")
+
+    def _check_first_batch(self, mon: MemoryMonitor, step: int) -> None:
+        """Warn once when the first training batch is ``b x 1`` or ``b x 2``: the tokens column is right, the
+        data is not (issue 19's "tokens = batch size" was such a batch)."""
+        shape = mon.last_batch_shape
+        if shape is None:
+            return
+        self._batch_checked = True
+        if len(shape) >= 2 and shape[-1] <= SHORT_SEQUENCE_TOKENS and mon.alerts is not None:
+            batch = " x ".join(str(d) for d in shape)
+            hint = SHORT_SEQUENCE_HINT.format(n=SHORT_SEQUENCE_TOKENS)
+            mon.alerts.warn("short_sequences", f"the first training batch is {batch} tokens: {hint}", step)
+
+    @_never_stops_training
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        mon = self.monitor
+        if not self.log_to_trainer or logs is None or not mon.started:
+            return
+        fresh = mon.rows_logged > self._rows_at_last_log  # a row since the previous log: its peak is known
+        self._rows_at_last_log = mon.rows_logged
+        figures = mon.figures(reset=True)
+        for key in PEAK_FIGURES:
+            if key not in figures:
+                continue
+            if fresh:
+                self._run_peaks[key] = max(self._run_peaks.get(key, 0.0), figures[key])
+            else:  # the monitor has no peak for an empty window (it would say 0)
+                del figures[key]
+        if "train_runtime" in logs:
+            # train()'s own summary: the run's peak, not the (empty) window since the last log.
+            figures.update(self._run_peaks)
+        if not figures:
+            return
+        logs.update(figures)
+        # The Trainer copied the logs into its history before calling us; keep the figures there too.
+        history = getattr(state, "log_history", None)
+        if history and history[-1].get("step") == state.global_step:
+            history[-1].update(figures)
+
+    @_never_stops_training
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        mon = self.monitor
+        if not mon.started:
+            return
+        mon.flush()
+        mon.save_breakdown()  # while the Trainer still holds its model and optimizer
+        path = mon.save_analysis()
+        if path is not None:
+            log.info("vramscope: memory analysis written to %s", path)
+
+    def close(self) -> None:
+        """Close the monitor now (it is closed at exit otherwise)."""
+        self.monitor.close()

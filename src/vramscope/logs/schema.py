@@ -10,8 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from vramscope.sampling.devices import allocator_of
-from vramscope.types import AllocatorReading, Sample
+from vramscope.types import AllocatorReading, Sample, allocator_of
 
 CORE_COLUMNS: tuple[str, ...] = (
     "time",

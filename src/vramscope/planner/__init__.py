@@ -1,8 +1,9 @@
 """Predict a QLoRA/LoRA run's GPU memory before it starts: pure functions over config.json fields.
 
 ``plan(model, batch_size, seq_len, spec)`` returns a :class:`Plan` (three totals and a breakdown);
-``recommend(...)`` ranks ways to use less memory. Nothing here imports torch except
-:mod:`vramscope.tune.calibrate`.
+``recommend(...)`` ranks ways to use less memory. Nothing here imports torch except the trace
+(:mod:`vramscope.planner.trace`, on fake tensors); the calibration on a real GPU is :mod:`vramscope.tune.calibrate`
+and the reading of a training command is :mod:`vramscope.commands`.
 """
 
 from __future__ import annotations

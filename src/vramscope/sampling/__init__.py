@@ -4,8 +4,8 @@
   into a Sample) and :class:`~vramscope.sampling.sampler.Sampler` (a Sample every interval, on a thread).
 * :mod:`~vramscope.sampling.peaks`: :class:`~vramscope.sampling.peaks.PeakTracker`, the running peaks of the
   samples (a sink).
-* :mod:`~vramscope.sampling.devices`: which NVML GPU an allocator reading is on (and back).
 
-Importing this package imports nothing: a log reader that needs :mod:`~vramscope.sampling.devices` does not
-pull in the backends (psutil, NVML) with it.
+Where the samples go (the :class:`~vramscope.types.Sink` protocol) and which NVML GPU an allocator reading is on
+(:func:`~vramscope.types.gpu_of`) are on the bottom floor, :mod:`vramscope.types`, so that the log writers and the
+exporters below this package never import it. Importing this package imports nothing.
 """

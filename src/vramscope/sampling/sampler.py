@@ -17,8 +17,7 @@ from typing import Any
 
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
-from vramscope.sinks.base import Sink
-from vramscope.types import GpuReading, HostReading, ProcessGpuReading, Sample
+from vramscope.types import GpuReading, HostReading, ProcessGpuReading, Sample, Sink
 
 log = logging.getLogger("vramscope.sampler")  # the logger name users filter on, kept from before the move
 

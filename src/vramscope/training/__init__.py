@@ -1,4 +1,4 @@
-"""Watching a training run from inside it.
+"""Watching a training run from inside it: the in-process monitor the callbacks drive.
 
 * :mod:`~vramscope.training.monitor`: :class:`~vramscope.training.monitor.MemoryMonitor`, step-aligned rows,
   phases, the live analysis and its warnings.
@@ -14,13 +14,8 @@
 * :mod:`~vramscope.training.strategy`: how the run is spread (FSDP / ZeRO / DDP).
 * :mod:`~vramscope.training.guard`: the guard that keeps a callback's failure out of the training.
 
-* :mod:`~vramscope.training.hf`, :mod:`~vramscope.training.lightning`: the callbacks for HF's and Lightning's
-  ``Trainer`` (users import them from ``vramscope.integrations.hf`` / ``.lightning``, which re-export them and stay).
-* :mod:`~vramscope.training.inject`: ``vramscope run`` attaching the callback with no code change, through the
-  start-up hook in ``_sitecustomize/`` (copied into the child's path, standard library only).
-* :mod:`~vramscope.training.trial`: a ``vramscope tune -- CMD`` trial child (``VRAMSCOPE_TRIAL``).
-* :mod:`~vramscope.training.qlora`: build and step a real QLoRA/LoRA model (tune, calibration, benchmarks).
-* :mod:`~vramscope.training.runner`: ``vramscope run``: a command under the sampler, signals forwarded.
+The callbacks around the monitor are :mod:`vramscope.integrations`; ``vramscope run`` is :mod:`vramscope.run`;
+the tuner's trial child and the QLoRA builders are in :mod:`vramscope.tune`.
 
 Importing this package imports nothing.
 """

@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from vramscope.sampling.devices import gpu_of
-from vramscope.types import MemoryBreakdown
+from vramscope.types import MemoryBreakdown, gpu_of
 
 _QUANT_STATE_TENSORS = ("absmax", "code", "offset")
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from vramscope.sampling.devices import gpu_of
-from vramscope.types import AllocatorReading, GpuReading, HostReading, ProcessGpuReading, Sample
+from vramscope.types import AllocatorReading, GpuReading, HostReading, ProcessGpuReading, Sample, gpu_of
 
 # What one rank sends rank 0 at a logged step, in this order; -1 = unknown (every real value is >= 0).
 # Fixed, so the all-gather's size is known on every rank without a first exchange of sizes.

@@ -52,9 +52,8 @@ from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
 from vramscope.analysis.summary import analyze_columns
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
+from vramscope.logs.sinks import log_sink
 from vramscope.sampling.sampler import MIN_INTERVAL_S, Collector, Sampler
-from vramscope.sinks import log_sink
-from vramscope.sinks.base import Sink
 from vramscope.training.breakdown import BreakdownTracker
 from vramscope.training.gather import RankGather
 from vramscope.training.hooks import batch_tokens
@@ -65,7 +64,7 @@ from vramscope.training.ranks import current_rank, rank_path, write_json_beside
 from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
 from vramscope.training.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
 from vramscope.training.window import StepWindow
-from vramscope.types import MemoryBreakdown, Sample
+from vramscope.types import MemoryBreakdown, Sample, Sink
 
 log = logging.getLogger("vramscope.integrations.loop")  # the logger name users filter on, kept from before the split
 

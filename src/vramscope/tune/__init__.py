@@ -6,7 +6,9 @@
 * :mod:`~vramscope.tune.find`: :func:`find_max_batch_size` and :func:`find_max_seq_len`, the public entry points.
 * :mod:`~vramscope.tune.model_dir`: the QLoRA model and step built from a Hugging Face folder, then searched.
 * :mod:`~vramscope.tune.command`: trials that are runs of the user's own training command.
-* :mod:`~vramscope.tune.batching`: a target batch split into micro-batch and accumulation steps.
+* :mod:`~vramscope.tune.command_trial`: inside a trial child, its HF Trainer made to run one trial.
+* :mod:`~vramscope.tune.qlora`: build and step a real QLoRA/LoRA model (tune, calibration, the demo, benchmarks).
+* :mod:`~vramscope.tune.calibrate`: ``plan --calibrate``, a few real steps fitted to the planner.
 
 Imports nothing here: each module is imported by its path (torch only where a trial runs).
 """

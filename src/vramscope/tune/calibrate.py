@@ -2,7 +2,7 @@
 
 The analytic model is exact for the library versions it was built against; on another stack (a newer torch
 kernel, another bitsandbytes) its per-token terms can drift. Calibration loads the actual architecture as the
-recipe's framework does (random weights, :mod:`vramscope.training.qlora`: HF Trainer's bf16 autocast, TRL's
+recipe's framework does (random weights, :mod:`vramscope.tune.qlora`: HF Trainer's bf16 autocast, TRL's
 bf16 adapters and fused LM head, or a loop that keeps its output), runs two of that framework's steps at each of
 three small shapes while reading ``torch.cuda.max_memory_allocated``, and fits
 
@@ -93,7 +93,7 @@ def _config_of(model: ModelRef) -> dict[str, Any]:
 def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[int, int]], steps: int = 2
             ) -> tuple[int, list[tuple[int, int, int, int, int | None]]]:
     """Load ``model_dir`` as ``spec.framework`` does and run ``steps`` of its steps per shape on the current CUDA
-    device (:class:`vramscope.training.qlora.Trainer`).
+    device (:class:`vramscope.tune.qlora.Trainer`).
 
     Returns:
         (static allocated after loading and creating the optimizer, [(batch, seq, peak allocated,
@@ -101,7 +101,7 @@ def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[
     """
     import torch
 
-    from vramscope.training.qlora import Trainer, load_model, make_optimizer
+    from vramscope.tune.qlora import Trainer, load_model, make_optimizer
 
     model = load_model(model_dir, spec)
     if spec.gradient_checkpointing and spec.framework in ("loop", "loop-loss"):
@@ -171,7 +171,7 @@ def calibrate(model: ModelRef, spec: QLoraSpec, shapes: Sequence[tuple[int, int]
     if not torch.cuda.is_available():
         raise CalibrationError("--calibrate needs a CUDA GPU; without one, plan without --calibrate")
     try:
-        from vramscope.training.qlora import require, write_random_checkpoint
+        from vramscope.tune.qlora import require, write_random_checkpoint
 
         require("transformers", "peft", *(["bitsandbytes"] if spec.bits in (4, 8) else []))
     except ImportError as exc:

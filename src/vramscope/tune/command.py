@@ -1,9 +1,9 @@
 """``vramscope tune -- <command>``: the largest per-device batch (or longest sequence) for the user's own command.
 
 Each trial is the user's command itself, started as a child process with
-:data:`~vramscope.training.trial.ENV_TRIAL` set: the start-up hook makes its HF ``Trainer`` run a
+:data:`~vramscope.tune.command_trial.ENV_TRIAL` set: the start-up hook makes its HF ``Trainer`` run a
 couple of steps at the trial's batch and length, record the per-step peaks and exit (see
-:mod:`vramscope.training.trial`). An out-of-memory error ends that child only. The search is
+:mod:`vramscope.tune.command_trial`). An out-of-memory error ends that child only. The search is
 :func:`vramscope.tune.search.search`, the same as ``vramscope tune --model-dir``: its trials here are
 processes, each starting from the same loaded model, so nothing carries over between them (a trial's
 ``after`` equals its ``base``), and the capacity is what the first child's allocator could hold.
@@ -27,11 +27,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from vramscope.commands import ParsedCommand
 from vramscope.output.names import sibling
-from vramscope.planner.command import ParsedCommand
-from vramscope.training.inject import ENV_PACKAGE_PARENT, SITE_DIR
-from vramscope.training.trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
-from vramscope.tune.batching import split_batch
+from vramscope.planner.batching import split_batch
+from vramscope.run.inject import ENV_PACKAGE_PARENT, SITE_DIR
+from vramscope.tune.command_trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
 from vramscope.tune.search import NoSizeFitsError, Trial, TuneResult, search
 
 DEFAULT_TRIAL_STEPS = 2  # the first step creates the optimizer state; the second runs with it in place

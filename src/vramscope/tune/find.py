@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from vramscope.tune.batching import split_batch
+from vramscope.planner.batching import split_batch
 from vramscope.tune.cuda import CudaProbe
 from vramscope.tune.search import (
     DEFAULT_MAX_BATCH,

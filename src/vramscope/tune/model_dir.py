@@ -1,7 +1,7 @@
 """Tune a Hugging Face model folder: build the model and its training step as the recipe says, then search.
 
 The step is a real QLoRA/LoRA training step over random tokens (memory depends on shapes, not values), built by
-:func:`vramscope.training.qlora.build_trainer`; the search is :func:`vramscope.tune.find.find_max_batch_size`
+:func:`vramscope.tune.qlora.build_trainer`; the search is :func:`vramscope.tune.find.find_max_batch_size`
 or, for the longest sequence at a fixed batch, :func:`~vramscope.tune.find.find_max_seq_len`.
 """
 
@@ -61,7 +61,7 @@ def tune_model_dir(request: ModelDirSearch, on_trial: Callable[[Trial], None] | 
         vramscope.tune.search.NoSizeFitsError: even the smallest size runs out of memory.
     """
     try:
-        from vramscope.training.qlora import build_trainer
+        from vramscope.tune.qlora import build_trainer
 
         trainer = build_trainer(request.model_dir, request.spec, device=f"cuda:{request.device}")
     except ImportError as exc:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vramscope.planner.command.errors import CommandReadError
+from vramscope.commands.errors import CommandReadError
 
 _NUMBER = re.compile(r"^-\d+(\.\d*)?([eE][-+]?\d+)?$")
 _TRUE = {"true", "yes", "t", "y", "1", "on"}

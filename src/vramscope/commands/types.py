@@ -1,4 +1,4 @@
-"""What a training command says about its run, as typed data (see :func:`vramscope.planner.command.parse_command`).
+"""What a training command says about its run, as typed data (see :func:`vramscope.commands.parse_command`).
 
 :class:`Launch` is how the command starts its processes (the launcher, the world size, the distributed
 strategy); :class:`ParsedCommand` is the whole reading: the model, the recipe, the shapes, what was

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramscope.planner.command.argv import Option, is_flag, normalise, to_bool
-from vramscope.planner.command.errors import HOW_INSTEAD, CommandReadError
-from vramscope.planner.command.files import load_json_or_text, load_yaml
-from vramscope.planner.command.types import Launch, Strategy
+from vramscope.commands.argv import Option, is_flag, normalise, to_bool
+from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
+from vramscope.commands.files import load_json_or_text, load_yaml
+from vramscope.commands.types import Launch, Strategy
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
 _PYTHON_FLAGS_WITH_VALUE = {"-W", "-X"}

@@ -79,7 +79,7 @@ def attach(trainer: Any, environ: Mapping[str, str] | None = None) -> Any | None
     Nothing is added when the trainer already has one. The callback goes first in the list so that
     its figures are in the logs before the ``report_to`` integrations send them.
     """
-    from vramscope.training.hf import MemoryMonitorCallback
+    from vramscope.integrations.hf import MemoryMonitorCallback
 
     env = os.environ if environ is None else environ
     handler = getattr(trainer, "callback_handler", None)
@@ -114,7 +114,7 @@ def attach_lightning(trainer: Any, environ: Mapping[str, str] | None = None) -> 
     The same log, numbering and options as for an HF Trainer; nothing is added when the trainer
     already has vramscope's Lightning callback.
     """
-    from vramscope.training.lightning import MemoryMonitorCallback
+    from vramscope.integrations.lightning import MemoryMonitorCallback
 
     callbacks = getattr(trainer, "callbacks", None)
     if not isinstance(callbacks, list) or any(isinstance(cb, MemoryMonitorCallback) for cb in callbacks):

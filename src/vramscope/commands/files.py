@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vramscope.planner.command.errors import HOW_INSTEAD, CommandReadError
+from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a training config is a few KiB; refuse to read a data file by mistake
 

@@ -10,7 +10,7 @@ what the real one does on CUDA.
 - :func:`cuda_kernels`: on fake CPU tensors, make the device-dependent choices torch makes on CUDA: which
   SDPA kernel runs (flash, memory-efficient or math) and the fused dropout with its bool mask.
 
-Imports torch and bitsandbytes: only :mod:`vramscope.planner.trace` uses it.
+Imports torch and bitsandbytes: only :mod:`vramscope.planner.trace.engine` uses it.
 """
 
 from __future__ import annotations

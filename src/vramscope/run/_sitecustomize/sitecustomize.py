@@ -8,9 +8,9 @@ this file at start-up. It does three small things and nothing else:
 2. adds an import hook that waits for ``transformers.trainer`` (and Lightning's trainer module); a
    program that imports neither pays one dictionary miss per import and nothing else;
 3. when that module is loaded, wraps ``Trainer.__init__`` so that every Trainer (and subclass, such
-   as TRL's) gets vramscope's memory callback, via ``vramscope.training.inject.attach``
+   as TRL's) gets vramscope's memory callback, via ``vramscope.run.inject.attach``
    (``attach_lightning`` for a Lightning Trainer); in a trial child of ``vramscope tune -- CMD``
-   (``VRAMSCOPE_TRIAL`` set) it hands the HF Trainer class to ``vramscope.training.trial.install``.
+   (``VRAMSCOPE_TRIAL`` set) it hands the HF Trainer class to ``vramscope.tune.command_trial.install``.
 
 Standard library only, and every failure is one line on stderr: a monitor must never stop a training.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TARGET = "transformers.trainer"
-# The modules whose Trainer gets the callback -> the function of vramscope.training.inject that adds it
+# The modules whose Trainer gets the callback -> the function of vramscope.run.inject that adds it
 # (Lightning's Trainer lives in the unified package and in the older standalone one).
 _TARGETS = {
     _TARGET: "attach",
@@ -87,14 +87,14 @@ def _attach_to_trainers(module: ModuleType, attach_name: str = "attach") -> None
 
 def _load_attach(name: str = "attach") -> Any:
     try:
-        from vramscope.training import inject
+        from vramscope.run import inject
     except ImportError:
         # The program's interpreter may not have vramscope installed: use the copy that started it.
         parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
         if parent and parent not in sys.path:
             sys.path.append(parent)
         try:
-            from vramscope.training import inject
+            from vramscope.run import inject
         except Exception as exc:
             _say(f"not attaching the memory callback: vramscope cannot be imported here ({exc})")
             return None
@@ -153,14 +153,14 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def _install_trial(module: ModuleType) -> None:
-    """`vramscope tune -- CMD`: this process is a trial child (vramscope.training.trial)."""
+    """`vramscope tune -- CMD`: this process is a trial child (vramscope.tune.command_trial)."""
     if os.environ.get("VRAMSCOPE_TRIAL"):
         try:
             # The trial protocol is the tuner's own: use the copy of vramscope that started this child.
             parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
             if parent and "vramscope" not in sys.modules and parent not in sys.path:
                 sys.path.insert(0, parent)
-            from vramscope.training.trial import install
+            from vramscope.tune.command_trial import install
 
             install(module)
         except Exception as exc:

@@ -1,4 +1,4 @@
-"""Where samples go: files (CSV, JSON Lines) and, with the extra, Prometheus."""
+"""The log sink: samples to a file (CSV or JSON Lines), chosen by the file's extension."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from vramscope.logs.files import (
     part_path,
 )
 from vramscope.logs.jsonl_sink import JsonlSink
-from vramscope.sinks.base import Sink
+from vramscope.types import Sink
 
 __all__ = [
     "CsvSink",

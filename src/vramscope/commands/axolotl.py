@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vramscope.planner.command.argv import Reader, to_bool
-from vramscope.planner.command.errors import HOW_INSTEAD, CommandReadError
-from vramscope.planner.command.files import load_json_or_text
-from vramscope.planner.command.launchers import LaunchState
-from vramscope.planner.command.programs import ModelTypeOf, Reading, attention, default_targets, optimizer
+from vramscope.commands.argv import Reader, to_bool
+from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
+from vramscope.commands.files import load_json_or_text
+from vramscope.commands.launchers import LaunchState
+from vramscope.commands.programs import ModelTypeOf, Reading, attention, default_targets, optimizer
 
 # Keys that do not change a step's memory.
 IGNORED = frozenset("""

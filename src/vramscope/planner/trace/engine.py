@@ -7,14 +7,14 @@ bitsandbytes holds, peft wraps it, the framework prepares it as its own code doe
 preparation, bf16 LoRA, input grads, TRL's own fused LM head with entropy and accuracy; ``loop``: a
 hand-written loop that keeps the output until the next forward), and then two real steps (forward,
 backward, gradient clipping where the Trainer clips, optimizer step) run under ``FakeTensorMode`` while
-:class:`~vramscope.planner.trace_counter.LiveBytes` counts every storage in 512-byte blocks. The second step
+:class:`~vramscope.planner.trace.counter.LiveBytes` counts every storage in 512-byte blocks. The second step
 is the steady state (optimizer states exist), as ``torch.cuda.max_memory_allocated`` after two steps.
 
 What is not traced is modelled and listed in the result: the cuBLAS workspaces, the allocator's
 fragmentation and the CUDA context (the analytic planner's :class:`~vramscope.planner.memory.Hardware`),
 bitsandbytes' paged optimizer states (unified memory, outside the allocator). The fake tensors are CPU
 tensors (a CPU-only torch cannot run autograd on fake CUDA tensors); the device-dependent choices CUDA makes
-are made explicitly (:func:`~vramscope.planner.trace_standins.cuda_kernels`).
+are made explicitly (:func:`~vramscope.planner.trace.standins.cuda_kernels`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from vramscope.planner.api import ModelRef, capacity_of, resolve_model
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.memory import Hardware, estimate, validate_spec
 from vramscope.planner.registry import get_config
-from vramscope.planner.trace_counter import LiveBytes
-from vramscope.planner.trace_standins import KERNELS_USED, BnbOptimizerStandIn, cuda_kernels, quantize_linears
+from vramscope.planner.trace.counter import LiveBytes
+from vramscope.planner.trace.standins import KERNELS_USED, BnbOptimizerStandIn, cuda_kernels, quantize_linears
 from vramscope.recipe import FRAMEWORKS, QLoraSpec
 
 INSTALL = "pip install 'vramscope[hf]'"

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramscope.planner.command.argv import Reader
-from vramscope.planner.command.errors import HOW_INSTEAD, CommandReadError
-from vramscope.planner.command.files import load_json_or_text
-from vramscope.planner.command.launchers import LaunchState
+from vramscope.commands.argv import Reader
+from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
+from vramscope.commands.files import load_json_or_text
+from vramscope.commands.launchers import LaunchState
 
 # peft 0.21's default LoRA targets per model_type (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), used
 # when TRL's --lora_target_modules is not given. phi3 has none: peft then asks for target_modules.

@@ -38,10 +38,10 @@ from types import FrameType
 
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
+from vramscope.logs.sinks import CsvSink, JsonlSink, log_sink
 from vramscope.sampling.peaks import PeakTracker
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S, Collector, Sampler
-from vramscope.sinks import CsvSink, JsonlSink, log_sink
-from vramscope.sinks.base import Sink
+from vramscope.types import Sink
 
 log = logging.getLogger("vramscope.runner")  # the logger name users filter on, kept from before the move
 
@@ -209,7 +209,7 @@ def exit_like(result: RunResult) -> int:
 def _log_files(sink: CsvSink | JsonlSink | None) -> list[str]:
     if sink is None:
         return []
-    from vramscope.sinks import part_path
+    from vramscope.logs.sinks import part_path
 
     return [part_path(sink.path, part) for part in range(sink.parts)]
 

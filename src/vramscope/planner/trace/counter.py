@@ -6,7 +6,7 @@ a new storage adds its size, rounded up to the allocator's 512-byte blocks, to t
 takes it off again when the storage dies. The same counter runs on real tensors and on fake ones
 (``FakeTensorMode``), which is how the tests prove that a fake trace counts what a real step holds.
 
-Imports torch: only :mod:`vramscope.planner.trace` uses it.
+Imports torch: only :mod:`vramscope.planner.trace.engine` uses it.
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vramscope.planner.command.argv import Option, Reader, options_from_mapping, shown, split_options
-from vramscope.planner.command.axolotl import config_path, read_axolotl
-from vramscope.planner.command.errors import HOW_INSTEAD, CommandReadError
-from vramscope.planner.command.files import load_yaml
-from vramscope.planner.command.launchers import ACCELERATE_BOOL, ACCELERATE_VALUED, apply_accelerate, split_launcher
-from vramscope.planner.command.programs import (
+from vramscope.commands.argv import Option, Reader, options_from_mapping, shown, split_options
+from vramscope.commands.axolotl import config_path, read_axolotl
+from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
+from vramscope.commands.files import load_yaml
+from vramscope.commands.launchers import ACCELERATE_BOOL, ACCELERATE_VALUED, apply_accelerate, split_launcher
+from vramscope.commands.programs import (
     IGNORED,
     Reading,
     looks_like_hf,
@@ -31,7 +31,7 @@ from vramscope.planner.command.programs import (
     read_qlora,
     read_trl,
 )
-from vramscope.planner.command.types import STRATEGIES, Launch, ParsedCommand, Strategy
+from vramscope.commands.types import STRATEGIES, Launch, ParsedCommand, Strategy
 from vramscope.planner.errors import PlanInputError
 from vramscope.recipe import QLoraSpec
 
