@@ -30,6 +30,8 @@ LIBRARY_PLACES: dict[str, tuple[str, ...]] = {
     "psutil": ("vramscope.backends.host",),
     "prometheus_client": ("vramscope.exporters.collector", "vramscope.exporters.http", "vramscope.exporters.push"),
     "yaml": ("vramscope.commands.files",),
+    "pyarrow": ("vramscope.dataset.readers",),  # the user's data: parquet, arrow, fast JSON lines and CSV
+    "tokenizers": ("vramscope.dataset.tokenizer",),
     "torch": (
         "vramscope.backends.torch_allocator",
         "vramscope.training.",  # the monitor's side of a run: callbacks, QLoRA builders, trial children
