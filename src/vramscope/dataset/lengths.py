@@ -105,7 +105,7 @@ def dataset_plan_input(
                       seed=seed)
     notes.append(peak.note)
     index = picked if picked is not None else np.arange(rows.num_rows)
-    order = np.argsort(per_example, kind="stable")[::-1][:LONGEST_SHOWN]
+    order = np.argsort(-per_example, kind="stable")[:LONGEST_SHOWN]  # ties: the first row first
     dist = per_example[sample] if sample is not None else per_example
     if sampled:
         notes.append(f"sampled: {len(dist):,} random rows of {rows.num_rows:,} for the distribution, plus the "
