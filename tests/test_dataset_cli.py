@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from dataset_tokenizer import make_tokenizer, words
 
+from dataset_tokenizer import make_tokenizer, words
 from vramscope.cli import main
 
 LONG = {5: 1500, 77: 1200}

@@ -94,12 +94,16 @@ def dataset_plan_input(
         tokenizer = RunTokenizer(folder)
     picked, sample, sampled = _pick(rows, layout, sample_rows, seed)
     raw = lengths(rows, layout, tokenizer, picked)
-    truncate = max_length is not None and not packing and layout.trainer != "grpo"
+    # Packing cuts too: best-fit packing truncates an example longer than a row, the other strategies split it.
+    truncate = max_length is not None and layout.trainer != "grpo"
     cut = np.minimum(raw, max_length) if truncate and max_length is not None else raw
     per_example = cut.max(axis=1) if cut.ndim == 2 else cut
     untruncated = raw.max(axis=1) if raw.ndim == 2 else raw
     truncated = int((untruncated > max_length).sum()) if truncate and max_length is not None else 0
     batching = _batching(layout, packing, padding_free, group_by_length, notes)
+    if batching == "padding_free" and truncate and layout.trainer == "sft":
+        notes.append(f"TRL 1.16 refuses padding_free without packing when max_length is set (it would not "
+                     f"truncate); the lengths here are cut at {max_length}, as a pre-truncated dataset would be")
     one_row = packing and (padding_free or packing_strategy in ("bfd", "bfd_split"))
     peak = peak_batch(cut, batch, batching, max_length, pad_to_multiple_of, pairs=cut.ndim == 2, one_row=one_row,
                       seed=seed)
@@ -115,7 +119,7 @@ def dataset_plan_input(
     return DatasetLengths(
         source=located.source, files=tuple(str(f) for f in located.files), trainer=layout.trainer,
         fields=layout.fields, how=_how(layout, tokenizer, max_length if truncate else None), examples=rows.num_rows,
-        sampled=sampled, tokenized=int(per_example.shape[0]), max_length=max_length if truncate or packing else None,
+        sampled=sampled, tokenized=int(per_example.shape[0]), max_length=max_length if truncate else None,
         longest_tokens=int(per_example.max()), p50_tokens=percentile(dist, 50), p99_tokens=percentile(dist, 99),
         longest_untruncated_tokens=int(untruncated.max()), truncated_examples=truncated, batch_size=batch,
         batching=batching, peak_batch_rows=peak.rows, peak_batch_seq=peak.seq, peak_batch_tokens=peak.tokens,
