@@ -33,16 +33,19 @@ from common import RESULTS_DIR, log, write_result
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 CASE_CODE = """
-import json, sys, time
+import json, resource, sys, time
 t0 = time.perf_counter()
 from vramscope.dataset import dataset_plan_input
 d = dataset_plan_input(sys.argv[1], sys.argv[2] or None, batch=8, max_length=4096)
 seconds = time.perf_counter() - t0
+usage = resource.getrusage(resource.RUSAGE_SELF)
+cpu = usage.ru_utime + usage.ru_stime  # all threads (the tokenizer's Rust workers too): the load-free cost
 from vramscope.dataset.files import locate
 from vramscope.dataset.readers import read_rows
 t1 = time.perf_counter()
 read_rows(locate(sys.argv[1]).files)  # the read alone, a second time (the files are in the page cache)
-print(json.dumps({"seconds": seconds, "inside_seconds": d.seconds, "read_seconds": time.perf_counter() - t1,
+read_seconds = time.perf_counter() - t1
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "inside_seconds": d.seconds, "read_seconds": read_seconds,
                   "examples": d.examples,
                   "longest_tokens": d.longest_tokens, "p50_tokens": d.p50_tokens, "p99_tokens": d.p99_tokens,
                   "truncated_examples": d.truncated_examples, "peak_batch": [d.peak_batch_rows, d.peak_batch_seq],
@@ -107,6 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     src = Path(__file__).resolve().parent.parent / "src"
     env = {**os.environ, "PYTHONPATH": str(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    load_at_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         log(f"writing {args.rows:,} examples four ways and training the tokenizer")
         cases = build(Path(tmp), args.rows)
@@ -125,6 +129,7 @@ def main() -> None:
                         "min_s": min(seconds), "max_s": max(seconds),
                         "median_inside_s": statistics.median(x["inside_seconds"] for x in reps),
                         "median_read_s": statistics.median(x["read_seconds"] for x in reps),
+                        "median_cpu_s": statistics.median(x["cpu_seconds"] for x in reps),
                         "examples_per_s": round(args.rows / statistics.median(seconds)), "repetitions": reps})
     versions = {}
     for name in ("tokenizers", "pyarrow", "transformers", "jinja2", "numpy"):
@@ -135,12 +140,15 @@ def main() -> None:
     path = write_result(args.out, "dataset_speed", {
         "rows": args.rows, "repeat": args.repeat, "dataset_versions": versions,
         "what": "plan --dataset's reading and tokenizing, each case in a fresh process (imports included); "
-                "seconds are wall time of the process's work, inside_s the time dataset_plan_input reports",
+                "seconds are wall time of the process's work, inside_s the time dataset_plan_input reports, "
+                "cpu_s the CPU time of all its threads (what an idle machine of one core would take)",
+        "load_average_at_start": load_at_start, "load_average_at_end": list(os.getloadavg()),
         "results": results, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }, tiny=False)
     print(path)
     for r in results:
-        print(f"{r['case']:36} median {r['median_s']:6.2f} s  ({r['examples_per_s']:,} examples/s)")
+        print(f"{r['case']:36} median {r['median_s']:6.2f} s wall, {r['median_cpu_s']:6.2f} s CPU "
+              f"({r['examples_per_s']:,} examples/s)")
 
 
 if __name__ == "__main__":

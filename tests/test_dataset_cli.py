@@ -88,6 +88,6 @@ def test_the_terminal_shows_the_histogram_and_the_longest_examples(files: tuple[
     out = done.stdout
     assert "300 examples" in out and "2 truncated at 1024 (the longest was 1,502)" in out
     assert "█" in out and "   32 -    63" in out  # a bin of the histogram
-    assert "longest examples (row: tokens): #5: 1,024, #77: 1,024" in out
+    assert "longest examples (row: tokens): #5: 1,502 (cut to 1,024), #77: 1,202 (cut to 1,024), #" in out
     assert "longest batch: 2 x 1,024 = 2,048 tokens" in out
     assert "Llama-2-7B: 6.74B params, batch 2 x 1024 tokens" in out

@@ -37,12 +37,12 @@ PAIR_ROWS = [{"prompt": words(n) + " ", "chosen": words(3, 5), "rejected": words
 
 
 def ours(path: str, tok: Path, **kw: Any) -> list[int]:
-    """Tokens per example, in row order (from the longest-first list when every row is in it)."""
+    """Tokens per example after truncation, in row order (from the longest-first list, which names every row of
+    these small files with its length before truncation)."""
     d = dataset_plan_input(path, str(tok), **{"batch": 1, **kw})
     rows = dict(d.longest)
-    if len(rows) < d.examples:  # more rows than the longest list shows: not used below
-        raise AssertionError("too many rows for this helper")
-    return [rows[i] for i in range(d.examples)]
+    assert len(rows) == d.examples, "the helper needs every row in the longest list"
+    return [min(rows[i], d.max_length) if d.max_length else rows[i] for i in range(d.examples)]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_a_column_of_token_ids_is_used_as_it_is_with_no_tokenizer(tmp_path: Path
     d = dataset_plan_input(write_jsonl(tmp_path / "ids.jsonl", rows), None, batch=2, max_length=30)
     assert d.how.startswith("TRL SFT; input_ids used as they are")
     assert (d.longest_tokens, d.truncated_examples, d.longest_untruncated_tokens) == (30, 1, 40)
-    assert [t for _, t in d.longest] == [30, 25, 10, 7, 3]
+    assert [t for _, t in d.longest] == [40, 25, 10, 7, 3]  # named by their length before truncation
 
 
 def test_a_named_field_and_the_errors_that_say_what_to_pass(tok: Path, tmp_path: Path) -> None:

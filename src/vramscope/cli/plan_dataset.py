@@ -60,7 +60,12 @@ def format_dataset(d: DatasetLengths) -> str:
             low, high = d.histogram.edges[i], d.histogram.edges[i + 1] - 1
             bar = "█" * max(1 if counts[i] else 0, round(BAR * counts[i] / top)) if top else ""
             lines.append(f"    {low:>{width},} - {high:>{width},}  {bar:<{BAR}} {counts[i]:,}")
-    lines.append("  longest examples (row: tokens): " + ", ".join(f"#{i}: {t:,}" for i, t in d.longest))
+    cut = d.max_length
+
+    def named(i: int, t: int) -> str:
+        return f"#{i}: {t:,}" + (f" (cut to {cut:,})" if cut is not None and t > cut else "")
+
+    lines.append("  longest examples (row: tokens): " + ", ".join(named(i, t) for i, t in d.longest))
     real = f" ({d.peak_batch_real_tokens:,} of them real)" if d.peak_batch_real_tokens != d.peak_batch_tokens else ""
     lines.append(f"  longest batch: {d.peak_batch_rows} x {d.peak_batch_seq:,} = {d.peak_batch_tokens:,} tokens{real}")
     if d.typical_epoch_peak_tokens is not None:

@@ -109,7 +109,9 @@ def dataset_plan_input(
                       seed=seed)
     notes.append(peak.note)
     index = picked if picked is not None else np.arange(rows.num_rows)
-    order = np.argsort(-per_example, kind="stable")[:LONGEST_SHOWN]  # ties: the first row first
+    # Ranked by the length before truncation, so that the longest examples are named even where truncation
+    # ties them at max_length; ties: the first row first.
+    order = np.argsort(-untruncated, kind="stable")[:LONGEST_SHOWN]
     dist = per_example[sample] if sample is not None else per_example
     if sampled:
         notes.append(f"sampled: {len(dist):,} random rows of {rows.num_rows:,} for the distribution, plus the "
@@ -124,7 +126,7 @@ def dataset_plan_input(
         longest_untruncated_tokens=int(untruncated.max()), truncated_examples=truncated, batch_size=batch,
         batching=batching, peak_batch_rows=peak.rows, peak_batch_seq=peak.seq, peak_batch_tokens=peak.tokens,
         peak_batch_real_tokens=peak.real_tokens, typical_epoch_peak_tokens=peak.typical_epoch_tokens,
-        longest=tuple((int(index[i]), int(per_example[i])) for i in order), histogram=histogram(dist),
+        longest=tuple((int(index[i]), int(untruncated[i])) for i in order), histogram=histogram(dist),
         notes=tuple(notes), seconds=time.perf_counter() - started,
     )
 

@@ -64,7 +64,7 @@ class DatasetLengths:
         peak_batch_real_tokens: the tokens of the examples in it, padding left out.
         typical_epoch_peak_tokens: padding-free in random order: the median, over simulated shuffles, of an
             epoch's largest batch (the worst batch is rarely formed); None where the worst batch is certain.
-        longest: the longest examples, ``(row index, tokens)``, longest first.
+        longest: the longest examples, ``(row index, tokens before truncation)``, longest first.
         histogram: examples per length bin.
         notes: what was assumed, a sentence each.
         seconds: the time taken to read and tokenize.
