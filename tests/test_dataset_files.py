@@ -69,17 +69,44 @@ def test_parquet_and_arrow_files(tmp_path: Path) -> None:
         assert read_texts(str(tmp_path / name)) == TEXTS, name
 
 
-def test_a_save_to_disk_folder_made_by_datasets(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
-    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "one"))
+def save_to_disk(rows: list[dict[str, object]], folder: Path) -> None:
+    """``Dataset.save_to_disk`` by the real ``datasets`` where installed, else its layout written with pyarrow: the
+    arrow IPC stream, state.json naming it, dataset_info.json."""
+    try:
+        import datasets
+    except ImportError:
+        import pyarrow as pa
+
+        folder.mkdir(parents=True)
+        table = pa.Table.from_pylist(rows)
+        with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink, \
+                pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+        (folder / "dataset_info.json").write_text("{}")
+        return
+    datasets.Dataset.from_list(rows).save_to_disk(str(folder))
+
+
+def test_a_save_to_disk_folder(tmp_path: Path) -> None:
+    save_to_disk(ROWS, tmp_path / "one")
     assert read_texts(str(tmp_path / "one")) == TEXTS
-    both = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS),
-                                 "test": datasets.Dataset.from_list(ROWS[:3])})
-    both.save_to_disk(str(tmp_path / "dict"))
+    save_to_disk(ROWS, tmp_path / "dict" / "train")
+    save_to_disk(ROWS[:3], tmp_path / "dict" / "test")
+    (tmp_path / "dict" / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
     assert read_texts(str(tmp_path / "dict")) == TEXTS  # train by default
     assert read_texts(str(tmp_path / "dict"), "test") == TEXTS[:3]
     with pytest.raises(DatasetError, match="no split 'dev'; it has"):
         locate(str(tmp_path / "dict"), "dev")
+
+
+def test_a_dataset_dict_saved_by_datasets(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    both = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS),
+                                 "test": datasets.Dataset.from_list(ROWS[:3])})
+    both.save_to_disk(str(tmp_path / "dict"))
+    assert read_texts(str(tmp_path / "dict")) == TEXTS
+    assert read_texts(str(tmp_path / "dict"), "test") == TEXTS[:3]
 
 
 def _datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
