@@ -67,7 +67,7 @@ def corpus(rows: int, seed: int) -> tuple[list[str], list[str]]:
     return texts, vocab
 
 
-def build(root: Path, rows: int) -> dict[str, tuple[str, str]]:
+def build(root: Path, rows: int) -> tuple[dict[str, tuple[str, str]], dict[str, int]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -96,10 +96,11 @@ def build(root: Path, rows: int) -> dict[str, tuple[str, str]]:
                                              {"role": "assistant", "content": t[cut:]}]}) + "\n")
     ids = [enc.ids for enc in tok.encode_batch(texts)]
     pq.write_table(pa.table({"input_ids": ids}), root / "input_ids.parquet")
+    totals = {"words": sum(t.count(" ") + 1 for t in texts), "tokens": sum(len(i) for i in ids)}
     return {"jsonl text (TRL SFT + EOS)": (str(root / "text.jsonl"), str(folder)),
             "parquet text (TRL SFT + EOS)": (str(root / "text.parquet"), str(folder)),
             "jsonl messages (chat template)": (str(root / "messages.jsonl"), str(folder)),
-            "parquet input_ids (no tokenizer)": (str(root / "input_ids.parquet"), "")}
+            "parquet input_ids (no tokenizer)": (str(root / "input_ids.parquet"), "")}, totals
 
 
 def main() -> None:
@@ -113,7 +114,8 @@ def main() -> None:
     load_at_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         log(f"writing {args.rows:,} examples four ways and training the tokenizer")
-        cases = build(Path(tmp), args.rows)
+        cases, totals = build(Path(tmp), args.rows)
+        log(f"{totals['words']:,} words, {totals['tokens']:,} tokens (BOS and EOS not counted)")
         sizes = {name: os.path.getsize(path) for name, (path, _) in cases.items()}
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
         for r in range(args.repeat):
@@ -130,7 +132,9 @@ def main() -> None:
                         "median_inside_s": statistics.median(x["inside_seconds"] for x in reps),
                         "median_read_s": statistics.median(x["read_seconds"] for x in reps),
                         "median_cpu_s": statistics.median(x["cpu_seconds"] for x in reps),
-                        "examples_per_s": round(args.rows / statistics.median(seconds)), "repetitions": reps})
+                        "examples_per_s": round(args.rows / statistics.median(seconds)),
+                        "tokens_per_cpu_s": round(totals["tokens"] / statistics.median(x["cpu_seconds"] for x in reps)),
+                        "repetitions": reps})
     versions = {}
     for name in ("tokenizers", "pyarrow", "transformers", "jinja2", "numpy"):
         try:
@@ -138,7 +142,8 @@ def main() -> None:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     path = write_result(args.out, "dataset_speed", {
-        "rows": args.rows, "repeat": args.repeat, "dataset_versions": versions,
+        "rows": args.rows, "repeat": args.repeat, "total_words": totals["words"], "total_tokens": totals["tokens"],
+        "dataset_versions": versions,
         "what": "plan --dataset's reading and tokenizing, each case in a fresh process (imports included); "
                 "seconds are wall time of the process's work, inside_s the time dataset_plan_input reports, "
                 "cpu_s the CPU time of all its threads (what an idle machine of one core would take)",
