@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus
@@ -18,11 +18,13 @@ from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.cli.plan_dataset import add_dataset_arguments, fallback_line, format_dataset, read_dataset
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
-from vramscope.dataset import DatasetLengths
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.memory import OPTIMIZERS
 from vramscope.units import gib
+
+if TYPE_CHECKING:
+    from vramscope.dataset import DatasetLengths
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -4,8 +4,10 @@ length distribution it found, for a terminal."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from vramscope.dataset import DatasetError, DatasetLengths, dataset_plan_input
+if TYPE_CHECKING:  # the dataset reading imports numpy: only when --dataset is given, not to build the parser
+    from vramscope.dataset import DatasetLengths
 
 BAR = 24  # characters of the longest histogram bar
 
@@ -27,6 +29,8 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
     """(the dataset's lengths, None), or (None, the one line saying why it could not be read)."""
+    from vramscope.dataset import DatasetError, dataset_plan_input
+
     model = args.config if getattr(args, "config", None) else getattr(args, "model", None)
     try:
         return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, args.framework,

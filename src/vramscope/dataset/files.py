@@ -38,9 +38,6 @@ class Located:
     split: str | None
     note: str | None = None  # "the hub dataset tatsu-lab/alpaca from the local cache ..."
 
-    def format_of(self, path: Path) -> str:
-        return SUFFIXES[path.suffix.lower()]
-
 
 def locate(name: str, split: str | None = None) -> Located:
     """The files to read for ``name`` (a path, or a hub id found in the local cache), one split of them.
@@ -120,9 +117,7 @@ def _data_folder(path: Path, source: str, split: str | None) -> Located:
     if len(by_split) == 1 and split is None:
         ((only, group),) = by_split.items()
         return Located(source, tuple(group), None if only == "" else only)
-    known = sorted(s for s in by_split if s)
-    if split is None and "" in by_split and len(by_split[""]) and not known:
-        return Located(source, tuple(by_split[""]), None)
+    known = sorted(s for s in by_split if s)  # files named for no split are left out once some are
     chosen = _choose(known, SPLIT_WORDS.get(split, split) if split else None, source, files=files, root=path)
     return Located(source, tuple(by_split[chosen]), chosen)
 

@@ -76,8 +76,7 @@ def dataset_plan_input(
     rows = read_rows(located.files)
     if rows.num_rows == 0:
         raise DatasetError(f"{path}: the dataset has no rows")
-    first = {c: v[0] for c in rows.columns for v in [rows.values(c, np.array([0]))]}
-    layout = layout_of(rows.columns, wanted, field, first)
+    layout = layout_of(rows.columns, wanted, field, rows.first())
     notes: list[str] = []
     if located.note:
         notes.append(located.note)

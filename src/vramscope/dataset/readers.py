@@ -41,6 +41,10 @@ class Rows:
     def values(self, column: str, rows: np.ndarray | None = None) -> list[Any]:
         raise NotImplementedError
 
+    def first(self) -> dict[str, Any]:
+        """The first row (to tell text from conversations and token ids)."""
+        return {c: self.values(c, np.array([0]))[0] for c in self.columns}
+
     def char_lengths(self, column: str) -> np.ndarray:
         """Characters per row in ``column`` (a cheap stand-in for tokens, to find the long rows of a huge dataset)."""
         return np.fromiter((_chars(v) for v in self.values(column)), dtype=np.int64, count=self.num_rows)
