@@ -34,6 +34,11 @@ CHAT_ROWS = [{"messages": [{"role": "system", "content": "the sky"}, {"role": "u
                            {"role": "assistant", "content": words(n // 2 + 1, 50)}]} for n in SIZES]
 PC_ROWS = [{"prompt": words(n), "completion": " " + words(4, 9)} for n in SIZES]
 PAIR_ROWS = [{"prompt": words(n) + " ", "chosen": words(3, 5), "rejected": words(n, 7)} for n in SIZES]
+CHAT_PC_ROWS = [{"prompt": [{"role": "user", "content": words(n)}],
+                 "completion": [{"role": "assistant", "content": words(n // 3 + 1, 11)}]} for n in SIZES]
+CHAT_PAIR_ROWS = [{"prompt": [{"role": "user", "content": words(n)}],
+                   "chosen": [{"role": "assistant", "content": words(2, 3)}],
+                   "rejected": [{"role": "assistant", "content": words(n + 5, 4)}]} for n in SIZES]
 
 
 def ours(path: str, tok: Path, **kw: Any) -> list[int]:
@@ -59,16 +64,18 @@ def trl_lengths(tok: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     sft._tokenizer, sft.chat_template, sft.completion_only_loss = tokenizer, None, False
     found: dict[str, list[int]] = {}
     for name, rows, max_length in (("text", TEXT_ROWS, None), ("text@20", TEXT_ROWS, 20),
-                                   ("messages", CHAT_ROWS, None), ("prompt_completion", PC_ROWS, None)):
+                                   ("messages", CHAT_ROWS, None), ("prompt_completion", PC_ROWS, None),
+                                   ("chat_prompt_completion", CHAT_PC_ROWS, None)):
         args = SFTConfig(output_dir=out_dir, max_length=max_length, report_to="none", use_cpu=True, bf16=False)
         prepared = SFTTrainer._prepare_dataset(sft, Dataset.from_list(rows), tokenizer, args, False, None, "train")
         found[name] = [len(x) for x in prepared["input_ids"]]
     dpo = DPOTrainer.__new__(DPOTrainer)
     dpo._tokenizer = tokenizer
     args = DPOConfig(output_dir=out_dir, report_to="none", use_cpu=True, bf16=False)
-    prepared = DPOTrainer._prepare_dataset(dpo, Dataset.from_list(PAIR_ROWS), tokenizer, args, "train")
-    found["pairs"] = [max(len(p) + len(c), len(p) + len(r)) for p, c, r in
-                      zip(prepared["prompt_ids"], prepared["chosen_ids"], prepared["rejected_ids"], strict=True)]
+    for name, rows in (("pairs", PAIR_ROWS), ("chat_pairs", CHAT_PAIR_ROWS)):
+        prepared = DPOTrainer._prepare_dataset(dpo, Dataset.from_list(rows), tokenizer, args, "train")
+        found[name] = [max(len(p) + len(c), len(p) + len(r)) for p, c, r in
+                       zip(prepared["prompt_ids"], prepared["chosen_ids"], prepared["rejected_ids"], strict=True)]
     return found
 
 
@@ -79,6 +86,7 @@ def test_text_messages_and_prompt_completion_match_trl_sft(tok: Path, tmp_path: 
     assert ours(write_jsonl(tmp_path / "t.jsonl", TEXT_ROWS), tok, max_length=20) == trl_lengths["text@20"]
     assert ours(write_jsonl(tmp_path / "m.jsonl", CHAT_ROWS), tok) == trl_lengths["messages"]
     assert ours(write_jsonl(tmp_path / "p.jsonl", PC_ROWS), tok) == trl_lengths["prompt_completion"]
+    assert ours(write_jsonl(tmp_path / "cp.jsonl", CHAT_PC_ROWS), tok) == trl_lengths["chat_prompt_completion"]
 
 
 @pytest.mark.slow
@@ -88,6 +96,8 @@ def test_dpo_pairs_match_trl_dpo(tok: Path, tmp_path: Path, trl_lengths: dict[st
     assert [dict(d.longest)[i] for i in range(len(PAIR_ROWS))] == trl_lengths["pairs"]
     # The DPO collator stacks chosen and rejected: 2 x batch rows, padded to the longest of them all.
     assert (d.peak_batch_rows, d.peak_batch_seq) == (4, max(trl_lengths["pairs"]))
+    chats = dataset_plan_input(write_jsonl(tmp_path / "chat_pairs.jsonl", CHAT_PAIR_ROWS), str(tok), batch=2)
+    assert [dict(chats.longest)[i] for i in range(len(CHAT_PAIR_ROWS))] == trl_lengths["chat_pairs"]
 
 
 def test_plain_text_gets_bos_and_eos_as_trl_and_none_under_the_hf_trainer(tok: Path, tmp_path: Path) -> None:
