@@ -55,6 +55,7 @@ from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.sinks import log_sink
 from vramscope.sampling.sampler import MIN_INTERVAL_S, Collector, Sampler
 from vramscope.training.breakdown import BreakdownTracker
+from vramscope.training.claims import claim_log
 from vramscope.training.gather import RankGather
 from vramscope.training.hooks import batch_tokens
 from vramscope.training.live import LiveRows
@@ -102,6 +103,9 @@ class MemoryMonitor:
             log at each logged step (a collective: all ranks or none must have it on).
         rank_logs: ranks other than 0 write their own ``<stem>.rank<k>`` log (their phase rows,
             warnings and analysis); False leaves rank 0's log (with ``gather``) as the only one.
+        overwrite: replace a log another process left (the default, as a script run again does); False refuses
+            it (``LogExistsError``, as ``vramscope run`` does without ``--overwrite``). A log this process wrote
+            earlier is never overwritten: the new run writes the next free name beside it (one warning).
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class MemoryMonitor:
         warn_stream: TextIO | None = sys.stderr,
         gather: bool = True,
         rank_logs: bool = True,
+        overwrite: bool = True,
     ) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be a whole number of at least 1, got {every_n_steps!r}")
@@ -155,6 +160,7 @@ class MemoryMonitor:
         self._extra_sinks = list(sinks)
         self.gather = gather
         self.rank_logs = rank_logs
+        self.overwrite = overwrite
         self._gatherer: RankGather | None = None
         self.rank_rows: dict[int, Sample] = {}  # rank 0: the latest gathered sample of each rank
         self.strategy: dict[str, Any] | None = None  # how the run is spread, once note_strategy ran
@@ -195,8 +201,9 @@ class MemoryMonitor:
         self.rank = current_rank()
         sinks: list[Sink] = []
         if self.requested_log is not None and (self.rank == 0 or self.rank_logs):
-            self.log_path = rank_path(self.requested_log, self.rank)
-            sinks.append(log_sink(self.log_path))  # a bad path fails here, before training starts
+            self.log_path = claim_log(rank_path(self.requested_log, self.rank), self)
+            # A bad path fails here, before training starts.
+            sinks.append(log_sink(self.log_path, overwrite=self.overwrite))
         if self.prometheus is not None:
             from vramscope.exporters import PrometheusBindError, PrometheusSink  # only when asked
 
