@@ -388,3 +388,16 @@ def test_report_never_replaces_a_device_with_its_output(
     err = capsys.readouterr().err
     assert stat.S_ISCHR(node.stat().st_mode)  # still the device
     assert code == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1, err
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_completion(data: st.DataObject, capsys: pytest.CaptureFixture[str]) -> None:
+    needs("completion")
+    ws = Workspace()
+    try:
+        shell = data.draw(st.sampled_from(["bash", "zsh", "fish", "", "powershell", "bash\x00"]))
+        argv = data.draw(argv_for("completion", ws))
+        check(["completion", *([shell] if shell else []), *argv], ws, capsys)
+    finally:
+        ws.close()
