@@ -200,7 +200,7 @@ def argv_for(command: str, ws: Workspace) -> st.SearchStrategy[list[str]]:
     per_flag = [value_for(a, ws) for a in flags(command)]
     chosen = st.lists(st.sampled_from(range(len(per_flag))), max_size=5).flatmap(
         lambda idx: st.tuples(*(per_flag[i] for i in idx)) if idx else st.just(())
-    )
+    ) if per_flag else st.just(())
     unknown = st.lists(st.sampled_from(["--bogus", "--interval-s", "-x", "extra"]), max_size=1)
     return st.tuples(chosen, unknown).map(lambda cu: [tok for pair in cu[0] for tok in pair] + cu[1])
 
