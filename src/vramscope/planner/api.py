@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vramscope.planner import gpus, registry
-from vramscope.planner.errors import PlanInputError
+from vramscope.planner import gpus, hub_cache, registry
+from vramscope.planner.errors import PlanInputError, UnknownModelError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, Framework, component_notes, framework_for
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
@@ -91,7 +91,14 @@ def resolve_model(model: ModelRef) -> tuple[str, ModelShape]:
     if isinstance(model, ModelShape):
         return model.model_type, model
     if isinstance(model, str):
-        name = registry.resolve(model)
+        try:
+            name = registry.resolve(model)
+        except UnknownModelError:
+            # Any hub id whose config.json this machine has already downloaded plans offline.
+            cached = hub_cache.cached_config(model)
+            if cached is None:
+                raise
+            return model.strip(), shape_from_config(cached)
         return name, shape_from_config(registry.get_config(name))
     if isinstance(model, Mapping):
         shape = shape_from_config(model)

@@ -58,10 +58,14 @@ def _lookup(name: str) -> str | None:
     while True:
         cut = next((s for s in _VARIANT_SUFFIXES if stem.endswith(s) and len(stem) > len(s)), None)
         if cut is None:
-            return None
+            break
         stem = stem[: -len(cut)]
         if stem in index:
             return index[stem]
+    # The variant word in the middle: "Mistral-7B-Instruct-v0.2" is Mistral-7B-v0.2's architecture.
+    words = [w for w in tail.split("-") if f"-{w}" not in _VARIANT_SUFFIXES]
+    joined = "-".join(words)
+    return index.get(joined) if words and joined != tail else None
 
 
 def names() -> list[str]:
@@ -99,7 +103,8 @@ def resolve(name: str) -> str:
         near = closest(name.strip().rpartition("/")[2])
         hint = f"closest: {', '.join(near)}" if near else f"known: {', '.join(names())}"
         raise UnknownModelError(
-            f"unknown model {name!r}; {hint} (or pass --config PATH/config.json for any Hugging Face model)"
+            f"unknown model {name!r}; {hint} (or pass --config PATH/config.json for any Hugging Face model; "
+            "a hub id whose config.json is in the local Hugging Face cache plans as it is)"
         )
     return canonical
 
