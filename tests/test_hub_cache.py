@@ -123,3 +123,18 @@ def test_download_fetches_config_json_alone(hub: list[str]) -> None:
     assert hub == ["/acme/mistral-ft/resolve/main/config.json"]  # nothing but config.json
     with pytest.raises(PlanInputError, match="HF_TOKEN"):
         hub_cache.download_config("acme/gated")
+
+
+def test_a_family_name_sold_in_two_sizes_says_which_it_planned() -> None:
+    out = vramscope("plan", "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "512", "--gpu", "A100")
+    assert out.returncode == 0, out.stderr
+    assert "planned for A100-40GB" in out.stdout and "--gpu A100-80GB" in out.stdout
+    exact = vramscope("plan", "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "512", "--gpu", "A100-80GB")
+    assert "sold with more than one memory size" not in exact.stdout
+
+
+def test_bf16_on_a_card_without_it_is_planned_in_fp16() -> None:
+    t4 = plan("Llama-2-7B", 1, 512, gpu="T4")
+    assert any("no bf16" in note for note in t4.notes) and "fp16 autocast" in t4.framework_title
+    a10 = plan("Llama-2-7B", 1, 512, gpu="A10G")
+    assert not any("no bf16" in note for note in a10.notes) and "bf16 autocast" in a10.framework_title

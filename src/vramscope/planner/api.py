@@ -348,8 +348,13 @@ def plan(
         hw = hardware
     if target_batch is not None:
         _positive("target batch", target_batch, MAX_COUNT)
-    est = estimate(shape, spec, batch_size, seq_len, hw)
     notes: list[str] = []
+    if gpu is not None and spec.compute_dtype == "bf16" and not gpus.supports_bf16(gpu):
+        # A T4 or V100 has no bf16 arithmetic: people train there in fp16 (bf16=True fails or is emulated).
+        spec = spec.with_(compute_dtype="fp16")
+        notes.append(f"{gpus.get_gpu(gpu).name} has no bf16 arithmetic (before Ampere): planned in fp16, as runs "
+                     "there train (--fp16 / fp16=True; bf16=True is refused or emulated, slowly)")
+    est = estimate(shape, spec, batch_size, seq_len, hw)
     capacity = gpus.capacity_note(gpu, gpu_memory)  # which capacity, in which unit (GB vs GiB)
     if capacity is not None:
         notes.append(capacity)
@@ -393,7 +398,8 @@ def plan(
         total_params=shape.total_params(), gpu_memory_bytes=cap, fits=fits, max_batch_size=mb, max_seq_len=ms,
         target_batch=target_batch, micro_batch_size=micro, grad_accum_steps=accum, recommendations=tuple(recs),
         notes=tuple(notes), cannot_fit_reason=reason, max_seq_len_at_context=at_context,
-        framework=spec.framework, framework_title=framework_for(spec).title, from_framework=component_notes(spec),
+        framework=spec.framework, from_framework=component_notes(spec),
+        framework_title=framework_for(spec).title.replace("bf16 autocast", f"{spec.compute_dtype} autocast"),
     )
 
 
