@@ -55,3 +55,4 @@ def test_a_mistyped_subcommand_gets_did_you_mean() -> None:
     assert out.returncode == 2
     assert "did you mean 'plan'?" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert "did you mean" not in vramscope("xyzzy").stderr
+

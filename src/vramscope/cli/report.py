@@ -130,7 +130,10 @@ def run(args: argparse.Namespace) -> int:
 
         from vramscope.report.terminal import print_report
 
-        print_report(reports, Console(highlight=False))
+        # Piped or redirected (no terminal, so rich would assume 80 columns): lines are never broken, so that
+        # grep and a file see whole lines; tables keep their natural width.
+        piped = not sys.stdout.isatty()
+        print_report(reports, Console(highlight=False, soft_wrap=piped, width=1_000 if piped else None))
     for path in written:
         print(f"vramscope: wrote {printable(path)}", file=sys.stderr)
     return 0
