@@ -138,3 +138,13 @@ def test_bf16_on_a_card_without_it_is_planned_in_fp16() -> None:
     assert any("no bf16" in note for note in t4.notes) and "fp16 autocast" in t4.framework_title
     a10 = plan("Llama-2-7B", 1, 512, gpu="A10G")
     assert not any("no bf16" in note for note in a10.notes) and "bf16 autocast" in a10.framework_title
+
+
+def test_a_bare_size_plans_a_representative_model_and_says_which() -> None:
+    sized = plan("70B", 1, 512)
+    named = plan("Llama-3.1-70B", 1, 512)
+    assert sized.peak_allocated_bytes == named.peak_allocated_bytes
+    assert sized.notes[0].startswith("--model 70B is a size, not a model: planned as Llama-3.1-70B")
+    assert not any("is a size" in note for note in named.notes)
+    with pytest.raises(UnknownModelError):
+        plan("6B", 1, 512)  # no representative: the closest names, not a guess

@@ -349,6 +349,10 @@ def plan(
     if target_batch is not None:
         _positive("target batch", target_batch, MAX_COUNT)
     notes: list[str] = []
+    if isinstance(model, str) and registry.representative(model) == name:
+        notes.insert(0, f"--model {model.strip()} is a size, not a model: planned as {name}, a representative "
+                        f"{model.strip()} ({shape.model_type}, vocabulary {shape.vocab:,}); name the model for "
+                        "its own figures (the vocabulary and the layer shapes change them)")
     if gpu is not None and spec.compute_dtype == "bf16" and not gpus.supports_bf16(gpu):
         # A T4 or V100 has no bf16 arithmetic: people train there in fp16 (bf16=True fails or is emulated).
         spec = spec.with_(compute_dtype="fp16")

@@ -68,6 +68,19 @@ def _lookup(name: str) -> str | None:
     return index.get(joined) if words and joined != tail else None
 
 
+# A size alone ("--model 7B") plans a representative model of that size: the most fine-tuned architecture of it.
+REPRESENTATIVE: dict[str, str] = {
+    "1b": "Llama-3.2-1B", "3b": "Llama-3.2-3B", "7b": "Llama-2-7B", "8b": "Llama-3.1-8B", "9b": "Gemma-2-9B",
+    "12b": "Mistral-Nemo-12B", "13b": "Llama-2-13B", "14b": "Qwen2.5-14B", "27b": "Gemma-2-27B",
+    "32b": "Qwen2.5-32B", "33b": "LLaMA-33B", "65b": "LLaMA-65B", "70b": "Llama-3.1-70B", "72b": "Qwen2.5-72B",
+}
+
+
+def representative(name: str) -> str | None:
+    """The registry model planned for a bare size (``7B``, ``70b``), or None when ``name`` is not one."""
+    return REPRESENTATIVE.get(name.strip().lower())
+
+
 def names() -> list[str]:
     """The canonical names in the registry, in the data file's order."""
     return list(_load())
@@ -98,7 +111,7 @@ def resolve(name: str) -> str:
     Raises:
         UnknownModelError: the name is not in the registry; the message lists the closest names.
     """
-    canonical = _lookup(name)
+    canonical = _lookup(name) or representative(name)
     if canonical is None:
         near = closest(name.strip().rpartition("/")[2])
         hint = f"closest: {', '.join(near)}" if near else f"known: {', '.join(names())}"
