@@ -148,3 +148,12 @@ def test_a_bare_size_plans_a_representative_model_and_says_which() -> None:
     assert not any("is a size" in note for note in named.notes)
     with pytest.raises(UnknownModelError):
         plan("6B", 1, 512)  # no representative: the closest names, not a guess
+
+
+def test_without_a_gpu_the_plan_names_the_cards_it_fits() -> None:
+    small = plan("Llama-2-7B", 1, 512)
+    assert any(n.startswith("fits at this batch on T4 (15.0 GiB) and every larger common card") for n in small.notes)
+    big = plan("Llama-2-13B", 4, 2048)
+    note = next(n for n in big.notes if n.startswith("fits at this batch on"))
+    assert ", not on T4" in note and "H200" not in note.split(", not on")[1]
+    assert not any(n.startswith("fits") for n in plan("Llama-2-7B", 1, 512, gpu="RTX-4090").notes)

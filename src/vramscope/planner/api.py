@@ -137,6 +137,25 @@ def _largest_divisor(n: int, limit: int) -> int:
     return best
 
 
+# The cards people fine-tune on, smallest first: what a plan without --gpu names as fitting or not.
+COMMON_CARDS = ("T4", "RTX-4080", "L4", "RTX-4090", "RTX-5090", "A100-40GB", "L40S", "A6000", "A100-80GB",
+                "H100-80GB", "H200")
+
+
+def _cards_note(device_bytes: int) -> str:
+    """Without a GPU given: the common cards this step fits, so that the plan says what it fits on."""
+    fitting = [name for name in COMMON_CARDS if device_bytes <= gpus.get_gpu(name).memory_bytes]
+    if not fitting:
+        return (f"fits none of the common cards at this batch ({', '.join(COMMON_CARDS)}): see the ways to use less "
+                "memory, or plan several GPUs with --gpus N")
+    smallest = gpus.get_gpu(fitting[0])
+    too_small = [name for name in COMMON_CARDS if name not in fitting]
+    where = f"{smallest.name} ({smallest.memory_bytes / 2**30:.1f} GiB) and every larger common card"
+    if too_small:
+        where += f", not on {', '.join(too_small)}"
+    return f"fits at this batch on {where}; give --gpu NAME for the largest batch and sequence there"
+
+
 def capacity_of(gpu_memory: int | str | None = None, gpu: str | None = None) -> tuple[int | None, Hardware]:
     """GPU memory in bytes (from ``--gpu-memory`` or ``--gpu``) and the matching :class:`Hardware`."""
     hw = Hardware()
@@ -374,6 +393,8 @@ def plan(
     if shape.experts:
         notes.append("MoE experts are fused parameters in transformers 5: bitsandbytes leaves them unquantized "
                      "(fp32 after prepare_model_for_kbit_training) and all-linear LoRA does not reach them")
+    if cap is None:
+        notes.append(_cards_note(est.device_bytes))
     fits = mb = ms = micro = accum = None
     at_context = False
     if cap is not None:
