@@ -157,3 +157,13 @@ def test_without_a_gpu_the_plan_names_the_cards_it_fits() -> None:
     note = next(n for n in big.notes if n.startswith("fits at this batch on"))
     assert ", not on T4" in note and "H200" not in note.split(", not on")[1]
     assert not any(n.startswith("fits") for n in plan("Llama-2-7B", 1, 512, gpu="RTX-4090").notes)
+
+
+def test_no_advice_saves_less_than_one_percent() -> None:
+    from vramscope.planner import recommend
+
+    for model, batch, seq in (("Llama-2-7B", 1, 512), ("Llama-3.1-8B", 4, 2048), ("Qwen2.5-0.5B", 2, 256)):
+        step = plan(model, batch, seq).peak_allocated_bytes
+        recs = recommend(model, batch, seq, capacity_bytes=8 * 2**30)
+        assert recs, model
+        assert all(r.saving_bytes >= 0.0099 * step for r in recs), [(r.name, r.saving_bytes) for r in recs]

@@ -185,6 +185,9 @@ def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: i
     return largest_fitting(lambda s: estimate(shape, spec, batch_size, s, hw).device_bytes <= capacity, top)
 
 
+MIN_SAVING_SHARE = 0.01  # the smallest saving worth offering, as a share of the planned step
+
+
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
                      peak: int, capacity: int | None, style: str | None = None) -> list[Recommendation]:
     """Alternatives ranked by predicted saving; each saving is a difference of two model predictions, so it
@@ -199,7 +202,8 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
     def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
             framework: Framework | None = None) -> None:
         saving = base - estimate(shape, new_spec, b, s, hw, framework=framework).device_bytes
-        if saving > 0:
+        # A change that saves less than 1% of the step is noise, not advice ("saves 0.01 GiB").
+        if saving > 0 and saving >= MIN_SAVING_SHARE * base:
             enough = None if deficit is None else saving >= deficit
             out.append(Recommendation(name, saving, text.format(saving=saving / GIB), change, enough,
                                       written_as(change, style)))
