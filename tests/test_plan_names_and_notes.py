@@ -1,4 +1,4 @@
-"""Hub ids people paste: instruct variants, new registry entries, and any model in the local HF cache (offline)."""
+"""What people paste and what a plan tells them: hub ids, cached configs, GPU names, sizes, cards, advice."""
 
 from __future__ import annotations
 
