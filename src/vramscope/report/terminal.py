@@ -17,6 +17,7 @@ from rich.text import Text
 from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, RankImbalance
+from vramscope.analysis.verdicts import duration
 from vramscope.output.safetext import printable
 from vramscope.report.charts import DeviceView
 from vramscope.report.compare import change_tone, compare, format_change, format_value
@@ -32,7 +33,6 @@ from vramscope.report.figures import (
 )
 from vramscope.report.model import LogReport
 from vramscope.report.plan_check import ParallelismCheck, SeenStrategy
-from vramscope.report.verdicts import batches_note, duration
 from vramscope.types import MemoryBreakdown
 from vramscope.units import gib
 
@@ -102,7 +102,7 @@ def batches_text(detail: DeviceDetail) -> str:
     for b in detail.longest_batches:
         peak = b.peak_allocated_bytes
         parts.append(f"step {b.step} ({b.tokens:,} tokens{'' if peak is None else ', ' + gib(peak)})")
-    note = batches_note(detail.batch_metric, detail.longest_batches)
+    note = detail.batches_note
     return ", ".join(parts) + (f"; {note}" if note else "")
 
 
