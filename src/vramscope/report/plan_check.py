@@ -15,9 +15,8 @@ from typing import Any
 
 from vramscope.analysis.results import AnalysisResult
 from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
-from vramscope.output.names import sibling
+from vramscope.output.names import STRATEGY_SUFFIX, sibling
 
-STRATEGY_SUFFIX = ".strategy.json"  # beside the log: mem.csv -> mem.strategy.json
 SIDE_FILE_LIMIT = 16 << 20  # a plan or a strategy file is a few kB; 16 MiB is not one
 STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
                   "zero": "ZeRO", "split": "split", "single": "one process"}

@@ -53,6 +53,7 @@ from vramscope.analysis.summary import analyze_columns
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.sinks import log_sink
+from vramscope.output.names import ANALYSIS_SUFFIX, BREAKDOWN_SUFFIX, STRATEGY_SUFFIX
 from vramscope.sampling.sampler import MIN_INTERVAL_S, Collector, Sampler
 from vramscope.training.breakdown import BreakdownTracker
 from vramscope.training.claims import claim_log
@@ -63,7 +64,7 @@ from vramscope.training.outputs import export_analysis, raise_warnings, trainer_
 from vramscope.training.pacing import AnalysisPacer
 from vramscope.training.ranks import current_rank, rank_path, write_json_beside
 from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
-from vramscope.training.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
+from vramscope.training.strategy import detect_strategy
 from vramscope.training.window import StepWindow
 from vramscope.types import MemoryBreakdown, Sample, Sink
 
@@ -282,7 +283,7 @@ class MemoryMonitor:
             info = detect_strategy(model, args)
             self.strategy = info
             if self.log_path is not None:
-                write_json_beside(self.log_path, STRATEGY_FILE_SUFFIX, info)
+                write_json_beside(self.log_path, STRATEGY_SUFFIX, info)
             return info
         except Exception as exc:
             log.warning("vramscope: could not record the run's strategy: %s", exc)
@@ -297,7 +298,7 @@ class MemoryMonitor:
             self.update_analysis()
             if self.log_path is None or self.last_analysis is None:
                 return None
-            return write_json_beside(self.log_path, ".analysis.json", self.last_analysis)
+            return write_json_beside(self.log_path, ANALYSIS_SUFFIX, self.last_analysis)
         except Exception as exc:
             log.warning("vramscope: the analysis failed: %s", exc)
             return None
@@ -328,7 +329,7 @@ class MemoryMonitor:
             found = self._breakdown.current()
             if self.log_path is None or found is None:
                 return None
-            return write_json_beside(self.log_path, ".breakdown.json", found.to_dict())
+            return write_json_beside(self.log_path, BREAKDOWN_SUFFIX, found.to_dict())
         except Exception as exc:
             log.warning("vramscope: the memory breakdown was not saved: %s", exc)
             return None

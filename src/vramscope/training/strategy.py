@@ -5,7 +5,7 @@ Read from, in this order: the model's wrapping (FSDP1 ``FullyShardedDataParallel
 (``fsdp``, ``deepspeed``); accelerate's environment (``ACCELERATE_USE_FSDP``, ``ACCELERATE_USE_DEEPSPEED``,
 ``ACCELERATE_DEEPSPEED_ZERO_STAGE``); and the process group (more than one rank and nothing else: DDP, which
 is what the Trainer and ``accelerate`` run then). The answer is plain data for the step log's sidecar
-(``<log>.strategy.json``), which ``vramscope report`` reads.
+(``<log>.strategy.json``: :data:`vramscope.output.names.STRATEGY_SUFFIX`), which ``vramscope report`` reads.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 from typing import Any
-
-STRATEGY_FILE_SUFFIX = ".strategy.json"
 
 
 def _process_group() -> tuple[int, str | None]:
@@ -114,4 +112,4 @@ def detect_strategy(model: Any = None, args: Any = None) -> dict[str, Any]:
             "source": source}
 
 
-__all__ = ["STRATEGY_FILE_SUFFIX", "detect_strategy"]
+__all__ = ["detect_strategy"]
