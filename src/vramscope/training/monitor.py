@@ -66,7 +66,7 @@ from vramscope.training.ranks import current_rank, rank_path, write_json_beside
 from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
 from vramscope.training.strategy import detect_strategy
 from vramscope.training.window import StepWindow
-from vramscope.types import MemoryBreakdown, Sample, Sink
+from vramscope.types import MemoryBreakdown, RunStrategy, Sample, Sink
 
 log = logging.getLogger("vramscope.integrations.loop")  # the logger name users filter on, kept from before the split
 
@@ -164,7 +164,7 @@ class MemoryMonitor:
         self.overwrite = overwrite
         self._gatherer: RankGather | None = None
         self.rank_rows: dict[int, Sample] = {}  # rank 0: the latest gathered sample of each rank
-        self.strategy: dict[str, Any] | None = None  # how the run is spread, once note_strategy ran
+        self.strategy: RunStrategy | None = None  # how the run is spread, once note_strategy ran
 
         self.rank = 0
         self.log_path: str | None = None
@@ -273,7 +273,7 @@ class MemoryMonitor:
         if self._sampler is not None:
             self._sampler.close()  # closes the sinks (never started, so it takes no extra sample)
 
-    def note_strategy(self, model: Any = None, args: Any = None) -> dict[str, Any] | None:
+    def note_strategy(self, model: Any = None, args: Any = None) -> RunStrategy | None:
         """Record which way the run is spread over its GPUs (FSDP / ZeRO / DDP, from the model's wrapping, the
         Trainer's arguments or the process group) in ``<log stem>.strategy.json`` beside the log, for
         ``vramscope report`` to name and to hold against a per-rank plan. Call it once the model is wrapped;
@@ -283,7 +283,7 @@ class MemoryMonitor:
             info = detect_strategy(model, args)
             self.strategy = info
             if self.log_path is not None:
-                write_json_beside(self.log_path, STRATEGY_SUFFIX, info)
+                write_json_beside(self.log_path, STRATEGY_SUFFIX, info.to_json())
             return info
         except Exception as exc:
             log.warning("vramscope: could not record the run's strategy: %s", exc)
