@@ -212,3 +212,29 @@ def test_an_ignored_hangup_stays_ignored(made: Callable[[str], Setup]) -> None:
     assert tuner.returncode == -signal.SIGTERM
     assert [p for p in setup.all_pids() if running(p)] == []
     assert setup.tune_folders() == []
+
+
+def test_a_signal_while_a_trial_starts_waits_for_its_popen_then_ends_as_the_callers_handler_says() -> None:
+    """Around Popen (held), a signal is only noted: raised inside it, the child would be started and not ended.
+    Raised at the block's end instead; after the clean-up the caller's own handler gets the signal (here one
+    that returns, so the tuner leaves with 128+signal)."""
+    from vramscope.tune.groups import held, stop_on_signals
+
+    seen: list[int] = []
+
+    def callers_handler(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, callers_handler)
+    reached = False
+    try:
+        with pytest.raises(SystemExit) as exit_info, stop_on_signals():
+            with held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # the handler runs in here and only notes it
+                reached = True
+            pytest.fail("the held signal was not raised at the end of the block")
+        assert reached and exit_info.value.code == 128 + signal.SIGTERM and seen == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is callers_handler  # put back as it was
+    finally:
+        signal.signal(signal.SIGTERM, previous)

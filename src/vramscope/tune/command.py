@@ -105,16 +105,18 @@ def run_trial_child(argv: Sequence[str], request: TrialRequest, *, log_path: str
     with open(log_path, "wb") as log:
         # Its own session, so that the terminal's signals reach the tuner alone and the trial's process group
         # holds everything it started (torchrun's workers, DataLoader workers): that group ends with the trial.
-        with held():  # a signal to the tuner right now is raised once the child is ours to end
-            proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        proc: subprocess.Popen[bytes] | None = None
         try:
+            with held():  # a signal to the tuner right now is raised once the child is ours to end
+                proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise TrialFailed(f"the trial at {_size(request)} ran past {timeout_s:.0f} s and was stopped; "
                               f"its output is in {log_path}") from None
         finally:
-            end_group(proc)  # after any end: helpers left by a crash or an OOM would hold the GPU into the next
+            if proc is not None:  # after any end: helpers left by a crash or an OOM would hold the GPU into the next
+                end_group(proc)
     seconds = time.perf_counter() - t0
     records = _records(request.record)
     tail = _tail(log_path)
