@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -145,8 +146,9 @@ class Setup:
 def test_each_trial_ends_with_its_whole_process_group(made: Callable[[str], Setup], mode: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     setup = made(mode)
-    for name in ("FAKE_PIDS", "FAKE_MODE", "FAKE_STILL_RUNNING", "TMPDIR"):
+    for name in ("FAKE_PIDS", "FAKE_MODE", "FAKE_STILL_RUNNING"):
         monkeypatch.setenv(name, setup.env[name])
+    monkeypatch.setattr(tempfile, "tempdir", str(setup.tmpdir))  # the trial folder, kept after a crash, here
     parsed = parse_command(setup.argv)
     if mode in ("done", "oom-above-8"):
         result = tune_command(parsed, max_trials=3, timeout_s=60)
@@ -157,6 +159,8 @@ def test_each_trial_ends_with_its_whole_process_group(made: Callable[[str], Setu
     else:
         with pytest.raises(TrialFailed if mode == "crash" else NoSizeFitsError):
             tune_command(parsed, max_trials=3, timeout_s=60)
+        # A crash keeps the trial's output for the message that points to it; running out of memory keeps nothing.
+        assert len(setup.tune_folders()) == (1 if mode == "crash" else 0)
     pids = setup.all_pids()
     assert pids, "the fake training command never ran"
     # No trial saw a process of an earlier trial still running; none runs after the tuner returned.
