@@ -19,7 +19,7 @@ from typing import Any
 from vramscope.commands.argv import Option, Reader, options_from_mapping, shown, split_options
 from vramscope.commands.axolotl import config_path, read_axolotl
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
-from vramscope.commands.files import load_yaml
+from vramscope.commands.files import load_yaml, script_text
 from vramscope.commands.launchers import ACCELERATE_BOOL, ACCELERATE_VALUED, apply_accelerate, split_launcher
 from vramscope.commands.programs import (
     IGNORED,
@@ -142,11 +142,7 @@ def _program(target: Any, folder: Path) -> str:
 def _script_text(target: Any, folder: Path) -> str:
     if target.kind != "script":
         return ""
-    try:
-        with open(_under(target.name, folder), encoding="utf-8", errors="replace") as f:
-            return f.read(_SCRIPT_TEXT_LIMIT)
-    except OSError:
-        return ""
+    return script_text(_under(target.name, folder), _SCRIPT_TEXT_LIMIT)  # bounded; a FIFO is refused, not read
 
 
 def _under(value: str, folder: Path) -> Path:

@@ -10,6 +10,7 @@ understood.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -140,6 +141,8 @@ class Reader:
             number = float(value)
         except ValueError:
             raise CommandReadError(f"{self._written(names)} {value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise CommandReadError(f"{self._written(names)} {value!r} is not a finite number; give a number")
         if number != int(number):
             raise CommandReadError(f"{self._written(names)} {value!r} is not a whole number")
         return int(number)
@@ -149,9 +152,12 @@ class Reader:
         if value is None or value.lower() in ("none", "null"):
             return None
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             raise CommandReadError(f"{self._written(names)} {value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise CommandReadError(f"{self._written(names)} {value!r} is not a finite number; give a number")
+        return number
 
     def boolean(self, *names: str) -> bool | None:
         """``--name`` (true), ``--name false``, ``--no_name`` (false); None when the command does not say."""
