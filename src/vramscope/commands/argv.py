@@ -99,6 +99,12 @@ class Reader:
         self._taken: set[str] = set()
         self.read: dict[str, str] = {}
 
+    def add_defaults(self, options: Iterable[Option]) -> None:
+        """Options below everything given so far (a script's own defaults): added only where none is."""
+        for option in options:
+            if option.name not in self._options and f"no_{option.name}" not in self._options:
+                self._options[option.name] = option
+
     def has(self, *names: str) -> bool:
         return any(n in self._options or f"no_{n}" in self._options for n in names)
 
@@ -186,6 +192,21 @@ class Reader:
         value = option.values[0] if option.values else "true"
         self._take(option, value)
         return value
+
+    def silent(self, *names: str) -> str | None:
+        """A value that does not shape the plan (the eval batch, the dataset): taken, but not listed in ``read``."""
+        option = self._find(names)
+        if option is None:
+            return None
+        self._taken.add(option.name)
+        return " ".join(option.values) if option.values else "true"
+
+    def silent_words(self, *names: str) -> list[str]:
+        option = self._find(names)
+        if option is None:
+            return []
+        self._taken.add(option.name)
+        return list(option.values)
 
     def ignore(self, names: Iterable[str]) -> None:
         """Options known to the program that do not change memory: neither read nor unknown."""
