@@ -18,6 +18,7 @@ from typing import Any
 
 from vramscope.commands.argv import Option, Reader, options_from_mapping, shown, split_options
 from vramscope.commands.axolotl import config_path
+from vramscope.commands.common import model_name_facts
 from vramscope.commands.dispatch import PROGRAMS, identify
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json, load_yaml
@@ -86,6 +87,7 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
             f"it is not a command of a tool vramscope reads (TRL, an HfArgumentParser / HF Trainer script, axolotl, "
             f"LLaMA-Factory, ms-swift, Unsloth ...); {HOW_INSTEAD}")
     reading = program.read(ctx)
+    model_name_facts(reading)
     reader.ignore(IGNORED)
     leftovers = [o for o in reader.unused() if not o.written.endswith(("default)", "code)"))]
     if state.launcher == "trl":
@@ -193,7 +195,7 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
         if value <= 0:
             raise CommandReadError(f"the command's {what} is {value}; it must be positive")
     launch = state.freeze()
-    assumed = list(reading.assumed)
+    assumed = [*state.assumed, *reading.assumed]
     alternatives = list(reading.alternatives)
     if launch.world_size is None and launch.strategy in _SHARDED:
         # Sharding over an unknown count: one GPU would be wrong, so plan the smallest sharded run and show 8.
@@ -201,7 +203,8 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
                        f"(pass --gpus N before '--')")
         alternatives.append(Alternative("on 8 GPUs", world_size=8))
     elif launch.world_size is None:
-        assumed.append("processes: every visible GPU; planned per GPU as one (pass --gpus N before '--')")
+        state.notes.append("every visible GPU holds the whole model (ddp): the per-GPU plan is the same for any "
+                           "count")
     fields = {**reading.trainer}
     return ParsedCommand(
         argv=tuple(argv),

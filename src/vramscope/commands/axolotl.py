@@ -26,7 +26,7 @@ from vramscope.commands.common import (
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json_or_text
 from vramscope.commands.launchers import LaunchState
-from vramscope.commands.programs import attention, default_targets, optimizer
+from vramscope.commands.programs import attention, deepspeed_by_name, default_targets, optimizer
 from vramscope.commands.reading import Context, Reading
 from vramscope.commands.types import Alternative
 
@@ -165,7 +165,7 @@ def read_axolotl(ctx: Context) -> Reading:
         set_modules_to_save(out, saved)
     if reader.boolean("liger_fused_linear_cross_entropy", "cut_cross_entropy"):
         set_liger(out)
-    _deepspeed(reader, state, cwd, out)
+    _deepspeed(reader, state, cwd)
     eval_batch = reader.silent("eval_batch_size")
     if eval_batch is not None and eval_batch.isdigit():
         out.eval["per_device_eval_batch_size"] = int(eval_batch)
@@ -188,7 +188,7 @@ def read_axolotl(ctx: Context) -> Reading:
     return out
 
 
-def _deepspeed(reader: Reader, state: LaunchState, cwd: Path, out: Reading) -> None:
+def _deepspeed(reader: Reader, state: LaunchState, cwd: Path) -> None:
     """axolotl's ``deepspeed:`` JSON; a missing local file is a warning with the stage its name says."""
     ds = reader.text("deepspeed")
     if ds is None:
@@ -196,12 +196,7 @@ def _deepspeed(reader: Reader, state: LaunchState, cwd: Path, out: Reading) -> N
     path = Path(ds).expanduser()
     full = path if path.is_absolute() else cwd / path
     if not ds.lstrip().startswith("{") and not full.is_file():
-        stage = 3 if "zero3" in ds or "z3" in ds else 2 if "zero2" in ds or "z2" in ds else 1 if "zero1" in ds else 2
-        state.set_zero(stage, "deepspeed")
-        state.offload = state.offload or "offload" in ds
-        state.config_file = ds
-        out.assumed.append(f"deepspeed: {ds} is not here; planned as ZeRO stage {stage}"
-                           f"{' with offload' if state.offload else ''}, as its name says")
+        deepspeed_by_name(state, ds)
         return
     state.deepspeed(load_json_or_text(ds if ds.lstrip().startswith("{") else str(full),
                                       "axolotl deepspeed config"), "deepspeed")

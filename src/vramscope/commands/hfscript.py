@@ -58,7 +58,7 @@ def read_hf(ctx: Context) -> Reading:
     sft_config = trl and "SFTConfig" in facts.parser_classes
     use_bf16, fp16 = training(reader, out, batch=8, accum=1, checkpointing=sft_config, optim="adamw_torch_fused",
                               bf16=sft_config, max_steps=None)
-    if reader.boolean("use_peft") is False or reader.boolean("full_finetune"):
+    if reader.boolean("use_peft", "use_peft_lora") is False or reader.boolean("full_finetune"):
         raise CommandReadError(f"the command trains every parameter; vramscope plans LoRA and QLoRA runs; "
                                f"{HOW_INSTEAD}")
     if not facts.parses:

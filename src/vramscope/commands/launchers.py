@@ -68,6 +68,7 @@ class LaunchState:
     visible: int | None = None  # CUDA_VISIBLE_DEVICES' count, when the command sets it
     read: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)  # guesses about processes and strategy (see ParsedCommand)
     cwd: Path = field(default_factory=Path.cwd)  # relative config paths are read from here
 
     def deepspeed(self, config: Mapping[str, Any], source: str) -> None:
@@ -104,8 +105,8 @@ class LaunchState:
     def freeze(self) -> Launch:
         world = self.total if self.total is not None else None if self.per_node is None else self.per_node * self.nodes
         strategy = self.strategy
-        if strategy is None and world is not None and world > 1:
-            strategy = "ddp"
+        if strategy is None and (world is None or world > 1):
+            strategy = "ddp"  # several processes and nothing sharded: each holds the whole model
         return Launch(launcher=self.launcher, world_size=world, strategy=strategy, offload=self.offload,
                       zero_stage=self.zero_stage, config_file=self.config_file, nodes=self.nodes)
 

@@ -39,7 +39,7 @@ new_special_tokens resize_vocab split_special_tokens default_system enable_think
 
 
 def read_llamafactory(ctx: Context) -> Reading:
-    reader, state, cfg = ctx.reader, ctx.state, ctx.cfg
+    reader, state = ctx.reader, ctx.state
     model = reader.text("model_name_or_path")
     if model is None:
         raise CommandReadError(f"the LLaMA-Factory config has no model_name_or_path; add it, or {HOW_INSTEAD}")
@@ -123,16 +123,7 @@ def read_llamafactory(ctx: Context) -> Reading:
     out.dataset["dataset_dir"] = folder or "data"
     if folder is None:
         out.defaults["dataset_dir"] = "data"
-    deepspeed = cfg.get("deepspeed")
-    missing = isinstance(deepspeed, str) and not (ctx.folder / deepspeed).is_file()
-    if isinstance(deepspeed, str) and missing:
-        stage_n = 3 if "z3" in deepspeed or "zero3" in deepspeed else 2
-        reader.text("deepspeed")
-        state.set_zero(stage_n, "deepspeed")
-        state.offload = "offload" in deepspeed
-        state.config_file = deepspeed
-        out.assumed.append(f"deepspeed: {deepspeed} is not here; planned as ZeRO stage {stage_n}, as its name says")
-    distributed(reader, state, deepspeed=not missing)
+    distributed(reader, state)
     reader.ignore(IGNORED)
     model_name_facts(out)
     return out

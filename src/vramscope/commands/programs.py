@@ -121,8 +121,23 @@ def distributed(reader: Reader, state: LaunchState, *, deepspeed: bool = True) -
     if ds is not None:
         inline = ds.lstrip().startswith("{")
         source = ds if inline or Path(ds).is_absolute() else str(state.cwd / ds)
+        if not inline and not Path(source).is_file():
+            deepspeed_by_name(state, ds)
+            return
         state.deepspeed(load_json_or_text(source, "--deepspeed config"), "--deepspeed")
         state.config_file = ds if not ds.lstrip().startswith("{") else state.config_file
+
+
+def deepspeed_by_name(state: LaunchState, name: str) -> None:
+    """A DeepSpeed config that is not here (another machine's path, a shell variable): the stage its name says,
+    ZeRO-2 when it says none, named in ``assumed`` rather than refused."""
+    low = name.lower()
+    stage = 3 if "zero3" in low or "z3" in low or "stage3" in low else 1 if "zero1" in low or "z1" in low else 2
+    state.set_zero(stage, "--deepspeed")
+    state.offload = state.offload or "offload" in low
+    state.config_file = name
+    state.assumed.append(f"deepspeed: {name} is not here; planned as ZeRO stage {stage}"
+                         f"{' with offload' if state.offload else ''}, as its name says")
 
 
 def training(reader: Reader, out: Reading, *, batch: int, accum: int, checkpointing: bool, optim: str,

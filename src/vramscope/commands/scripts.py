@@ -203,6 +203,9 @@ def _call(node: ast.Call, facts: ScriptFacts, values: dict[str, Any]) -> None:
     name = _call_name(node)
     if name in TRAINER_CLASSES and isinstance(node.func, ast.Name | ast.Attribute):
         facts.trainers.append(name)
+        # Older TRL took the lengths as the trainer's own arguments (DPOTrainer(max_length=..., ...)).
+        kwargs = _kwargs(node, values)
+        facts.config_kwargs.update({k: v for k, v in kwargs.items() if k not in ("model", "args", "tokenizer")})
     elif name in CONFIG_CLASSES:
         facts.config_kinds.append(CONFIG_CLASSES[name])
         facts.config_kwargs.update(_kwargs(node, values))

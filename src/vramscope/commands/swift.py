@@ -73,7 +73,8 @@ def read_swift(ctx: Context) -> Reading:
     out.spec["quant_type"] = reader.text("bnb_4bit_quant_type") or "nf4"
     dq = reader.boolean("bnb_4bit_use_double_quant")
     out.spec["double_quant"] = True if dq is None else dq
-    dtype = dtype_word(reader.text("torch_dtype", "dtype", "bnb_4bit_compute_dtype"))
+    model_dtype = dtype_word(reader.text("torch_dtype", "dtype"))
+    dtype = dtype_word(reader.text("bnb_4bit_compute_dtype")) or model_dtype
     out.spec["compute_dtype"] = "fp16" if dtype == "fp16" or (fp16 and not use_bf16) else "bf16"
     if dtype == "fp32":
         out.spec["compute_dtype"] = "fp32"

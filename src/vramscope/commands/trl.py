@@ -57,6 +57,11 @@ def read_trl(ctx: Context) -> Reading:
     use_bf16, fp16 = training(reader, out, batch=8, accum=1, checkpointing=True, optim="adamw_torch_fused",
                               bf16=True, max_steps=None)
     use_peft = reader.boolean("use_peft")
+    if use_peft is None and not _trls_own(ctx) and reader.has("lora_r", "lora_alpha", "lora_target_modules"):
+        # A TRL-shaped script of someone else's (a blog's grpo.py) given LoRA flags: its own code applies them.
+        use_peft = True
+        out.assumed.append("LoRA: the script is not TRL's own and gets --lora_r without --use_peft; planned "
+                           "with LoRA as its flags say")
     if not use_peft:
         raise CommandReadError(f"the command trains every parameter (TRL {kind} without --use_peft); vramscope "
                                f"plans LoRA and QLoRA runs: add --use_peft, or {HOW_INSTEAD}")
@@ -158,3 +163,9 @@ def _lengths(ctx: Context, out: Reading, kind: str) -> None:
     elif kind == "reward":
         out.unsupported.append("reward model: chosen and rejected rows go through together; planned as SFT of "
                                "one row per pair")
+
+
+def _trls_own(ctx: Context) -> bool:
+    """TRL's own scripts require --use_peft for LoRA (their ModelConfig); a copy elsewhere may not."""
+    name = ctx.target.name.replace("\\", "/")
+    return ctx.target.kind in ("trl", "module") or "trl/scripts/" in name or name.startswith("trl/")

@@ -78,6 +78,7 @@ def read_unsloth(ctx: Context) -> Reading:
     if targets is None:
         out.defaults["target_modules"] = ",".join(SEVEN)
     gc = reader.raw("use_gradient_checkpointing")
+    out.defaults.pop("gradient_checkpointing", None)  # get_peft_model's, not TrainingArguments', decides
     if gc is None or gc.lower() == "unsloth":
         out.spec["gradient_checkpointing"] = True
         out.memory["checkpoint_offload"] = True
@@ -93,10 +94,19 @@ def read_unsloth(ctx: Context) -> Reading:
     if saved and saved not in (["none"], ["None"]):
         set_modules_to_save(out, saved)
     out.spec["attn"] = attention(None, out.notes)
-    length = reader.integer("max_seq_length", "max_length")
+    length = reader.integer("max_seq_length")
     out.seq_len = 2048 if length is None else length
     if length is None:
         out.defaults["max_seq_length"] = "2048"
+    row = reader.integer("max_length")
+    if out.trainer["kind"] in ("dpo", "orpo", "kto", "reward"):
+        # The pair trainers cut rows at their config's max_length (TRL's 1024 by default), not the model's limit.
+        out.seq_len = 1024 if row is None else row
+        out.seq_flag = "max_length"
+        if row is None:
+            out.defaults["max_length"] = f"1024 ({out.trainer['kind'].upper()}Config)"
+    elif row is not None:
+        out.seq_len = row
     read_trainer_lengths(reader, out)
     if out.trainer["kind"] == "grpo":
         t = out.trainer
