@@ -40,7 +40,8 @@ from vramscope.commands.types import (
 from vramscope.planner.errors import PlanInputError
 from vramscope.recipe import QLoraSpec
 
-__all__ = ["STRATEGIES", "CommandReadError", "Launch", "ParsedCommand", "Strategy", "parse_command"]
+__all__ = ["ASSUMED_SHARDED_WORLD", "STRATEGIES", "CommandReadError", "Launch", "ParsedCommand", "Strategy",
+           "parse_command"]
 
 _SCRIPT_TEXT_LIMIT = 1 << 20
 _SHARDED = ("fsdp", "zero3", "zero2")

@@ -176,11 +176,14 @@ def four_bit_spelling(reader: Reader) -> tuple[int | None, str | None]:
 
     ``--load_in_4bit`` / ``--use_4bit_quantization True`` (PEFT examples) / ``--q_lora True`` (FastChat) /
     ``--quant_bits 4`` / ``--quant_method bnb`` (ms-swift) / ``quantization_bit: 4`` (LLaMA-Factory) /
-    ``--quantization int4|4bit|8bit`` (llama-cookbook) / ``--bits 4`` (qlora.py and copies).
+    ``--quantization int4|4bit|8bit`` (llama-cookbook) / ``--bits 4`` (qlora.py and copies). ``(16, None)`` when
+    the 4-bit switch is read and off.
     """
-    if reader.boolean("load_in_4bit", "use_4bit_quantization", "use_4bit", "q_lora", "qlora"):
+    four = reader.boolean("load_in_4bit", "use_4bit_quantization", "use_4bit", "q_lora", "qlora")
+    if four:
         return 4, "bnb"
-    if reader.boolean("load_in_8bit", "use_8bit_quantization", "use_8bit"):
+    eight = reader.boolean("load_in_8bit", "use_8bit_quantization", "use_8bit")
+    if eight:
         return 8, "bnb"
     bits = reader.integer("quant_bits", "quantization_bit", "bits")
     method = reader.text("quant_method", "quantization_method")
@@ -198,6 +201,8 @@ def four_bit_spelling(reader: Reader) -> tuple[int | None, str | None]:
         return bits, (method or "bnb")
     if method == "bnb":
         return 4, "bnb"  # ms-swift's --quant_method bnb without --quant_bits: 4-bit is what people mean
+    if four is False:
+        return 16, None  # the 4-bit switch is said to be off (--use_4bit_quantization False, or its default)
     return None, method
 
 

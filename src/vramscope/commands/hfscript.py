@@ -113,8 +113,9 @@ def _bits(reader: Reader, out: Reading, facts: ScriptFacts) -> None:
             method = "bnb"
             out.defaults["bits"] = f"{bits} ({source})"
     if bits is None:
-        says_nothing = facts.parses and not facts.bnb and "load_in_4bit" not in facts.from_pretrained \
-            and "quantization_config" not in facts.from_pretrained
+        # 16-bit for sure only when the script loads the model itself, in sight, with no quantization at all.
+        quantizing = {"quantization_config", "load_in_4bit", "load_in_8bit", "**kwargs"} & facts.loader_keys
+        says_nothing = facts.loads_model and not facts.bnb_called and not quantizing
         bits = 16
         if says_nothing:
             out.defaults["bits"] = "16 (the script builds no BitsAndBytesConfig)"

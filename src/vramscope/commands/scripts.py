@@ -54,6 +54,9 @@ class ScriptFacts:
         unsloth_peft: Unsloth's ``get_peft_model`` keyword arguments.
         uses_unsloth: the script imports unsloth.
         dataclass_defaults: every ``@dataclass`` field's literal default (``field(default=...)`` or ``= ...``).
+        bnb_called: it builds a ``BitsAndBytesConfig`` (whatever its arguments).
+        loads_model: it calls ``AutoModel*.from_pretrained`` itself (so how it loads the model is visible).
+        loader_keys: every keyword that call passes, literal or not (``quantization_config``, ``load_in_4bit``).
         parser: ``hf`` (``HfArgumentParser``), ``trl`` (``TrlParser`` / ``H4ArgumentParser``), or None.
         parser_classes: the dataclasses handed to that parser (``SFTConfig`` there means TRL's defaults).
         imports: the top-level packages it imports (``trl``, ``peft``, ``unsloth``, ``transformers`` ...).
@@ -71,6 +74,9 @@ class ScriptFacts:
     unsloth_peft: dict[str, Any] = field(default_factory=dict)
     uses_unsloth: bool = False
     dataclass_defaults: dict[str, Any] = field(default_factory=dict)
+    bnb_called: bool = False
+    loads_model: bool = False
+    loader_keys: set[str] = field(default_factory=set)
     parser: str | None = None
     parser_classes: list[str] = field(default_factory=list)
     imports: set[str] = field(default_factory=set)
@@ -210,6 +216,7 @@ def _call(node: ast.Call, facts: ScriptFacts, values: dict[str, Any]) -> None:
         facts.config_kinds.append(CONFIG_CLASSES[name])
         facts.config_kwargs.update(_kwargs(node, values))
     elif name == "BitsAndBytesConfig":
+        facts.bnb_called = True
         facts.bnb.update(_kwargs(node, values))
     elif name == "LoraConfig":
         facts.lora.update(_kwargs(node, values))
@@ -225,4 +232,8 @@ def _call(node: ast.Call, facts: ScriptFacts, values: dict[str, Any]) -> None:
     elif name == "get_peft_model" and _owner(node) in ("FastLanguageModel", "FastModel", "FastVisionModel"):
         facts.unsloth_peft.update(_kwargs(node, values))
     elif name == "from_pretrained" and _owner(node).startswith("AutoModel"):
+        facts.loads_model = True
+        facts.loader_keys.update(kw.arg for kw in node.keywords if kw.arg is not None)
+        if any(kw.arg is None for kw in node.keywords):
+            facts.loader_keys.add("**kwargs")  # from_pretrained(**model_kwargs): anything may be in there
         facts.from_pretrained.update(_kwargs(node, values))
