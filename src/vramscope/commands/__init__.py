@@ -18,7 +18,7 @@ from typing import Any
 
 from vramscope.commands.argv import Option, Reader, options_from_mapping, shown, split_options
 from vramscope.commands.axolotl import config_path
-from vramscope.commands.common import model_name_facts
+from vramscope.commands.common import model_name_facts, trainer_gaps
 from vramscope.commands.dispatch import PROGRAMS, identify
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json, load_yaml
@@ -89,6 +89,7 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
             f"LLaMA-Factory, ms-swift, Unsloth ...); {HOW_INSTEAD}")
     reading = program.read(ctx)
     model_name_facts(reading)
+    trainer_gaps(reading)
     reader.ignore(IGNORED)
     leftovers = [o for o in reader.unused() if not o.written.endswith(("default)", "code)"))]
     if state.launcher == "trl":

@@ -97,6 +97,7 @@ class Reader:
         for option in options:
             self._options[option.name] = option
         self._taken: set[str] = set()
+        self._defaults: set[str] = set()  # names added by add_defaults: below every alias the command gives
         self.read: dict[str, str] = {}
 
     def add_defaults(self, options: Iterable[Option]) -> None:
@@ -104,6 +105,7 @@ class Reader:
         for option in options:
             if option.name not in self._options and f"no_{option.name}" not in self._options:
                 self._options[option.name] = option
+                self._defaults.add(option.name)
 
     def has(self, *names: str) -> bool:
         return any(n in self._options or f"no_{n}" in self._options for n in names)
@@ -111,6 +113,8 @@ class Reader:
     def _find(self, names: Sequence[str]) -> Option | None:
         # The last one written wins among aliases too; dict order is insertion order.
         found = [self._options[n] for n in names if n in self._options]
+        given = [o for o in found if o.name not in self._defaults]  # a flag beats another alias's default
+        found = given or found
         return found[-1] if found else None
 
     def _take(self, option: Option, value: str) -> None:

@@ -42,7 +42,7 @@ save_total_limit eval_table_size eval_max_new_tokens auto_resume_from_checkpoint
 dataset_processes plugins liger_rope liger_rms_norm liger_glu_activation liger_layer_norm
  loss_watchdog_threshold loss_watchdog_patience
 save_safetensors save_strategy eval_strategy max_steps use_tensorboard push_dataset_to_hub hf_use_auth_token
-dataloader_num_workers dataloader_pin_memory dataloader_prefetch_factor peft_use_rslora
+dataloader_num_workers dataloader_pin_memory dataloader_prefetch_factor lora_model_dir peft_use_rslora
 """.split())  # noqa: SIM905 (a word list reads best as words)
 
 

@@ -224,3 +224,23 @@ def model_name_facts(out: Reading) -> None:
     if "-vl-" in name or name.endswith("-vl") or "vision" in name or "qwen3-vl" in name or "qwen2.5-vl" in name:
         out.memory["vision"] = True
         out.unsupported.append("a vision-language model: the vision tower and image tokens are not counted")
+
+
+_TRAINER_GAPS = {
+    "dpo": "DPO: the chosen and rejected rows of each pair go through together, with a reference forward; planned "
+           "as SFT of one row per pair, which is low",
+    "orpo": "ORPO: the chosen and rejected rows of each pair go through together; planned as SFT of one row per "
+            "pair, which is low",
+    "kto": "KTO: the reference forward and the mismatched KL rows are not modelled; planned as SFT, which is low",
+    "reward": "reward model: chosen and rejected rows go through together; planned as SFT of one row per pair",
+    "grpo": "GRPO: several completions per prompt are generated and trained together; generation is not modelled",
+    "ppo": "PPO: the policy, value and reference models and generation are not modelled",
+}
+
+
+def trainer_gaps(out: Reading) -> None:
+    """Say what the planner does not model about the trainer, once, whichever reader found it."""
+    kind = str(out.trainer.get("kind", "sft"))
+    gap = _TRAINER_GAPS.get(kind)
+    if gap is not None and not any(u.upper().startswith(gap.split(":")[0].upper()) for u in out.unsupported):
+        out.unsupported.append(gap)

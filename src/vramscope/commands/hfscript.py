@@ -103,7 +103,9 @@ def _text(value: Any) -> str | None:
 def _bits(reader: Reader, out: Reading, facts: ScriptFacts) -> None:
     bits, method = four_bit_spelling(reader)
     source = None
-    if bits is None:
+    literal = facts.bnb.get("load_in_4bit") is True or facts.bnb.get("load_in_8bit") is True
+    if bits is None or (bits == 16 and literal):
+        bits = None  # a literal load_in_4bit=True in the script's own code beats a switch's default
         for where in (facts.bnb, facts.from_pretrained):
             if where.get("load_in_4bit") is True:
                 bits, source = 4, "the script's BitsAndBytesConfig"
