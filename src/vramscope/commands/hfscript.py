@@ -63,6 +63,7 @@ def read_hf(ctx: Context) -> Reading:
                                f"{HOW_INSTEAD}")
     if not facts.parses:
         out.assumed.append("trainer: the script could not be read; planned as an HF Trainer script")
+        out.alternatives.append(Alternative("if the script builds TRL's SFTTrainer", {"framework": "trl"}))
     _bits(reader, out, facts)
     dtype = dtype_word(reader.text("dtype", "torch_dtype", "bnb_4bit_compute_dtype")
                        or _text(facts.bnb.get("bnb_4bit_compute_dtype")))
