@@ -158,6 +158,22 @@ def read_axolotl(ctx: Context) -> Reading:
     out.spec["attn"] = attention(attn, out.notes)
     if reader.boolean("sample_packing"):
         out.notes.append("sample_packing: rows are packed to sequence_len tokens, so the plan's length is the real one")
+    if reader.boolean("activation_offloading"):
+        out.memory["checkpoint_offload"] = True
+        out.unsupported.append("activation_offloading: activations kept in host memory; planned on the GPU "
+                               "(errs high)")
+    quant = cfg.get("model_quantization_config")
+    if isinstance(quant, str):
+        reader.silent("model_quantization_config")
+        kwargs = cfg.get("model_quantization_config_kwargs")
+        reader.silent("model_quantization_config_kwargs")
+        if isinstance(kwargs, Mapping) and to_bool(str(kwargs.get("dequantize", False))):
+            out.defaults["bits"] = f"16 ({quant} with dequantize: true loads bf16 weights)"
+        elif out.spec["bits"] == 16:
+            out.spec["bits"] = 4
+            set_quant_method(out, quant.lower().removesuffix("config"))
+    if reader.boolean("use_kernels"):
+        out.unsupported.append("use_kernels: the hub's kernels (MoE, attention) are not modelled")
     if reader.boolean("peft_use_dora"):
         set_dora(out)
     saved = reader.words("lora_modules_to_save")

@@ -75,7 +75,7 @@ def add_dataset_entries(out: Reading, entries: Any, cwd: Path) -> None:
         return
     for entry in entries:
         if isinstance(entry, dict):
-            path = entry.get("path") or entry.get("name")
+            path = entry.get("path") or entry.get("id") or entry.get("name")
             if isinstance(path, str):
                 _add_dataset(out, [path], [], cwd)
             data_files = entry.get("data_files")
@@ -138,7 +138,8 @@ def set_quant_method(out: Reading, method: str) -> None:
     """A base quantized before loading (GPTQ, AWQ, HQQ ...): planned as 4-bit weights, said so."""
     out.memory["quant_method"] = method
     if method != "bnb":
-        out.unsupported.append(f"a {method.upper()} base: planned as 4-bit weights with bitsandbytes' layout, "
+        article = "an" if method[0] in "aehio" else "a"
+        out.unsupported.append(f"{article} {method.upper()} base: planned as 4-bit weights with bitsandbytes' layout, "
                                "close but not exact")
 
 
@@ -150,7 +151,7 @@ def _dtype(word: str) -> str:
 def read_trainer_lengths(reader: Reader, out: Reading) -> None:
     """The trainer's own lengths and generation settings (DPO/KTO/GRPO), where the command gives them."""
     t = out.trainer
-    for name in ("max_prompt_length", "max_completion_length", "num_generations"):
+    for name in ("max_prompt_length", "max_completion_length", "num_generations", "generation_batch_size"):
         value = reader.integer(name)
         if value is not None:
             t[name] = value

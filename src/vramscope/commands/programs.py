@@ -69,7 +69,7 @@ top_k top_p typical_p diversity_penalty repetition_penalty length_penalty no_rep
 generation_max_length generation_num_beams sortish_sampler completion_only_loss assistant_only_loss loss_type
 truncation_mode packing_strategy eval_packing model_init_kwargs lora_task_type use_rslora
 torch_empty_cache_steps average_tokens_across_devices optim_args skip_memory_metrics
-ddp_bucket_cap_mb adam8bit
+ddp_bucket_cap_mb adam8bit chat_template trackio_project_name trackio_run_name log_completions use_auth
 """.split())  # noqa: SIM905 (a word list reads best as words)
 
 
@@ -166,9 +166,14 @@ def training(reader: Reader, out: Reading, *, batch: int, accum: int, checkpoint
     kwargs = reader.text("gradient_checkpointing_kwargs")
     if kwargs is not None and "use_reentrant" in kwargs:
         out.notes.append(f"gradient_checkpointing_kwargs {kwargs} read but not modelled")
-    for flag in ("torch_compile", "activation_offloading"):
-        if reader.boolean(flag):
-            out.notes.append(f"--{flag} changes memory in ways the plan does not model")
+    if reader.boolean("torch_compile"):
+        out.unsupported.append("torch_compile: compiled kernels change the activations kept; not modelled")
+    if reader.boolean("activation_offloading"):
+        out.memory["checkpoint_offload"] = True
+        out.unsupported.append("activation_offloading: activations kept in host memory; planned on the GPU "
+                               "(errs high)")
+    if reader.boolean("use_unsloth"):
+        out.unsupported.append("use_unsloth: Unsloth's kernels use less memory than planned (errs high)")
     return use_bf16, fp16
 
 
@@ -242,6 +247,7 @@ def read_qlora(ctx: Context) -> Reading:
     if target is None:
         out.defaults["target_max_len"] = "256"
     out.seq_len = (source if source is not None else 1024) + (target if target is not None else 256)
+    reader.silent("lora_modules")  # qlora.py always targets find_all_linear_names' layers
     from vramscope.commands.common import read_dataset, read_eval
 
     read_eval(reader, out)

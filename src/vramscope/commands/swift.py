@@ -36,7 +36,7 @@ IGNORED = frozenset("""
 model_name model_author system split_dataset_ratio load_from_cache_file external_plugins reward_funcs columns
 enable_thinking log_completions sleep_level offload_model offload_optimizer vllm_max_model_len
 vllm_tensor_parallel_size num_iterations async_generate temperature dataset_num_proc streaming freeze_vit
-freeze_aligner freeze_llm lazy_tokenize max_pixels strict
+freeze_aligner freeze_llm lazy_tokenize max_pixels strict vllm_enable_lora
 """.split())  # noqa: SIM905 (a word list reads best as words)
 
 

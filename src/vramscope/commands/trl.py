@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from vramscope.commands.argv import options_from_mapping
 from vramscope.commands.common import (
+    add_dataset_entries,
     read_dataset,
     read_eval,
     read_memory_extras,
@@ -112,8 +113,21 @@ def read_trl(ctx: Context) -> Reading:
         out.notes.append("padding_free: a batch is one row of its real tokens (at most batch x max_length)")
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
+    _recipe_datasets(ctx, out)
     distributed(reader, state)
     return out
+
+
+def _recipe_datasets(ctx: Context, out: Reading) -> None:
+    """The alignment-handbook's ``dataset_mixer: {name: fraction}`` and ``dataset_mixture: {datasets: [...]}``."""
+    mixer = ctx.cfg.get("dataset_mixer")
+    if isinstance(mixer, dict):
+        add_dataset_entries(out, [str(k) for k in mixer], ctx.folder)
+    mixture = ctx.cfg.get("dataset_mixture")
+    if isinstance(mixture, dict):
+        add_dataset_entries(out, mixture.get("datasets"), ctx.folder)
+    for key in ("dataset_mixer", "dataset_mixture", "dataset_splits"):
+        ctx.reader.silent(key)
 
 
 def _lengths(ctx: Context, out: Reading, kind: str) -> None:
