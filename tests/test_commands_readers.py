@@ -258,3 +258,14 @@ def test_plan_says_its_guesses_first_and_in_json(tmp_path: Path, monkeypatch: py
     assert main(["plan", "--json", "--bits", "4", "--gpu", "RTX-4090", "--", *cmd]) == 0
     data = json.loads(capsys.readouterr().out)
     assert not any("bit" in a for a in data["assumed"]) and data["alternatives"] == []  # the flag answered it
+
+
+def test_a_config_yaml_beside_a_plain_script_and_fsdp_storage(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("from transformers import HfArgumentParser, Trainer\n")
+    (tmp_path / "cfg.yaml").write_text("model_name_or_path: Llama-2-70B\nper_device_train_batch_size: 1\n"
+                                       "max_seq_length: 2048\nload_in_4bit: true\nlora_r: 16\nfsdp: full_shard\n")
+    p = parse("torchrun --nproc_per_node 8 train.py --config cfg.yaml --lora_r 8", tmp_path)
+    assert (p.model, p.seq_len, p.spec.bits, p.spec.lora_r) == ("Llama-2-70B", 2048, 4, 8)  # the flag wins
+    assert p.config_path is not None and p.config_path.endswith("cfg.yaml")
+    assert (p.launch.world_size, p.launch.strategy) == (8, "fsdp")
+    assert any("uint8" in u for u in p.unsupported)  # 4-bit under FSDP without bf16 storage

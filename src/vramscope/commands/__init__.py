@@ -207,6 +207,11 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
     elif launch.world_size is None:
         state.notes.append("every visible GPU holds the whole model (ddp): the per-GPU plan is the same for any "
                            "count")
+    storage = reading.memory.get("quant_storage")
+    if launch.strategy == "fsdp" and reading.spec.get("bits") == 4 and storage in (None, "uint8"):
+        # FSDP flattens parameters of one dtype: uint8 4-bit weights beside bf16 ones do not shard.
+        reading.unsupported.append("FSDP over 4-bit weights stored as uint8 (bnb_4bit_quant_storage unset): FSDP "
+                                   "needs bfloat16 storage to shard them; planned as sharded")
     fields = {**reading.trainer}
     return ParsedCommand(
         argv=tuple(argv),
