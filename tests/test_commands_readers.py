@@ -90,6 +90,8 @@ def test_read_script_takes_literals_and_names_only() -> None:
     assert facts.unsloth_load == {"model_name": "unsloth/x", "max_seq_length": 2048, "dtype": "bfloat16"}
     assert facts.unsloth_peft == {"lora_alpha": 16}  # r * 2 is not a literal: left out, not guessed
     assert facts.uses_unsloth and read_script("def broken(:\n").parses is False
+    notebook = read_script("%%capture\n!pip install unsloth\nfrom unsloth import FastLanguageModel\n")
+    assert notebook.parses and notebook.uses_unsloth  # a notebook saved as .py, magics and all
 
 
 def test_llamafactory_in_its_three_forms(tmp_path: Path) -> None:

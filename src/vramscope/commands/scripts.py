@@ -175,7 +175,12 @@ def read_script(text: str) -> ScriptFacts:
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return facts
+        # A notebook saved as .py keeps its shell and magic lines (!pip install ..., %%capture): drop them.
+        cleaned = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in text.splitlines())
+        try:
+            tree = ast.parse(cleaned)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return facts
     facts.parses = True
     names = _Names()
     for stmt in tree.body:

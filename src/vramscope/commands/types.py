@@ -21,11 +21,11 @@ as ddp because only the optimizer states would shrink: erring high), ``fsdp`` (F
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "zero2", "zero3")
 
 Program = Literal["trl", "qlora", "hf", "axolotl", "llamafactory", "swift", "unsloth", "fsdp_qlora", "cookbook",
-                  "fastchat", "peft_sft"]
+                  "fastchat"]
 """Which program's defaults were applied: TRL's scripts (``sft``, ``dpo``, ``grpo``, ``kto``, ``reward``, ``orpo``,
 and scripts that build TRL's trainers), the QLoRA reference ``qlora.py``, a generic HF ``TrainingArguments``
 script, axolotl, LLaMA-Factory, ms-swift, Unsloth, Answer.AI's fsdp_qlora ``train.py``, llama-cookbook's
-finetuning, FastChat's ``train_lora.py``, or PEFT's ``examples/sft/train.py``."""
+finetuning, or FastChat's ``train_lora.py`` (see ``commands/dispatch.py``'s ``PROGRAMS``)."""
 
 TrainerKind = Literal["sft", "dpo", "grpo", "kto", "orpo", "reward", "pretrain", "ppo"]
 """What the run trains on: supervised fine-tuning (``sft``), a preference pair (``dpo``, ``orpo``; DPO also holds
