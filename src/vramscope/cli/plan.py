@@ -120,11 +120,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpus: int) -> int:
-    """The worst GPU's reserved bytes on ``gpus`` GPUs under the command's strategy (for an alternative)."""
+    """What must fit on the worst GPU of ``gpus`` under the command's strategy (for an alternative reading)."""
     alt = argparse.Namespace(**vars(args))
     alt.gpus, alt.strategy = gpus, args.strategy or "ddp"
     dist, _ = plan_gpus.plan_gpus(model, spec, alt, hardware)
-    assert dist is not None  # a strategy was given
+    if dist is None:  # plan_gpus returns one whenever a strategy is given, as here
+        raise UsageError(f"cannot plan {gpus} GPUs under {alt.strategy}")
     return int(dist.worst.device_bytes)
 
 

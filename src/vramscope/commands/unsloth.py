@@ -11,8 +11,6 @@ with the ``trl`` framework, whose kernels use more memory than Unsloth's (errs h
 
 from __future__ import annotations
 
-from typing import Any
-
 from vramscope.commands.argv import options_from_mapping
 from vramscope.commands.common import (
     model_name_facts,
@@ -40,7 +38,8 @@ def read_unsloth(ctx: Context) -> Reading:
     cli = ctx.target.name.replace("\\", "/").endswith("unsloth-cli.py")
     # A script's calls as options below the command line: get_peft_model, from_pretrained, then its trainer config.
     source = ctx.target.name
-    reader.add_defaults(options_from_mapping(_renamed(facts.unsloth_peft, {"r": "r"}), f"{source} get_peft_model"))
+    peft = {k: v for k, v in facts.unsloth_peft.items() if k != "model"}
+    reader.add_defaults(options_from_mapping(peft, f"{source} get_peft_model"))
     reader.add_defaults(options_from_mapping(facts.unsloth_load, f"{source} from_pretrained"))
     reader.add_defaults(options_from_mapping(facts.config_kwargs, f"{source} code"))
     model = reader.text("model_name", "model_name_or_path", "model")
@@ -135,7 +134,3 @@ def read_unsloth(ctx: Context) -> Reading:
     reader.ignore(IGNORED)
     model_name_facts(out)
     return out
-
-
-def _renamed(kwargs: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    return {names.get(k, k): v for k, v in kwargs.items() if k != "model"}
