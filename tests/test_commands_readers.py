@@ -148,6 +148,7 @@ def test_trl_dpo_and_grpo_scripts_by_path_with_their_defaults(tmp_path: Path) ->
     assert (g.trainer.kind, g.trainer.num_generations, g.trainer.max_completion_length) == ("grpo", 8, 1024)
     assert g.seq_len == 512 + 1024 and any("prompt" in a for a in g.assumed)  # TRL 1.16 does not cut prompts
     assert g.memory.vision and g.trainer.use_vllm
+    assert [a.seq_len for a in g.alternatives] == [2048 + 1024]  # the guess could flip the verdict: both planned
     (tmp_path / "recipe.yaml").write_text("model_name_or_path: m\nuse_peft: true\nload_in_4bit: true\nlora_r: 128\n"
                                           "max_length: 1024\nmax_prompt_length: 512\nbeta: 0.01\n")
     h = parse("accelerate launch --num_processes=1 scripts/dpo.py recipe.yaml", tmp_path)  # the handbook's form

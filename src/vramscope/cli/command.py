@@ -180,8 +180,9 @@ def alternative_plans(inputs: CommandInputs, args: argparse.Namespace, model: An
                       plan_many: Any) -> list[tuple[str, Any, int | None]]:
     """The other readings worth showing beside the plan: ``(label, plan or per-GPU bytes, world size)`` each.
 
-    ``plan_one(spec)`` plans one GPU with a recipe; ``plan_many(spec, gpus)`` returns the worst GPU's bytes
-    under the command's strategy. Guesses that a vramscope flag answered are left out.
+    ``plan_one(spec, seq_len)`` plans one GPU with a recipe (and a length; None: the command's);
+    ``plan_many(spec, gpus)`` returns the worst GPU's bytes under the command's strategy. Guesses that a
+    vramscope flag answered are left out.
     """
     given = explicit(args)
     out: list[tuple[str, Any, int | None]] = []
@@ -191,9 +192,9 @@ def alternative_plans(inputs: CommandInputs, args: argparse.Namespace, model: An
                 continue
             out.append((alt.label, plan_many(inputs.spec, alt.world_size), alt.world_size))
             continue
-        if any(name in given for name in alt.spec):
+        if any(name in given for name in alt.spec) or (alt.seq_len is not None and "seq_len" in given):
             continue
-        out.append((alt.label, plan_one(inputs.spec.with_(**alt.spec)), None))
+        out.append((alt.label, plan_one(inputs.spec.with_(**alt.spec), alt.seq_len), None))
     return out
 
 

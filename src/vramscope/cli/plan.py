@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
                       target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None)
         others = [] if command is None else training_command.alternative_plans(
             command, args, model,
-            lambda alt: plan(model, args.batch_size, args.seq_len, alt, gpu_memory=args.gpu_memory, gpu=args.gpu,
-                             hardware=hardware, read_from_command=True),
+            lambda alt, seq: plan(model, args.batch_size, seq or args.seq_len, alt, gpu_memory=args.gpu_memory,
+                                  gpu=args.gpu, hardware=hardware, read_from_command=True),
             lambda alt, n: _per_gpu(model, alt, args, hardware, n))
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None

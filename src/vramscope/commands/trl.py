@@ -30,6 +30,7 @@ from vramscope.commands.programs import (
     training,
 )
 from vramscope.commands.reading import Context, Reading
+from vramscope.commands.types import Alternative
 
 TRL_KINDS = ("sft", "dpo", "grpo", "kto", "reward", "orpo", "rloo")
 MAX_LENGTH = {"sft": 1024, "dpo": 1024, "kto": 1024, "reward": 1024, "orpo": 1024}
@@ -145,6 +146,9 @@ def _lengths(ctx: Context, out: Reading, kind: str) -> None:
             prompt = GRPO_PROMPT_GUESS
             out.assumed.append(f"GRPO prompt length: TRL does not cut prompts; planned as {prompt} tokens "
                                f"+ {t['max_completion_length']} completion")
+            longer = 4 * GRPO_PROMPT_GUESS
+            out.alternatives.append(Alternative(f"if prompts run to {longer} tokens",
+                                                seq_len=longer + int(t["max_completion_length"])))
         out.seq_len = int(prompt) + int(t["max_completion_length"])
         out.seq_flag = "--max_completion_length"
         if t.get("use_vllm"):

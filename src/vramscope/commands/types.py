@@ -164,14 +164,16 @@ class Alternative:
         label: what differs, in words (``"if the script loads in 4-bit"``).
         spec: recipe fields that differ (``{"bits": 4}``).
         world_size: a different process count, when that is the guess.
+        seq_len: a different sequence length, when a length is the guess (GRPO's uncut prompts).
     """
 
     label: str
     spec: Mapping[str, Any] = field(default_factory=dict)
     world_size: int | None = None
+    seq_len: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "spec": dict(self.spec), "world_size": self.world_size}
+        return {"label": self.label, "spec": dict(self.spec), "world_size": self.world_size, "seq_len": self.seq_len}
 
 
 @dataclass(frozen=True)
