@@ -10,6 +10,7 @@ axolotl's CLI does.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -211,7 +212,7 @@ def _deepspeed(reader: Reader, state: LaunchState, cwd: Path) -> None:
         return
     path = Path(ds).expanduser()
     full = path if path.is_absolute() else cwd / path
-    if not ds.lstrip().startswith("{") and not full.is_file():
+    if not ds.lstrip().startswith("{") and not os.path.lexists(full):  # a FIFO or device there is refused
         deepspeed_by_name(state, ds)
         return
     state.deepspeed(load_json_or_text(ds if ds.lstrip().startswith("{") else str(full),

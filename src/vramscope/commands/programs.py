@@ -8,6 +8,7 @@ dataclasses) and a generic script built on ``HfArgumentParser`` / ``TrainingArgu
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,8 @@ def distributed(reader: Reader, state: LaunchState, *, deepspeed: bool = True) -
     if ds is not None:
         inline = ds.lstrip().startswith("{")
         source = ds if inline or Path(ds).is_absolute() else str(state.cwd / ds)
-        if not inline and not Path(source).is_file():
+        # Only a path that is not there at all is read by its name; a FIFO or a device there is refused when read.
+        if not inline and not os.path.lexists(source):
             deepspeed_by_name(state, ds)
             return
         state.deepspeed(load_json_or_text(source, "--deepspeed config"), "--deepspeed")
