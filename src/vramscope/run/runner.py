@@ -8,8 +8,13 @@ The command is the user's, and vramscope stands beside it the way ``time`` or ``
 
 * it runs in vramscope's own process group, so the terminal's Ctrl-C, Ctrl-Z and job control reach it
   (and its workers) directly, and a pipeline (``vramscope run -- seq 1 9 | less``) keeps the terminal;
-  a signal sent to vramscope from elsewhere (``kill``) is forwarded to the command's process tree;
-* when the command stops for job control, vramscope stops too, so that the shell gets its prompt back;
+  a signal sent to vramscope from elsewhere (``kill``) is passed on to the command itself, once, as if
+  vramscope had exec'd it (a launcher forwards to its workers itself);
+* vramscope follows the command's job-control state: it stops when the command stops (so that the shell
+  gets its prompt back) and not otherwise (a command that ignores Ctrl-Z keeps its monitor);
+* the command gets what it would have had without vramscope: the caller's ignored signals, every
+  inherited file descriptor, its ``argv[0]`` as typed, and the shell's exit codes for exec errors
+  (126: not executable, a directory; 127: not found, a bad ``#!`` interpreter; no ``#!``: ``/bin/sh``);
 * vramscope ends the way the command did: its exit code, or death by the same signal (see
   :func:`exit_like`);
 * nothing holds vramscope up once the command has ended: a sink that blocks (a FIFO nobody reads, a
@@ -22,6 +27,7 @@ The command is the user's, and vramscope stands beside it the way ``time`` or ``
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import resource
@@ -35,6 +41,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
@@ -55,7 +62,11 @@ ENV_RUN_ID = "VRAMSCOPE_RUN_ID"  # marks every process the command starts, daemo
 
 
 class ProgramNotFoundError(FileNotFoundError):
-    """The command to run does not exist or is not executable."""
+    """The command could not be started; :attr:`exit_code` is the shell's code for why (127 or 126)."""
+
+    def __init__(self, message: str, exit_code: int = 127) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # 127: not found (or a bad interpreter); 126: found but cannot be run
 
 
 @dataclass
@@ -74,17 +85,51 @@ class RunResult:
 
 
 def resolve_program(program: str) -> str:
-    """The full path of ``program``, or a :class:`ProgramNotFoundError` that says what to check."""
+    """The path of ``program`` to exec, or a :class:`ProgramNotFoundError` with the shell's exit code."""
     if os.sep in program:
+        if os.path.isdir(program):
+            raise ProgramNotFoundError(f"{program} is a directory; give the program to run", exit_code=126)
         if os.path.isfile(program) and os.access(program, os.X_OK):
             return program
         if os.path.exists(program):
-            raise ProgramNotFoundError(f"{program} is not an executable file; check its permissions (chmod +x)")
+            raise ProgramNotFoundError(f"{program} is not an executable file; check its permissions (chmod +x)",
+                                       exit_code=126)
         raise ProgramNotFoundError(f"{program} does not exist; check the path")
     found = shutil.which(program)
     if found is None:
+        # As the shell: a file of that name on PATH that cannot be executed is 126, not "not found".
+        for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+            candidate = os.path.join(folder or os.curdir, program)
+            if os.path.isfile(candidate):
+                raise ProgramNotFoundError(f"{candidate} is not an executable file; check its permissions "
+                                           "(chmod +x)", exit_code=126)
         raise ProgramNotFoundError(f"command not found: {program}; check the name or give its full path")
     return found
+
+
+def inherited_fds() -> tuple[int, ...]:
+    """The file descriptors above 2 this process inherited and would pass on at exec (not close-on-exec).
+
+    ``bash -c 'echo hi >&3' 3>f``, MPI's ``PMI_FD``, make's jobserver, systemd's socket activation:
+    the command must get them as it would without vramscope. Call it before vramscope opens anything
+    (NVML's device files are opened without close-on-exec by the driver library).
+    """
+    fds = []
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if not name.isdigit() or int(name) <= 2:
+                continue
+            try:
+                if os.get_inheritable(int(name)):
+                    fds.append(int(name))
+            except OSError:  # the listing's own descriptor, closed by now
+                continue
+        break
+    return tuple(sorted(fds))
 
 
 def run_monitored(
@@ -103,6 +148,7 @@ def run_monitored(
     cleanup_limit_s: float = CLEANUP_LIMIT_S,
     collector: Callable[[int, NvmlBackend], Collector] | None = None,
     fast: bool = False,
+    pass_fds: Sequence[int] | None = None,
 ) -> RunResult:
     """Start ``command``, sample it until it ends, and return its exit code and peaks.
 
@@ -116,6 +162,7 @@ def run_monitored(
         collector: builds the collector from the command's pid and the NVML backend (soak tests inject
             a clock and host readings here).
         fast: allow intervals below the minimum (compressed-time soaks only).
+        pass_fds: descriptors above 2 the command inherits (default: :func:`inherited_fds` now).
 
     Raises:
         ProgramNotFoundError: the command does not exist (nothing was started).
@@ -124,6 +171,7 @@ def run_monitored(
     """
     if not command:
         raise ProgramNotFoundError("no command given; put it after '--', e.g. vramscope run -- python train.py")
+    keep_fds = inherited_fds() if pass_fds is None else tuple(pass_fds)
     program = resolve_program(command[0])
     sinks: list[Sink] = []
     log_file: CsvSink | JsonlSink | None = None
@@ -145,12 +193,13 @@ def run_monitored(
     backend = nvml if nvml is not None else NvmlBackend(gpus=gpus)
     # Signals are caught before the child exists, so that one arriving during start-up is not lost:
     # it is delivered to the child as soon as there is one.
-    with _forward_signals() as forwarder:
+    with _forward_signals() as (forwarder, handlers):
         try:
-            child = subprocess.Popen([program, *command[1:]], env=child_env)
+            child = _spawn(program, list(command), child_env, keep_fds)
         except BaseException:
             _close_quickly(sinks, cleanup_limit_s)
             raise
+        handlers.install(ignored=True)  # the command started with them ignored; from now on, passed on
         forwarder.attach(child.pid)
         reader = collector(child.pid, backend) if collector else Collector(nvml=backend, host=HostBackend(child.pid))
         sampler = Sampler(reader, sinks, interval=interval, fast=fast)
@@ -179,6 +228,49 @@ def run_monitored(
         still_running=still_running,
         left_behind=left_behind,
     )
+
+
+def _spawn(program: str, command: list[str], env: dict[str, str], pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
+    """Start the command as a shell would exec it; exec errors become the shell's exit codes.
+
+    ``argv[0]`` is the name as typed (``executable`` is the path found). SIGPIPE and SIGXFSZ start at
+    their defaults (``restore_signals``): what the caller had cannot be known inside Python, which
+    ignores both before any of its code runs, and the default is what every shell gives a command.
+    """
+    descriptors = tuple(fd for fd in pass_fds if _still_inheritable(fd))
+    try:
+        return subprocess.Popen(command, executable=program, env=env, pass_fds=descriptors)
+    except OSError as exc:
+        if exc.errno == errno.ENOEXEC:  # no #! line: the shell runs it with /bin/sh, and so do we
+            try:
+                return subprocess.Popen(["/bin/sh", program, *command[1:]], env=env, pass_fds=descriptors)
+            except OSError as again:
+                raise ProgramNotFoundError(f"cannot run {command[0]} with /bin/sh: {again.strerror}",
+                                           exit_code=126) from None
+        if exc.errno == errno.ENOENT:  # the program exists (it was found): its #! interpreter does not
+            raise ProgramNotFoundError(f"{command[0]}: bad interpreter {_interpreter(program)!r}: no such "
+                                       "program; fix the script's #! line", exit_code=127) from None
+        raise ProgramNotFoundError(f"cannot execute {command[0]}: {exc.strerror or exc}", exit_code=126) from None
+
+
+def _still_inheritable(fd: int) -> bool:
+    try:
+        return os.get_inheritable(fd)
+    except OSError:
+        return False
+
+
+def _interpreter(program: str) -> str:
+    """The program a script's ``#!`` line names (for the message of a bad interpreter)."""
+    try:
+        with open(program, "rb") as handle:
+            first = handle.readline(256)
+    except OSError:
+        return "?"
+    if not first.startswith(b"#!"):
+        return "?"
+    words = first[2:].split()
+    return words[0].decode(errors="replace") if words else "?"
 
 
 def exit_like(result: RunResult) -> int:
@@ -248,10 +340,12 @@ def _is_stopped(pid: int) -> bool:
 
 
 class _Forwarder:
-    """Sends the signals vramscope receives from elsewhere to the command's process tree.
+    """Passes the signals vramscope receives from elsewhere on to the command, once, as exec would.
 
-    Signals from the terminal (Ctrl-C, Ctrl-\\, Ctrl-Z) already reached the command, which is in the
-    terminal's foreground process group with vramscope: forwarding them would deliver them twice.
+    Only the command itself gets them: a launcher (torchrun, a nested ``vramscope run``) forwards to its
+    workers itself, and a DataLoader worker is not sent a USR1 meant for the main process. Signals from
+    the terminal (Ctrl-C, Ctrl-\\, Ctrl-Z) already reached the command, which is in the terminal's
+    foreground process group with vramscope: forwarding them would deliver them twice.
     """
 
     def __init__(self) -> None:
@@ -260,12 +354,15 @@ class _Forwarder:
         self.ended = False
         self.abandon = threading.Event()  # set by a signal once the command has ended
         self.stopping = False
+        self.ignored_at_start: set[int] = set()  # the caller's ignored signals: the command starts with them ignored
         self._tty: int | None = None
         with contextlib.suppress(OSError):
             self._tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.ended:  # the command is gone: a signal now means "stop waiting for the sinks"
+            if signum in self.ignored_at_start or signum == signal.SIGCONT:
+                return  # the caller asked vramscope to ignore it; SIGCONT is `fg` or `bg`
             self.abandon.set()
             if signum == signal.SIGTSTP:
                 self._stop_self()
@@ -273,18 +370,20 @@ class _Forwarder:
         if self.pid is None:
             self.pending.append(signum)
             return
+        if signum == signal.SIGCONT:
+            # vramscope was continued by the kernel; so was the command if it came to the whole job (`fg`).
+            if _is_stopped(self.pid):
+                self._send(signum)
+            return
         if not (signum in TERMINAL_SIGNALS and self._in_terminal_foreground()):
             self._send(signum)
-        if signum == signal.SIGTSTP:
-            self._stop_self()
-        elif signum == signal.SIGCONT:
-            pass  # sent on to the command by _send; vramscope itself was continued by the kernel
+        # SIGTSTP does not stop vramscope by itself: it stops when the command does (see _wait), so that
+        # a command that ignores Ctrl-Z keeps its monitor and the shell its foreground job, as without us.
 
     def _send(self, signum: int) -> None:
         assert self.pid is not None
-        for pid in [self.pid, *_descendants(self.pid)]:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signum)
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signum)
 
     def _in_terminal_foreground(self) -> bool:
         if self._tty is None:
@@ -297,7 +396,7 @@ class _Forwarder:
     def stop_with_the_command(self) -> None:
         """The command stopped for job control: stop vramscope too, then continue the command with it."""
         self._stop_self()
-        if self.pid is not None:
+        if self.pid is not None and _is_stopped(self.pid):  # `kill -CONT` to vramscope alone
             self._send(signal.SIGCONT)
 
     def _stop_self(self) -> None:
@@ -323,33 +422,50 @@ class _Forwarder:
             self._tty = None
 
 
-@contextlib.contextmanager
-def _forward_signals() -> Iterator[_Forwarder]:
-    forwarder = _Forwarder()
-    previous = {}
-    for sig in (*FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIGCONT):
-        try:
-            if signal.getsignal(sig) == signal.SIG_IGN:
-                # Ignored when we started (`nohup`, `cmd &` in a script): the command inherits that, as
-                # it would without vramscope; a handler here would be reset to the default at exec.
+class _SignalHandlers:
+    """Installs the forwarder for every signal it passes on, and puts the caller's handlers back."""
+
+    def __init__(self, forwarder: _Forwarder) -> None:
+        self._forwarder = forwarder
+        self._previous: dict[int, Any] = {}
+
+    def install(self, *, ignored: bool) -> None:
+        """``ignored=False`` before the command starts; ``True`` after, for the signals ignored now.
+
+        A signal the caller ignores (``nohup``, ``cmd &`` in a script: SIGINT and SIGQUIT) must be
+        ignored when the command starts, as it would be without vramscope (a handler here would be
+        reset to the default at exec); once the command runs, vramscope catches it too and passes it
+        on, so that a command that installs its own handler gets the ``kill -INT`` sent to the job.
+        """
+        for sig in (*FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIGCONT):
+            if sig in self._previous:
                 continue
-            previous[sig] = signal.signal(sig, forwarder)
-        except (ValueError, OSError):  # not the main thread: leave signals alone
-            pass
+            try:
+                is_ignored = signal.getsignal(sig) == signal.SIG_IGN
+                if is_ignored != ignored:
+                    continue
+                if is_ignored:
+                    self._forwarder.ignored_at_start.add(sig)
+                self._previous[sig] = signal.signal(sig, self._forwarder)
+            except (ValueError, OSError):  # not the main thread: leave signals alone
+                return
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _forward_signals() -> Iterator[tuple[_Forwarder, _SignalHandlers]]:
+    forwarder = _Forwarder()
+    handlers = _SignalHandlers(forwarder)
+    handlers.install(ignored=False)
     try:
-        yield forwarder
+        yield forwarder, handlers
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        handlers.restore()
         forwarder.close()
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (workers, dataloader forks), children first."""
-    try:
-        return sorted(HostBackend(pid, include_root=False, tree_refresh_s=0.0).tree_pids())
-    except Exception:  # the tree is gone or unreadable: the command itself still gets the signal
-        return []
 
 
 def _close_sampler(sampler: Sampler, limit_s: float, abandon: threading.Event) -> list[str]:
