@@ -72,8 +72,9 @@ def test_vramscopes_own_descriptors_do_not_leak_into_the_command(tmp_path: Path)
         ("printf 'echo hi\\n' > nx", "./nx", 126, "not an executable file"),
         ("printf '#!/nonexistent/interp\\necho hi\\n' > bad && chmod +x bad", "./bad", 127, "bad interpreter"),
         (":", "surely-not-a-program-xyz", 127, "command not found"),
+        ("printf 'ELF\\0\\1\\2\\n' > blob && chmod +x blob", "./blob", 126, "cannot execute binary file"),
     ],
-    ids=["directory", "not-executable", "bad-interpreter", "not-found"],
+    ids=["directory", "not-executable", "bad-interpreter", "not-found", "foreign-binary"],
 )
 def test_exec_errors_keep_the_shells_exit_codes(setup: str, program: str, code: int, message: str,
                                                 tmp_path: Path) -> None:

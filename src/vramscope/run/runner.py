@@ -242,6 +242,9 @@ def _spawn(program: str, command: list[str], env: dict[str, str], pass_fds: Sequ
         return subprocess.Popen(command, executable=program, env=env, pass_fds=descriptors)
     except OSError as exc:
         if exc.errno == errno.ENOEXEC:  # no #! line: the shell runs it with /bin/sh, and so do we
+            if _looks_binary(program):  # ... unless it is a binary of another kind, as bash tells them apart
+                raise ProgramNotFoundError(f"cannot execute binary file {command[0]}: Exec format error",
+                                           exit_code=126) from None
             try:
                 return subprocess.Popen(["/bin/sh", program, *command[1:]], env=env, pass_fds=descriptors)
             except OSError as again:
@@ -258,6 +261,16 @@ def _still_inheritable(fd: int) -> bool:
         return os.get_inheritable(fd)
     except OSError:
         return False
+
+
+def _looks_binary(program: str) -> bool:
+    """A NUL byte before the first line end of the first 80 bytes: not a script (bash's test)."""
+    try:
+        with open(program, "rb") as handle:
+            head = handle.read(80)
+    except OSError:
+        return False
+    return b"\0" in head.partition(b"\n")[0]
 
 
 def _interpreter(program: str) -> str:
