@@ -181,7 +181,8 @@ def test_a_background_jobs_kill_int_reaches_a_child_with_its_own_handler(under_v
 IGNORES_TSTP = textwrap.dedent(
     """
     import pathlib, signal, sys, time
-    signal.signal(signal.SIGTSTP, signal.SIG_IGN)
+    # Ignored, or caught by a handler that does not stop (a program that saves its state on Ctrl-Z).
+    signal.signal(signal.SIGTSTP, signal.SIG_IGN if sys.argv[2] == "ignore" else lambda *_: None)
     pathlib.Path(sys.argv[1]).write_text("1")
     time.sleep(3.0)
     print("FINISHED", flush=True)
@@ -190,12 +191,13 @@ IGNORES_TSTP = textwrap.dedent(
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("how", ["ignore", "catch"])
 @pytest.mark.parametrize("under_vramscope", [False, True], ids=["plain", "vramscope"])
-def test_ctrl_z_on_a_command_that_ignores_it_stops_nothing(under_vramscope: bool, tmp_path: Path) -> None:
+def test_ctrl_z_on_a_command_that_ignores_it_stops_nothing(under_vramscope: bool, how: str, tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text(IGNORES_TSTP)
     terminal = Terminal(tmp_path)
     try:
-        command = f"{PYTHON} t.py ready"
+        command = f"{PYTHON} t.py ready {how}"
         if under_vramscope:
             command = f"{PYTHON} -m vramscope run --quiet --log m.csv --interval 0.1 -- {command}"
         terminal.run(command)

@@ -344,6 +344,18 @@ def _wait(child: subprocess.Popen[bytes], forwarder: _Forwarder) -> int:
         return code
 
 
+def _takes_the_default(pid: int, signum: int) -> bool:
+    """Whether ``pid`` neither ignores nor catches ``signum`` (its SigIgn and SigCgt in /proc); True if unknown."""
+    bit = 1 << (signum - 1)
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            masks = {key: int(value, 16) for key, _, value in (line.partition(b":") for line in handle)
+                     if key in (b"SigIgn", b"SigCgt")}
+    except (OSError, ValueError):
+        return True
+    return not any(mask & bit for mask in masks.values())
+
+
 def _is_stopped(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -390,8 +402,12 @@ class _Forwarder:
             return
         if not (signum in TERMINAL_SIGNALS and self._in_terminal_foreground()):
             self._send(signum)
-        # SIGTSTP does not stop vramscope by itself: it stops when the command does (see _wait), so that
-        # a command that ignores Ctrl-Z keeps its monitor and the shell its foreground job, as without us.
+        if signum == signal.SIGTSTP and _takes_the_default(self.pid, signum):
+            # The kernel stops the command as soon as it can: stop with it now. (At once, because a shell
+            # caught in vfork, its child stopped before exec, cannot stop until `fg`: the job would hang.)
+            self._stop_self()
+        # A command that ignores or catches SIGTSTP is followed instead (see _wait): vramscope stops when it
+        # stops, so a command that ignores Ctrl-Z keeps its monitor and the shell its foreground job.
 
     def _send(self, signum: int) -> None:
         assert self.pid is not None
