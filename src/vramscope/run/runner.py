@@ -27,46 +27,34 @@ The command is the user's, and vramscope stands beside it the way ``time`` or ``
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
-from typing import Any
 
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.sinks import CsvSink, JsonlSink, log_sink
+from vramscope.run.signals import forward_signals, wait_for_command
+from vramscope.run.spawn import ProgramNotFoundError, inherited_fds, resolve_program, spawn
 from vramscope.sampling.peaks import PeakTracker
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S, Collector, Sampler
 from vramscope.types import Sink
 
+__all__ = ["CLEANUP_LIMIT_S", "ENV_RUN_ID", "ProgramNotFoundError", "RunResult", "exit_like", "inherited_fds",
+           "resolve_program", "run_monitored"]
+
 log = logging.getLogger("vramscope.runner")  # the logger name users filter on, kept from before the move
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-# Signals a terminal sends to its whole foreground process group: the command, in our group, has them.
-TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP)
-# Stops that mean "the terminal is not yours now": vramscope stops with the command, as a job does.
-JOB_CONTROL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 CLEANUP_LIMIT_S = 3.0  # the most vramscope waits for its sinks once the command has ended
 ENV_RUN_ID = "VRAMSCOPE_RUN_ID"  # marks every process the command starts, daemons included
-
-
-class ProgramNotFoundError(FileNotFoundError):
-    """The command could not be started; :attr:`exit_code` is the shell's code for why (127 or 126)."""
-
-    def __init__(self, message: str, exit_code: int = 127) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code  # 127: not found (or a bad interpreter); 126: found but cannot be run
 
 
 @dataclass
@@ -82,54 +70,6 @@ class RunResult:
     log_files: list[str] = field(default_factory=list)  # the log's files (more than one once rotated)
     still_running: list[tuple[int, str]] = field(default_factory=list)  # (pid, name) it left running
     left_behind: list[str] = field(default_factory=list)  # sinks still blocked when vramscope gave up on them
-
-
-def resolve_program(program: str) -> str:
-    """The path of ``program`` to exec, or a :class:`ProgramNotFoundError` with the shell's exit code."""
-    if os.sep in program:
-        if os.path.isdir(program):
-            raise ProgramNotFoundError(f"{program} is a directory; give the program to run", exit_code=126)
-        if os.path.isfile(program) and os.access(program, os.X_OK):
-            return program
-        if os.path.exists(program):
-            raise ProgramNotFoundError(f"{program} is not an executable file; check its permissions (chmod +x)",
-                                       exit_code=126)
-        raise ProgramNotFoundError(f"{program} does not exist; check the path")
-    found = shutil.which(program)
-    if found is None:
-        # As the shell: a file of that name on PATH that cannot be executed is 126, not "not found".
-        for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
-            candidate = os.path.join(folder or os.curdir, program)
-            if os.path.isfile(candidate):
-                raise ProgramNotFoundError(f"{candidate} is not an executable file; check its permissions "
-                                           "(chmod +x)", exit_code=126)
-        raise ProgramNotFoundError(f"command not found: {program}; check the name or give its full path")
-    return found
-
-
-def inherited_fds() -> tuple[int, ...]:
-    """The file descriptors above 2 this process inherited and would pass on at exec (not close-on-exec).
-
-    ``bash -c 'echo hi >&3' 3>f``, MPI's ``PMI_FD``, make's jobserver, systemd's socket activation:
-    the command must get them as it would without vramscope. Call it before vramscope opens anything
-    (NVML's device files are opened without close-on-exec by the driver library).
-    """
-    fds = []
-    for folder in ("/proc/self/fd", "/dev/fd"):
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            if not name.isdigit() or int(name) <= 2:
-                continue
-            try:
-                if os.get_inheritable(int(name)):
-                    fds.append(int(name))
-            except OSError:  # the listing's own descriptor, closed by now
-                continue
-        break
-    return tuple(sorted(fds))
 
 
 def run_monitored(
@@ -193,9 +133,9 @@ def run_monitored(
     backend = nvml if nvml is not None else NvmlBackend(gpus=gpus)
     # Signals are caught before the child exists, so that one arriving during start-up is not lost:
     # it is delivered to the child as soon as there is one.
-    with _forward_signals() as (forwarder, handlers):
+    with forward_signals() as (forwarder, handlers):
         try:
-            child = _spawn(program, list(command), child_env, keep_fds)
+            child = spawn(program, list(command), child_env, keep_fds)
         except BaseException:
             _close_quickly(sinks, cleanup_limit_s)
             raise
@@ -208,7 +148,7 @@ def run_monitored(
         sampler.start()
         if on_start is not None:
             on_start(child)
-        status = _wait(child, forwarder)
+        status = wait_for_command(child, forwarder)
         forwarder.child_ended()
         still_running = _processes_marked(run_id)
         left_behind = _close_sampler(sampler, cleanup_limit_s, forwarder.abandon)
@@ -228,62 +168,6 @@ def run_monitored(
         still_running=still_running,
         left_behind=left_behind,
     )
-
-
-def _spawn(program: str, command: list[str], env: dict[str, str], pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
-    """Start the command as a shell would exec it; exec errors become the shell's exit codes.
-
-    ``argv[0]`` is the name as typed (``executable`` is the path found). SIGPIPE and SIGXFSZ start at
-    their defaults (``restore_signals``): what the caller had cannot be known inside Python, which
-    ignores both before any of its code runs, and the default is what every shell gives a command.
-    """
-    descriptors = tuple(fd for fd in pass_fds if _still_inheritable(fd))
-    try:
-        return subprocess.Popen(command, executable=program, env=env, pass_fds=descriptors)
-    except OSError as exc:
-        if exc.errno == errno.ENOEXEC:  # no #! line: the shell runs it with /bin/sh, and so do we
-            if _looks_binary(program):  # ... unless it is a binary of another kind, as bash tells them apart
-                raise ProgramNotFoundError(f"cannot execute binary file {command[0]}: Exec format error",
-                                           exit_code=126) from None
-            try:
-                return subprocess.Popen(["/bin/sh", program, *command[1:]], env=env, pass_fds=descriptors)
-            except OSError as again:
-                raise ProgramNotFoundError(f"cannot run {command[0]} with /bin/sh: {again.strerror}",
-                                           exit_code=126) from None
-        if exc.errno == errno.ENOENT:  # the program exists (it was found): its #! interpreter does not
-            raise ProgramNotFoundError(f"{command[0]}: bad interpreter {_interpreter(program)!r}: no such "
-                                       "program; fix the script's #! line", exit_code=127) from None
-        raise ProgramNotFoundError(f"cannot execute {command[0]}: {exc.strerror or exc}", exit_code=126) from None
-
-
-def _still_inheritable(fd: int) -> bool:
-    try:
-        return os.get_inheritable(fd)
-    except OSError:
-        return False
-
-
-def _looks_binary(program: str) -> bool:
-    """A NUL byte before the first line end of the first 80 bytes: not a script (bash's test)."""
-    try:
-        with open(program, "rb") as handle:
-            head = handle.read(80)
-    except OSError:
-        return False
-    return b"\0" in head.partition(b"\n")[0]
-
-
-def _interpreter(program: str) -> str:
-    """The program a script's ``#!`` line names (for the message of a bad interpreter)."""
-    try:
-        with open(program, "rb") as handle:
-            first = handle.readline(256)
-    except OSError:
-        return "?"
-    if not first.startswith(b"#!"):
-        return "?"
-    words = first[2:].split()
-    return words[0].decode(errors="replace") if words else "?"
 
 
 def exit_like(result: RunResult) -> int:
@@ -317,184 +201,6 @@ def _log_files(sink: CsvSink | JsonlSink | None) -> list[str]:
     from vramscope.logs.sinks import part_path
 
     return [part_path(sink.path, part) for part in range(sink.parts)]
-
-
-def _wait(child: subprocess.Popen[bytes], forwarder: _Forwarder) -> int:
-    """Wait for the command to end; returns its status as Popen does (-N: killed by signal N).
-
-    A command stopped for job control (Ctrl-Z, or reading the terminal from the background) stops
-    vramscope too, so the shell sees its whole job stopped and gives the prompt back; on ``fg`` or
-    ``bg`` both continue.
-    """
-    while True:
-        try:
-            pid, status = os.waitpid(child.pid, os.WUNTRACED)
-        except ChildProcessError:  # reaped elsewhere: Popen knows
-            return child.wait()
-        if pid != child.pid:
-            continue
-        if os.WIFSTOPPED(status):
-            # Still stopped? A Ctrl-Z stops vramscope by its own handler, and after `fg` the report of
-            # the command's stop may come late, when it runs again: then there is nothing to follow.
-            if os.WSTOPSIG(status) in JOB_CONTROL_STOPS and not forwarder.stopping and _is_stopped(child.pid):
-                forwarder.stop_with_the_command()
-            continue
-        code = os.waitstatus_to_exitcode(status)
-        child.returncode = code
-        return code
-
-
-def _takes_the_default(pid: int, signum: int) -> bool:
-    """Whether ``pid`` neither ignores nor catches ``signum`` (its SigIgn and SigCgt in /proc); True if unknown."""
-    bit = 1 << (signum - 1)
-    try:
-        with open(f"/proc/{pid}/status", "rb") as handle:
-            masks = {key: int(value, 16) for key, _, value in (line.partition(b":") for line in handle)
-                     if key in (b"SigIgn", b"SigCgt")}
-    except (OSError, ValueError):
-        return True
-    return not any(mask & bit for mask in masks.values())
-
-
-def _is_stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rpartition(b")")[2].split()[:1] == [b"T"]
-    except OSError:
-        return False
-
-
-class _Forwarder:
-    """Passes the signals vramscope receives from elsewhere on to the command, once, as exec would.
-
-    Only the command itself gets them: a launcher (torchrun, a nested ``vramscope run``) forwards to its
-    workers itself, and a DataLoader worker is not sent a USR1 meant for the main process. Signals from
-    the terminal (Ctrl-C, Ctrl-\\, Ctrl-Z) already reached the command, which is in the terminal's
-    foreground process group with vramscope: forwarding them would deliver them twice.
-    """
-
-    def __init__(self) -> None:
-        self.pid: int | None = None
-        self.pending: list[int] = []
-        self.ended = False
-        self.abandon = threading.Event()  # set by a signal once the command has ended
-        self.stopping = False
-        self.ignored_at_start: set[int] = set()  # the caller's ignored signals: the command starts with them ignored
-        self._tty: int | None = None
-        with contextlib.suppress(OSError):
-            self._tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.ended:  # the command is gone: a signal now means "stop waiting for the sinks"
-            if signum in self.ignored_at_start or signum == signal.SIGCONT:
-                return  # the caller asked vramscope to ignore it; SIGCONT is `fg` or `bg`
-            self.abandon.set()
-            if signum == signal.SIGTSTP:
-                self._stop_self()
-            return
-        if self.pid is None:
-            self.pending.append(signum)
-            return
-        if signum == signal.SIGCONT:
-            # vramscope was continued by the kernel; so was the command if it came to the whole job (`fg`).
-            if _is_stopped(self.pid):
-                self._send(signum)
-            return
-        if not (signum in TERMINAL_SIGNALS and self._in_terminal_foreground()):
-            self._send(signum)
-        if signum == signal.SIGTSTP and _takes_the_default(self.pid, signum):
-            # The kernel stops the command as soon as it can: stop with it now. (At once, because a shell
-            # caught in vfork, its child stopped before exec, cannot stop until `fg`: the job would hang.)
-            self._stop_self()
-        # A command that ignores or catches SIGTSTP is followed instead (see _wait): vramscope stops when it
-        # stops, so a command that ignores Ctrl-Z keeps its monitor and the shell its foreground job.
-
-    def _send(self, signum: int) -> None:
-        assert self.pid is not None
-        with contextlib.suppress(OSError):
-            os.kill(self.pid, signum)
-
-    def _in_terminal_foreground(self) -> bool:
-        if self._tty is None:
-            return False
-        try:
-            return os.tcgetpgrp(self._tty) == os.getpgrp()
-        except OSError:
-            return False
-
-    def stop_with_the_command(self) -> None:
-        """The command stopped for job control: stop vramscope too, then continue the command with it."""
-        self._stop_self()
-        if self.pid is not None and _is_stopped(self.pid):  # `kill -CONT` to vramscope alone
-            self._send(signal.SIGCONT)
-
-    def _stop_self(self) -> None:
-        self.stopping = True
-        try:
-            os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued (fg, bg, kill -CONT)
-        finally:
-            self.stopping = False
-
-    def attach(self, pid: int) -> None:
-        self.pid = pid
-        for signum in self.pending:
-            self(signum, None)
-        self.pending.clear()
-
-    def child_ended(self) -> None:
-        self.ended = True
-
-    def close(self) -> None:
-        if self._tty is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._tty)
-            self._tty = None
-
-
-class _SignalHandlers:
-    """Installs the forwarder for every signal it passes on, and puts the caller's handlers back."""
-
-    def __init__(self, forwarder: _Forwarder) -> None:
-        self._forwarder = forwarder
-        self._previous: dict[int, Any] = {}
-
-    def install(self, *, ignored: bool) -> None:
-        """``ignored=False`` before the command starts; ``True`` after, for the signals ignored now.
-
-        A signal the caller ignores (``nohup``, ``cmd &`` in a script: SIGINT and SIGQUIT) must be
-        ignored when the command starts, as it would be without vramscope (a handler here would be
-        reset to the default at exec); once the command runs, vramscope catches it too and passes it
-        on, so that a command that installs its own handler gets the ``kill -INT`` sent to the job.
-        """
-        for sig in (*FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIGCONT):
-            if sig in self._previous:
-                continue
-            try:
-                is_ignored = signal.getsignal(sig) == signal.SIG_IGN
-                if is_ignored != ignored:
-                    continue
-                if is_ignored:
-                    self._forwarder.ignored_at_start.add(sig)
-                self._previous[sig] = signal.signal(sig, self._forwarder)
-            except (ValueError, OSError):  # not the main thread: leave signals alone
-                return
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _forward_signals() -> Iterator[tuple[_Forwarder, _SignalHandlers]]:
-    forwarder = _Forwarder()
-    handlers = _SignalHandlers(forwarder)
-    handlers.install(ignored=False)
-    try:
-        yield forwarder, handlers
-    finally:
-        handlers.restore()
-        forwarder.close()
 
 
 def _close_sampler(sampler: Sampler, limit_s: float, abandon: threading.Event) -> list[str]:
