@@ -88,9 +88,22 @@ def run(args: argparse.Namespace) -> int:
                 print(report, file=sys.stderr)
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
                       target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None)
+        others = [] if command is None else training_command.alternative_plans(
+            command, args, model,
+            lambda alt, seq: plan(model, args.batch_size, seq or args.seq_len, alt, gpu_memory=args.gpu_memory,
+                                  gpu=args.gpu, hardware=hardware, read_from_command=True),
+            lambda alt, n: _per_gpu(model, alt, args, hardware, n))
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
-    extra: dict[str, Any] = {} if command is None else {"command": command.to_dict()}
+    if command is not None and others and not args.json:
+        print(training_command.format_command(command) + "\n")
+        print(training_command.format_alternatives(others, result.gpu_memory_bytes) + "\n")
+        command_printed = True
+    else:
+        command_printed = False
+    extra: dict[str, Any] = {} if command is None else {
+        "command": command.to_dict(), **training_command.json_fields(command),
+        "alternatives": training_command.alternatives_json(others, result.gpu_memory_bytes)}
     if args.dataset:
         extra["dataset"] = data.to_json() if data is not None else {
             "source": args.dataset, "error": data_failed, "planned_at": f"{args.batch_size} x {args.seq_len}"}
@@ -99,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({**result.to_dict(), "gpus": plan_gpus.to_dict(dist, table), **extra}, indent=2))
         else:
-            if command is not None:
+            if command is not None and not command_printed:
                 print(training_command.format_command(command) + "\n")
             _print_dataset(args, data, data_failed)
             print(plan_gpus.format_gpus(result, dist, table))
@@ -107,11 +120,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**result.to_dict(), **extra}, indent=2))
     else:
-        if command is not None:
+        if command is not None and not command_printed:
             print(training_command.format_command(command) + "\n")
         _print_dataset(args, data, data_failed)
         print(format_plan(result))
     return 0
+
+
+def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpus: int) -> int:
+    """What must fit on the worst GPU of ``gpus`` under the command's strategy (for an alternative reading)."""
+    alt = argparse.Namespace(**vars(args))
+    alt.gpus, alt.strategy = gpus, args.strategy or "ddp"
+    dist, _ = plan_gpus.plan_gpus(model, spec, alt, hardware)
+    if dist is None:  # plan_gpus returns one whenever a strategy is given, as here
+        raise UsageError(f"cannot plan {gpus} GPUs under {alt.strategy}")
+    return int(dist.worst.device_bytes)
 
 
 def _dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
