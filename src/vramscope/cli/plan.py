@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from vramscope.cli import command as training_command
-from vramscope.cli import plan_gpus
+from vramscope.cli import plan_gpus, plan_phases
 from vramscope.cli.common import CommandError, UsageError, positive_int
 from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
@@ -43,6 +43,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="run a few tiny real steps on this machine's GPU to fit the per-token terms")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     plan_gpus.add_arguments(parser)
+    plan_phases.add_arguments(parser)
     add_trace_arguments(parser)
     training_command.add_command_argument(parser, "plan without running it")  # last: it tracks the flags above
 
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 print(report, file=sys.stderr)
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
-                      target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None)
+                      target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None,
+                      run=plan_phases.run_phases_from_args(args))
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
     if multi:
@@ -122,8 +124,9 @@ def format_plan(p: Plan) -> str:
         f"({p.trainable_params / 1e6:.1f}M trainable), {s.optim}, "
         f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}, {s.attn}",
         f"  framework {p.framework}: {p.framework_title}",
+        *plan_phases.warning_lines(p),
         "",
-        f"  breakdown at the peak ({p.peak_phase}; [{p.framework}] = set by the framework):",
+        f"  breakdown at the peak ({_peak_name(p)}; [{p.framework}] = set by the framework):",
     ]
     for name, value in p.breakdown.to_dict().items():
         if value:
@@ -139,6 +142,7 @@ def format_plan(p: Plan) -> str:
         f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(p.peak_reserved_bytes):>11}",
         f"  process memory (nvidia-smi)                      {gib(p.process_bytes):>11}",
     ]
+    lines += plan_phases.format_lines(p)
     if p.gpu_memory_bytes is not None:
         verdict = "fits" if p.fits else "does NOT fit"
         lines += ["", f"  {verdict} in {gib(p.gpu_memory_bytes)}; {_limits(p)}"]
@@ -157,6 +161,13 @@ def format_plan(p: Plan) -> str:
     for note in p.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def _peak_name(p: Plan) -> str:
+    """The training step's moment, or the run's phase and its moment when another phase sets the peak."""
+    if p.run is None or p.run_peak_phase == "train":
+        return p.peak_phase
+    return f"{p.run_peak_phase}: {p.run.peak.moment}"
 
 
 def _limits(p: Plan) -> str:
