@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from vramscope.cli.common import positive_int
+from vramscope.cli.common import UsageError, positive_int
 from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.planner.api import Plan
 from vramscope.planner.phases import EVAL_LOGITS, TRAINERS, RunPhases
@@ -65,12 +65,31 @@ _FIELDS = {"trainer": "trainer", "eval_batch": "eval_batch", "eval_seq_len": "ev
            "steps_per_generation": "steps_per_generation", "beta": "beta"}
 
 
+_EVAL_FLAGS = ("eval_seq_len", "eval_logits", "eval_accumulation_steps", "eval_examples")
+_GRPO_FLAGS = ("max_prompt_len", "max_completion_len", "num_generations", "steps_per_generation", "beta")
+
+
 def run_phases_from_args(args: argparse.Namespace, base: RunPhases | None = None) -> RunPhases:
-    """The :class:`RunPhases` the flags ask for, over ``base`` (what a pasted command set, when there is one)."""
+    """The :class:`RunPhases` the flags ask for, over ``base`` (what a pasted command set, when there is one).
+
+    Raises:
+        UsageError: a flag that belongs to a phase the run does not have (an eval setting without
+            ``--eval-batch``, a GRPO length without ``--trainer grpo``).
+    """
     changes = {field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag, None) is not None}
     if getattr(args, "precompute_ref", False):
         changes["precompute_ref"] = True
-    return dataclasses.replace(base or RunPhases(), **changes)
+    run = dataclasses.replace(base or RunPhases(), **changes)
+    flag = next((f for f in _EVAL_FLAGS if getattr(args, f, None) is not None), None)
+    if flag is not None and run.eval_batch is None:
+        raise UsageError(f"--{flag.replace('_', '-')} describes the evaluation: add --eval-batch N "
+                         "(per_device_eval_batch_size)")
+    flag = next((f for f in _GRPO_FLAGS if getattr(args, f, None) is not None), None)
+    if flag is not None and run.trainer != "grpo":
+        raise UsageError(f"--{flag.replace('_', '-')} is a GRPO setting: add --trainer grpo")
+    if run.precompute_ref and run.trainer not in ("dpo", "kto"):
+        raise UsageError("--precompute-ref is a DPO/KTO setting: add --trainer dpo or --trainer kto")
+    return run
 
 
 def warning_lines(p: Plan) -> list[str]:

@@ -129,6 +129,7 @@ class PhasePeak:
     moments: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     device_bytes: int = 0
+    breakdowns: dict[str, Breakdown] = field(default_factory=dict)  # every moment's, the peak's included
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "seq": self.seq, "peak_allocated_bytes": self.peak_allocated_bytes,
@@ -170,7 +171,8 @@ class RunPlan:
 def nograd_layer_bytes(shape: ModelShape, spec: QLoraSpec, rows: int, seq: int, pr: Precision) -> int:
     """The most one decoder layer's forward holds under ``torch.no_grad()`` (nothing saved for backward).
 
-    The residual input and the layer's output, plus the larger of the attention half (the normed input and,
+    The embedding output (the model's forward keeps ``inputs_embeds``), the layer's input and its residual
+    sum, plus the larger of the attention half (the normed input and,
     for a LoRA module with dropout, its dropped copy; q, k, v and the attention output) and the MLP half (the
     normed input and the three intermediates of a gated MLP alive at the product; routed experts per token),
     and the largest weight being dequantized. Errs high: each half is taken at its fullest moment.
@@ -189,7 +191,7 @@ def nograd_layer_bytes(shape: ModelShape, spec: QLoraSpec, rows: int, seq: int, 
             mlp += 3 * sd * shape.shared_expert_intermediate * T
     else:
         mlp = sd * h * T + dropped + forward_temporaries(shape, spec, rows, seq, pr) + sd * shape.intermediate * T
-    return 2 * sd * h * T + max(attn, mlp + dequant)
+    return 3 * sd * h * T + max(attn, mlp + dequant)
 
 
 def _fused_head_nograd(shape: ModelShape, pr: Precision, tokens: int) -> int:
@@ -242,7 +244,7 @@ def _phase(name: str, rows: int, seq: int, moments: dict[str, Breakdown], overhe
     process = reserved + context + paged_in_process
     return PhasePeak(name=name, rows=rows, seq=seq, peak_allocated_bytes=allocated[moment],
                      peak_reserved_bytes=reserved, process_bytes=process, moment=moment, breakdown=bd,
-                     moments=allocated, notes=notes, device_bytes=process - paged_in_process)
+                     moments=allocated, notes=notes, device_bytes=process - paged_in_process, breakdowns=moments)
 
 
 def _from_estimate(name: str, rows: int, seq: int, est: Estimate, extra: dict[str, Breakdown] | None = None,
@@ -399,7 +401,8 @@ def eval_phase(shape: ModelShape, spec: QLoraSpec, train: Estimate, hw: Hardware
     elif run.eval_logits == "argmax" and keeps:
         # preprocess_logits_for_metrics turns the logits into [rows, s] ids before they are gathered
         step_returned, step_held = 8 * T * world + labels, 8 * T * world + labels
-        transient += step_logits  # the full logits are alive while argmax runs
+        # the step's full logits are still alive while argmax makes the ids (the loss' temporaries are gone)
+        transient = max(transient, step_logits + 8 * T * world)
     else:
         step_returned = step_held = 0
     steps = math.ceil(run.eval_examples / (b * world)) if run.eval_examples else 1
