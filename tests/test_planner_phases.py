@@ -303,3 +303,43 @@ def test_phase_flags_out_of_place_are_one_line(argv: list[str], says: str, capsy
     assert main(["plan", "--model", "Llama-2-7B", "--batch-size", "2", "--seq-len", "512", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_trls_evaluation_keeps_no_logits_unless_compute_metrics_asks() -> None:
+    # TRL 1.16's SFTTrainer computes the eval loss through its fused head (no logits); compute_metrics makes it
+    # run a second no-grad forward whose full logits the Trainer then gathers. (On the CPU the fused head's
+    # fallback fold holds fp32 copies of its tile that CUDA's Triton kernel does not, so the check is on growth.)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from tokenizers import Tokenizer, models
+
+    words = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(4096)}, unk_token="w3"))
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="w0", eos_token="w2",
+                                               unk_token="w3")
+    b, s = 2, 64
+
+    def measured(logits: str, examples: int) -> int:
+        model = _tiny_llama()
+        rows = [{"input_ids": torch.randint(4, 4096, (s - 1,)).tolist()} for _ in range(examples)]
+        data = datasets.Dataset.from_list(rows)
+        extra = {"compute_metrics": lambda p: {"rows": float(len(p.predictions))}} if logits == "kept" else {}
+        with tempfile.TemporaryDirectory() as d:
+            args = trl.SFTConfig(output_dir=d, per_device_eval_batch_size=b, report_to=[], use_cpu=True,
+                                 disable_tqdm=True, bf16=True, max_length=s, gradient_checkpointing=False)
+            trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data, eval_dataset=data,
+                                     processing_class=tok, **extra)
+            return _counted(trainer.model, trainer.evaluate)
+
+    def planned(logits: str, examples: int) -> int:
+        shp = shape_from_config(_tiny_llama().config.to_dict())
+        spec = QLoraSpec(bits=16, compute_dtype="fp32", lora_dropout=0.0, framework="trl")
+        run = RunPhases(eval_batch=b, eval_logits=logits, eval_examples=examples)
+        return plan_run(shp, spec, 1, s, run=run).phases["eval"].peak_allocated_bytes
+
+    assert measured("none", 8) == pytest.approx(measured("none", 2), rel=0.01)
+    assert planned("none", 8) == planned("none", 2)
+    grew = measured("kept", 8) - measured("kept", 2)
+    assert grew > 3 * 4 * b * s * 4096  # at least three batches of fp32 logits more
+    assert planned("kept", 8) - planned("kept", 2) == pytest.approx(grew, rel=0.05)
