@@ -72,9 +72,11 @@ def test_the_eval_peak_grows_with_the_batches_held_only_when_logits_are_kept(fra
 def test_the_eval_loop_replay_holds_old_and_new_predictions_at_each_concatenation() -> None:
     X, tr = 1000, 10
     # step 1 adopts its tensors, step k >= 2 builds a tensor of k batches beside the k-1 old ones and its own
-    assert eval_accumulation_peak(X, X, tr, 3, None) == (6 * X, 3 * X, "eval concat")
+    assert eval_accumulation_peak(X, X, tr, 3, None) == (6 * X, 6 * X, "eval concat")
     # every 2 batches the predictions go to the host; the next cycle starts again
-    assert eval_accumulation_peak(X, X, tr, 4, 2) == (4 * X, 2 * X, "eval concat")
+    assert eval_accumulation_peak(X, X, tr, 4, 2) == (4 * X, 4 * X, "eval concat")
+    # a large forward beside the 2 gathered batches and the last one's own tensors
+    assert eval_accumulation_peak(X, X, 10 * X, 3, None) == (13 * X, 3 * X, "eval forward")
     # loss only: the forward's own transient is the peak
     assert eval_accumulation_peak(0, 0, tr, 50, None) == (tr, 0, "eval forward")
 

@@ -174,7 +174,8 @@ def _limits(p: Plan) -> str:
     """``largest batch at 2048 tokens: 3; longest sequence at batch 4: 1570``, in words when nothing fits or the
     sequence stops at the model's context."""
     if not p.max_batch_size:
-        return f"no batch fits at {p.seq_len} tokens" + ("" if p.max_seq_len else ", nor any sequence length")
+        beside = "" if p.run_peak_phase == "train" else f" beside the {p.run_peak_phase} phase as planned"
+        return f"no batch fits at {p.seq_len} tokens{beside}" + ("" if p.max_seq_len else ", nor any sequence length")
     seq = (f"up to its {p.max_seq_len}-token context" if p.max_seq_len_at_context
            else str(p.max_seq_len) if p.max_seq_len else "none")
     return f"largest batch at {p.seq_len} tokens: {p.max_batch_size}; longest sequence at batch {p.batch_size}: {seq}"

@@ -381,7 +381,8 @@ def plan(
                      "host under memory pressure")
     if shape.max_positions is not None and seq_len > shape.max_positions:
         notes.append(f"sequence length {seq_len} exceeds the model's max_position_embeddings {shape.max_positions}")
-    if spec.framework == "trl" and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command:
+    if (spec.framework == "trl" and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command
+            and run.trainer == "sft"):
         notes.append("trl.scripts.sft loads the model in float32 unless given --dtype bfloat16: plan its defaults "
                      "with --compute-dtype fp32 (and --no-double-quant --lora-r 16 --lora-alpha 32 "
                      "--lora-targets q_proj,v_proj --optim adamw_torch_fused)")

@@ -14,7 +14,7 @@ from vramscope.planner.phases import RunPhases, RunPlan, plan_run
 from vramscope.planner.recommendation import Recommendation
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
-from vramscope.units import GIB
+from vramscope.units import GIB, MIB
 
 _CONFIG = {"sft": "TrainingArguments", "dpo": "DPOConfig", "grpo": "GRPOConfig", "reward": "RewardConfig",
            "kto": "KTOConfig"}
@@ -31,7 +31,7 @@ def phase_recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: i
     def add(name: str, new: RunPhases, text: str, how: str) -> None:
         after = plan_run(shape, spec, batch, seq, hw, new).peak.device_bytes
         saving = base - after
-        if saving > 0:
+        if saving >= 64 * MIB:  # less is not worth a line (halving an eval batch of a fixed eval set saves ~nothing)
             out.append(Recommendation(name, saving, text.format(saving=saving / GIB), {"run": _diff(run, new)},
                                       None if deficit is None else saving >= deficit, how))
 

@@ -330,7 +330,8 @@ def eval_accumulation_peak(step_bytes: int, held_bytes: int, transient: int, ste
     returns. ``accumulate_every`` (``eval_accumulation_steps``) moves the container to the host.
 
     Returns:
-        (peak bytes, bytes held at the peak, the moment).
+        (peak bytes, prediction bytes alive at the peak (gathered, being concatenated, the last step's), the
+        moment).
     """
     held = 0
     previous = 0  # the last step's returned tensors, still referenced by the loop's variables
@@ -339,7 +340,7 @@ def eval_accumulation_peak(step_bytes: int, held_bytes: int, transient: int, ste
     for _ in range(steps):
         now = held + previous + transient
         if now > best:
-            best, best_held, moment = now, held, "eval forward"
+            best, best_held, moment = now, held + previous, "eval forward"
         if held_bytes:
             if held == 0:
                 held = held_bytes  # the container takes the first batch's tensors themselves
@@ -347,7 +348,7 @@ def eval_accumulation_peak(step_bytes: int, held_bytes: int, transient: int, ste
             else:
                 concat = held + step_bytes + held + held_bytes
                 if concat > best:
-                    best, best_held, moment = concat, held + held_bytes, "eval concat"
+                    best, best_held, moment = concat, concat, "eval concat"
                 held += held_bytes
                 previous = step_bytes
         else:
