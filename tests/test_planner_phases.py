@@ -79,6 +79,11 @@ def test_the_eval_loop_replay_holds_old_and_new_predictions_at_each_concatenatio
     assert eval_accumulation_peak(X, X, 10 * X, 3, None) == (13 * X, 3 * X, "eval forward")
     # loss only: the forward's own transient is the peak
     assert eval_accumulation_peak(0, 0, tr, 50, None) == (tr, 0, "eval forward")
+    # a long eval set is planned from its last step, as the replay of every step finds it, and at once
+    for transient in (tr, 40 * X):
+        replayed = eval_accumulation_peak(X + 3, X, transient, 40, 10**6)  # never reaches the host: a replay
+        assert eval_accumulation_peak(X + 3, X, transient, 40, None) == replayed
+    assert eval_accumulation_peak(X, X, tr, 10**12, None)[0] == 2 * 10**12 * X
 
 
 def _tiny_llama(vocab: int = 4096, intermediate: int = 128) -> Any:
@@ -345,3 +350,11 @@ def test_trls_evaluation_keeps_no_logits_unless_compute_metrics_asks() -> None:
     grew = measured("kept", 8) - measured("kept", 2)
     assert grew > 3 * 4 * b * s * 4096  # at least three batches of fp32 logits more
     assert planned("kept", 8) - planned("kept", 2) == pytest.approx(grew, rel=0.05)
+
+
+@pytest.mark.parametrize("flag", [["--trace"], ["--gpus", "2"]])
+def test_trace_and_gpus_refuse_the_phase_flags(flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "256", "--trainer", "dpo",
+                 *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "training step alone" in err and len(err.splitlines()) == 1

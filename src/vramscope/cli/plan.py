@@ -68,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
         if getattr(args, "trace", False):
+            plan_phases.refuse_phases(args, "--trace")
             return _trace(args, model, spec, multi)
+        if multi:
+            plan_phases.refuse_phases(args, "--gpus")
         hardware = None
         if args.calibrate:
             from vramscope.tune.calibrate import CalibrationError, calibrate

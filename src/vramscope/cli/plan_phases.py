@@ -92,6 +92,13 @@ def run_phases_from_args(args: argparse.Namespace, base: RunPhases | None = None
     return run
 
 
+def refuse_phases(args: argparse.Namespace, what: str) -> None:
+    """``--trace`` and ``--gpus`` plan the training step alone: a phase flag beside them is one line, exit 2."""
+    if run_phases_from_args(args) != RunPhases():
+        raise UsageError(f"{what} plans the SFT training step alone: drop --trainer, --eval-* and the GRPO flags "
+                         f"(plan without {what} has them)")
+
+
 def warning_lines(p: Plan) -> list[str]:
     """What must be read first (printed under the plan's title)."""
     return [f"  WARNING: {w}" for w in p.warnings]

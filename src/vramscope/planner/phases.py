@@ -333,6 +333,16 @@ def eval_accumulation_peak(step_bytes: int, held_bytes: int, transient: int, ste
         (peak bytes, prediction bytes alive at the peak (gathered, being concatenated, the last step's), the
         moment).
     """
+    if accumulate_every:
+        steps = min(steps, 2 * accumulate_every + 1)  # after the first move to the host the cycles repeat
+    elif steps > 3 and held_bytes:
+        # Nothing leaves the GPU, so every step holds more than the one before: the last step is the peak,
+        # from its state (k - 1 batches gathered, the previous step's tensors alive). O(1) for any eval set.
+        held = (steps - 1) * held_bytes
+        forward, concat = held + step_bytes + transient, 2 * held + step_bytes + held_bytes
+        return (concat, concat, "eval concat") if concat > forward else (forward, held + step_bytes, "eval forward")
+    elif not held_bytes:
+        steps = min(steps, 1)  # loss only: every step is the same
     held = 0
     previous = 0  # the last step's returned tensors, still referenced by the loop's variables
     best, best_held, moment = 0, 0, "eval forward"
