@@ -104,3 +104,36 @@ def test_a_moe_plan_says_first_that_the_experts_stay_16_bit(capsys: pytest.Captu
     assert "stay bf16" in lines[warning] and "Ways out" in lines[warning]
     assert not plan("Llama-2-7B", 1, 512).warnings
     assert not plan("Mixtral-8x7B", 1, 512, QLoraSpec(bits=16)).warnings  # nothing was meant to be quantized
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
+def test_one_moe_layers_saved_activations_match_a_real_forward(model_type: str) -> None:
+    # What one decoder layer keeps for backward: the model's forward with two layers less the one with one,
+    # under a LoRA adapter (the experts frozen, so the grouped matmuls keep no input), counted on the CPU.
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from vramscope.planner.memory import layer_bytes
+    from vramscope.planner.trace.counter import LiveBytes
+
+    kept: dict[int, int] = {}
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        cfg = transformers.AutoConfig.for_model(model_type, hidden_size=64, num_hidden_layers=layers,
+                                                num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                                **TINY[model_type])
+        model = peft.get_peft_model(transformers.AutoModelForCausalLM.from_config(cfg),
+                                    peft.LoraConfig(r=8, target_modules=["q_proj"], lora_dropout=0.0))
+        model.train()
+        counter = LiveBytes()
+        for t in [*model.parameters(), *model.buffers()]:
+            counter.track(t)
+        start = counter.now
+        with counter:
+            out = model.base_model.model.model(input_ids=torch.randint(0, 100, (2, 64)), use_cache=False)
+        kept[layers] = counter.now - start
+        del out
+    spec = QLoraSpec(bits=16, compute_dtype="fp32", lora_r=8, lora_dropout=0.0, lora_targets=("q_proj",),
+                     framework="loop-loss")
+    planned = layer_bytes(shape_from_config(cfg.to_dict()), spec, 2, 64)
+    assert planned == pytest.approx(kept[2] - kept[1], rel=0.02)

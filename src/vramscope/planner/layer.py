@@ -159,12 +159,15 @@ def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: 
         k = shape.experts_per_token
         # transformers 5's grouped_mm experts (integrations/moe.py): router logits and softmax (fp32) per token;
         # per routed (token, expert) pair, in the experts' own dtype (grouped_mm is not autocast-enabled and
-        # casts its input to the weight's): the gathered input, the gate/up output [2I], the activation and the
-        # product [I each], the down output [h]; plus the pair's weight and index.
+        # casts its input to the weight's): the gate/up output [2I] (the activation's input and the product's
+        # operand), the activation [I], the down output [h] (for the routing weight's gradient); plus the pair's
+        # weight and index. The experts are frozen under LoRA, so neither grouped matmul keeps its input
+        # (only a weight's gradient needs it): a CPU replay of Mixtral and Qwen2-MoE layers keeps exactly this.
         wd = pr.params
-        total += 2 * 4 * shape.experts * T + k * ((2 * h + 4 * i) * wd + 16) * T
+        total += 2 * 4 * shape.experts * T + k * ((h + 3 * i) * wd + 16) * T
         if shape.shared_expert_intermediate:
-            total += 3 * sd * shape.shared_expert_intermediate * T + sd * T  # the shared expert and its gate
+            # the shared expert (a gated MLP of nn.Linear), its output kept by the sigmoid gate's product, the gate
+            total += 3 * sd * shape.shared_expert_intermediate * T + sd * h * T + sd * T
     elif shape.gated_mlp:
         total += 3 * sd * i * T  # activation input, activation output, up projection
     else:
