@@ -35,7 +35,6 @@ EVAL_LOGITS = ("none", "kept", "argmax")
 # TRL 1.16 defaults (grpo_config.py, dpo_config.py / base_config.py).
 GRPO_COMPLETION = 512
 GRPO_GENERATIONS = 8
-TRL_MAX_LENGTH = 1024
 ALIGN = 512
 
 
