@@ -19,6 +19,7 @@ from vramscope.planner.frameworks import FRAMEWORK_TABLE, precision
 from vramscope.planner.phases import (
     RunPhases,
     eval_accumulation_peak,
+    generation_phase,
     kv_cache_bytes,
     nograd_layer_bytes,
     plan_run,
@@ -358,3 +359,28 @@ def test_trace_and_gpus_refuse_the_phase_flags(flag: list[str], capsys: pytest.C
                  *flag]) == 2
     err = capsys.readouterr().err.strip()
     assert "training step alone" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("vocab, intermediate, rows, prompt, completion", [
+    (256, 1024, 8, 32, 16),  # the prefill's layer peaks
+    (32000, 128, 8, 4, 64),  # the last token's logits beside the full cache peak
+])
+def test_the_generation_phase_matches_a_real_generate(vocab: int, intermediate: int, rows: int, prompt: int,
+                                                      completion: int) -> None:
+    # GRPO's sampling as TRL configures it (top_k=0, top_p=1.0, temperature 1.0), without stopping early
+    from vramscope.planner.memory import Hardware
+
+    torch = pytest.importorskip("torch")
+    model = _tiny_llama(vocab=vocab, intermediate=intermediate).eval()
+    model.generation_config.eos_token_id = None
+    x = torch.randint(0, vocab, (rows, prompt))
+    real = _counted(model, lambda: model.generate(
+        input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=completion, do_sample=True, top_k=0,
+        top_p=1.0, temperature=1.0, pad_token_id=0, use_cache=True))
+    shp = shape_from_config(model.config.to_dict())
+    spec = dataclasses.replace(CPU_SPEC, framework="loop-loss")
+    run = RunPhases(trainer="grpo", num_generations=1, max_prompt_len=prompt, max_completion_len=completion)
+    phase = generation_phase(shp, spec, rows, prompt, estimate(shp, spec, rows, prompt + completion), Hardware(),
+                             run, framework=CPU_HF)
+    bd = phase.breakdown
+    assert bd.kv_cache + bd.temporaries + bd.activations == pytest.approx(real, rel=0.05)

@@ -445,10 +445,11 @@ def kv_cache_bytes(shape: ModelShape, rows: int, tokens: int, dtype_bytes: int) 
 
 
 def generation_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, train: Estimate, hw: Hardware,
-                     run: RunPhases, name: str = "generation") -> PhasePeak:
+                     run: RunPhases, name: str = "generation", framework: Framework | None = None) -> PhasePeak:
     """GRPO's generation without vLLM: ``model.generate`` on every row of the generation batch at once, with a
-    DynamicCache, gradient checkpointing off and no grad; then the no-grad scoring passes."""
-    fw = _trl()
+    DynamicCache, gradient checkpointing off and no grad; then the no-grad scoring passes. ``framework``
+    overrides TRL's dtypes (a CPU replay without autocast)."""
+    fw = framework or _trl()
     pr = precision(spec, fw)
     steps = run.steps_per_generation or run.grad_accum
     rows = batch * steps
@@ -464,7 +465,9 @@ def generation_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, t
     one_layer = kv_cache_bytes(shape, rows, P + C - 2, kvb) // (2 * shape.layers)  # torch.cat's old tensor
     ids = 8 * rows * (P + C) * 3  # prompt + completion ids, attention mask, the growing output
     V = shape.vocab
-    last_logits = rows * V * (2 + 4 + 4 + 4)  # half logits, fp32 copy, processed scores, softmax probabilities
+    # the last position's logits: the model's (fp32: under autocast accelerate's copy replaces the half ones),
+    # generate's fp32 copy, the processed clone and the softmax probabilities (TRL's top_k=0, top_p=1: no warper)
+    last_logits = rows * V * 16
     base = _resident(train, rows * P)
     prefill_layer = nograd_layer_bytes(shape, spec, rows, P, pr)
     moments = {
