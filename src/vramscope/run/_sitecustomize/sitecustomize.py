@@ -170,7 +170,26 @@ def _install_trial(module: ModuleType) -> None:
             os._exit(4)
 
 
+def _install_rehearsal() -> None:
+    """`vramscope tune --gpus N -- CMD`: rank 0 of N on a fake process group (vramscope.tune.rehearsal_pg),
+    installed before the program's own code can open a real one."""
+    if os.environ.get("VRAMSCOPE_REHEARSAL"):
+        try:
+            parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
+            if parent and "vramscope" not in sys.modules and parent not in sys.path:
+                sys.path.insert(0, parent)
+            from vramscope.tune.rehearsal_pg import install
+
+            install()
+        except Exception as exc:
+            # Without the fake group the child would wait for N - 1 ranks that never come: stop it now.
+            _say(f"could not set up the rehearsal's fake process group: {type(exc).__name__}: {exc}")
+            sys.stderr.flush()
+            os._exit(4)
+
+
 def _install() -> None:
+    _install_rehearsal()
     if os.environ.get("VRAMSCOPE_INJECT") != "1" and not os.environ.get("VRAMSCOPE_TRIAL"):
         return
     if not any(isinstance(f, _Finder) for f in sys.meta_path):

@@ -1,0 +1,87 @@
+"""Inside a rehearsal child (``vramscope tune --gpus N -- CMD``): this process is rank 0 of N on one GPU.
+
+The start-up hook calls :func:`install` before the user's code runs when :data:`ENV_REHEARSAL` is set. From
+then on ``torch.distributed.init_process_group`` (called by accelerate, the HF Trainer, torchrun scripts, or the
+user) makes torch's fake process group (``torch.testing._internal.distributed.fake_pg``, backend ``"fake"``):
+the rank and world size the launcher's environment says, every collective a no-op that returns at once. An
+all-gather still allocates its output and a reduce-scatter its input, so FSDP's shards, gathered units and
+reduce buffers, DDP's buckets and the optimizer's 1/N states are what a real rank's allocator holds; only the
+values are wrong (nothing is exchanged), which changes no memory.
+
+What the fake group cannot show: NCCL's own buffers (its communicators allocate outside torch's allocator,
+the rehearsal adds the planner's figure for them), and ranks that do different work from rank 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+ENV_REHEARSAL = "VRAMSCOPE_REHEARSAL"  # the world size to rehearse, e.g. "4"
+FAKE_BACKEND = "fake"
+
+
+class RehearsalSetupError(RuntimeError):
+    """The fake process group cannot be installed here (a torch without it); the message says what to do."""
+
+
+def world_size_of(environ: Mapping[str, str]) -> int | None:
+    """The rehearsed world size, or None when this process is not a rehearsal."""
+    text = environ.get(ENV_REHEARSAL, "").strip()
+    return int(text) if text.isdigit() and int(text) >= 1 else None
+
+
+def _rank(environ: Mapping[str, str]) -> int:
+    text = environ.get("RANK", "0").strip()
+    return int(text) if text.isdigit() else 0
+
+
+def install(environ: Mapping[str, str] | None = None) -> bool:
+    """Make every later ``init_process_group`` a fake group of the rehearsed size; True if installed.
+
+    Raises:
+        RehearsalSetupError: this torch has no fake process group (torch older than 2.2).
+    """
+    env = os.environ if environ is None else environ
+    world = world_size_of(env)
+    if world is None:
+        return False
+    import torch.distributed as dist
+
+    if getattr(dist.init_process_group, "_vramscope_rehearsal", False):
+        return True
+    try:
+        # Importing it registers the "fake" backend with torch.distributed.
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as exc:
+        raise RehearsalSetupError(f"this torch has no fake process group ({exc}); a rehearsal needs torch >= 2.2"
+                                  ) from None
+    original = dist.init_process_group
+    rank = _rank(env)
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        # Whatever the caller asked for (nccl, env://, a TCP store at MASTER_ADDR), rank `rank` of `world` on
+        # the fake backend: nothing listens at MASTER_PORT and no other rank will ever join.
+        for name in ("init_method", "store", "backend", "rank", "world_size", "device_id"):
+            kwargs.pop(name, None)
+        timeout = kwargs.pop("timeout", None)
+        extra = {} if timeout is None else {"timeout": timeout}
+        return original(backend=FAKE_BACKEND, store=FakeStore(), rank=rank, world_size=world,
+                        **{k: v for k, v in kwargs.items() if k in ("group_name", "pg_options")}, **extra)
+
+    init_process_group._vramscope_rehearsal = True  # type: ignore[attr-defined]
+    # Modules that imported the function by name (torch.distributed, distributed_c10d, device_mesh, which
+    # init_device_mesh uses) hold their own reference: replace each one already loaded.
+    import torch.distributed.device_mesh  # noqa: F401  (loaded now, so that its reference is replaced too)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch") and getattr(module, "init_process_group", None) is original:
+            module.init_process_group = init_process_group  # type: ignore[attr-defined]
+    return True
+
+
+__all__ = ["ENV_REHEARSAL", "FAKE_BACKEND", "RehearsalSetupError", "install", "world_size_of"]
