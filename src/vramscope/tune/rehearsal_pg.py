@@ -66,8 +66,12 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         # Whatever the caller asked for (nccl, env://, a TCP store at MASTER_ADDR), rank `rank` of `world` on
         # the fake backend: nothing listens at MASTER_PORT and no other rank will ever join.
+        asked = kwargs.get("backend") or (args[0] if args else None) or "the default backend"
         for name in ("init_method", "store", "backend", "rank", "world_size", "device_id"):
             kwargs.pop(name, None)
+        # Said once in the child's output (the trial's log), so that a rehearsal is never taken for a real run.
+        print(f"vramscope: rehearsal: rank {rank} of {world} on torch's fake process group (asked for {asked})",
+              file=sys.stderr, flush=True)
         timeout = kwargs.pop("timeout", None)
         extra = {} if timeout is None else {"timeout": timeout}
         return original(backend=FAKE_BACKEND, store=FakeStore(), rank=rank, world_size=world,
@@ -81,7 +85,42 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
     for name, module in list(sys.modules.items()):
         if name.startswith("torch") and getattr(module, "init_process_group", None) is original:
             module.init_process_group = init_process_group  # type: ignore[attr-defined]
+    _complete_ddp_buckets()
     return True
+
+
+def _bucket_as_reduced(state: Any, bucket: Any) -> Any:
+    """DDP's communication hook on the fake group: the bucket as if all-reduced in place (its own buffer)."""
+    import torch
+
+    future: Any = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+# DDP checks a hook's annotations against dist.GradBucket and torch.futures.Future; these are strings here
+# (postponed annotations), so the hook shows it none.
+_bucket_as_reduced.__annotations__ = {}
+
+
+def _complete_ddp_buckets() -> None:
+    """DDP reads each bucket's all-reduce result from the work's future, which the fake group leaves empty
+    (torch's reducer then fails: "expected the hook result is either a Tensor or a TensorList found None").
+    Give every DDP a hook that returns the bucket itself: NCCL's all-reduce works in place on that same buffer,
+    so the memory is the same."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    original = DistributedDataParallel.__init__
+    if getattr(original, "_vramscope_rehearsal", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.register_comm_hook(None, _bucket_as_reduced)
+
+    __init__._vramscope_rehearsal = True  # type: ignore[attr-defined]
+    DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
 
 
 __all__ = ["ENV_REHEARSAL", "FAKE_BACKEND", "RehearsalSetupError", "install", "world_size_of"]
