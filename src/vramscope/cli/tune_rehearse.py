@@ -113,6 +113,9 @@ def format_rehearsal(out: dict[str, Any]) -> str:
         if rank["host_rss_bytes"] is not None:
             line += f"; host RSS {_g(rank['host_rss_bytes'])}"
         lines.append(line)
+        if rank.get("parameters") and rank.get("parameters_held") is not None:
+            lines.append(f"  rank {rank['rank']} holds {rank['parameters_held'] / 1e6:.1f}M of the model's "
+                         f"{rank['parameters'] / 1e6:.1f}M parameters")
     plan = r.get("planned")
     if plan:
         host = f", host {_g(plan['host_bytes'])}" if plan["host_bytes"] else ""

@@ -62,6 +62,8 @@ class RankPeak:
     device_used_bytes: int | None  # the GPU's used memory at its worst step (the process with its CUDA context)
     nccl_bytes: int  # modelled, outside the allocator
     host_rss_bytes: int | None  # the process's resident host memory at its worst step
+    parameters: int | None = None  # the model's parameters as the Trainer saw it (FSDP2: their whole size)
+    parameters_held: int | None = None  # of which this rank holds (FSDP2's local shards)
 
     @property
     def process_bytes(self) -> int | None:
@@ -72,7 +74,8 @@ class RankPeak:
         return {"rank": self.rank, "peak_allocated_bytes": self.peak_allocated_bytes,
                 "peak_reserved_bytes": self.peak_reserved_bytes, "device_used_bytes": self.device_used_bytes,
                 "nccl_bytes_modelled": self.nccl_bytes, "process_bytes": self.process_bytes,
-                "host_rss_bytes": self.host_rss_bytes}
+                "host_rss_bytes": self.host_rss_bytes, "parameters": self.parameters,
+                "parameters_held": self.parameters_held}
 
 
 @dataclass(frozen=True)
@@ -120,9 +123,13 @@ def _rank_peak(trial: CommandTrial | None, nccl: int) -> RankPeak:
         values = [int(s[key]) for s in steps if isinstance(s.get(key), int)]
         return max(values) if values else None
 
+    record = {} if trial is None else trial.record
+    held, total = record.get("parameters_held"), record.get("parameters")
     return RankPeak(rank=0, peak_allocated_bytes=worst("peak_allocated_bytes"),
                     peak_reserved_bytes=worst("peak_reserved_bytes"), device_used_bytes=worst("device_used_bytes"),
-                    nccl_bytes=nccl, host_rss_bytes=worst("rss_bytes"))
+                    nccl_bytes=nccl, host_rss_bytes=worst("rss_bytes"),
+                    parameters=total if isinstance(total, int) else None,
+                    parameters_held=held if isinstance(held, int) else None)
 
 
 def plan_for(parsed: ParsedCommand, launch: WorkerLaunch, batch: int, seq: int | None) -> dict[str, Any] | None:
