@@ -7,8 +7,8 @@ the model is loaded as FSDP-QLoRA loads it (NF4, double quantization, ``bnb_4bit
 ``prepare_model_for_kbit_training`` with non-reentrant gradient checkpointing, LoRA r=64 on every linear layer),
 wrapped (FSDP2 ``fully_shard`` per decoder layer and at the root, ``CPUOffloadPolicy`` for offload; or
 ``DistributedDataParallel``), stepped three times with torch's AdamW, and measured: the allocator's peak, NVML's
-process memory, and the host RSS (what CPU offload puts there; measured as the rise of RSS over the steps above
-RSS once the model is loaded, the pinned shards and the CPU optimizer states). The same inputs go to the
+process memory, and the host RSS (what CPU offload puts there: the rise of RSS over the steps above RSS just
+before the wrap, with the model loaded: the pinned shards and the CPU optimizer states). The same inputs go to the
 planner's distributed model (``planner/distributed.py``); every case becomes one object of
 ``<out>/rehearsal_grid.json``: strategy, world_size, how (``fake_pg``), rank, arch, batch, seq, offload,
 measured_/planned_peak_allocated_bytes, measured_/planned_host_bytes, and the rest of what was seen.
@@ -228,16 +228,20 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
         model = _load(case, ckpt, config_of(case.arch), cuda)
         out["load_seconds"] = round(time.perf_counter() - started, 1)
         full = sum(p.numel() for p in model.parameters())
+        import gc
+
+        gc.collect()
+        if cuda:
+            torch.cuda.synchronize()
+        out["rss_before_wrap_bytes"] = _rss()  # CUDA's libraries and context, the loaded model: not the offload
         wrapped = _wrap(case, model, cuda)
         params = list(wrapped.parameters())
         out["parameters"] = full
         out["parameters_held"] = sum(int(p.to_local().numel()) if hasattr(p, "to_local") else int(p.numel())
                                      for p in params)
         optimizer = torch.optim.AdamW([p for p in params if p.requires_grad], lr=2e-4)
-        import gc
-
         gc.collect()
-        out["rss_loaded_bytes"] = _rss()
+        out["rss_wrapped_bytes"] = _rss()
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # the unsharded model, freed by the wrap, leaves the reserve
@@ -275,9 +279,10 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
                 process_peak = max(process_peak, sample.process_bytes(0) or 0)
             out["measured_process_bytes"] = process_peak or None
         out["rss_peak_bytes"] = rss_peak
-        # What the offload keeps on the host: the rise of RSS from the loaded model to the steps' worst (the pinned
-        # shards moved by the wrap, the gradients and the AdamW states on the CPU).
-        out["measured_host_bytes"] = max(0, rss_peak - out["rss_start_bytes"]) if case.offload != "none" else 0
+        # What the offload keeps on the host: the rise of RSS from the loaded model, just before the wrap, to the
+        # steps' worst (the pinned shards the wrap moves there, their gradients and the AdamW states on the CPU).
+        # Measured without offload too: there it is the noise of the reading (the plan says 0).
+        out["measured_host_bytes"] = max(0, rss_peak - out["rss_before_wrap_bytes"])
         out["status"] = "ok"
     except Exception as exc:  # a case that fails is a result too
         out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
@@ -316,7 +321,8 @@ def _scratch(need_bytes: int) -> Path:
 def row(case: Case, result: dict[str, Any], planned: dict[str, Any]) -> dict[str, Any]:
     """One object of the results file: the issue's fields first, then everything else seen."""
     keys = ("status", "error", "measured_peak_reserved_bytes", "measured_process_bytes", "parameters",
-            "parameters_held", "wrapped_allocated_bytes", "rss_start_bytes", "rss_loaded_bytes", "rss_peak_bytes",
+            "parameters_held", "wrapped_allocated_bytes", "rss_start_bytes", "rss_before_wrap_bytes",
+            "rss_wrapped_bytes", "rss_peak_bytes",
             "backend", "load_seconds", "seconds")
     out = {"strategy": case.strategy, "world_size": case.world_size, "how": "fake_pg", "rank": 0,
            "arch": ARCHS.get(case.arch, case.arch), "batch": case.batch, "seq": case.seq, "offload": case.offload,
@@ -429,7 +435,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         host = r["offload"] != "none"
         lines.append(f"| {r['arch']} | {r['strategy'].upper()} | {r['world_size']} | {r['offload']} | "
                      f"{g(r['planned_peak_allocated_bytes'])} | {g(r['measured_peak_allocated_bytes'])} | {err} | "
-                     f"{g(r['planned_host_bytes']) if host else '-'} | {g(r['measured_host_bytes']) if host else '-'} "
+                     f"{g(r['planned_host_bytes']) if host else '-'} | {g(r['measured_host_bytes'])} "
                      f"| {r['status']}{': ' + r['error'][:60] if r.get('error') else ''} |")
     return "\n".join(lines)
 
