@@ -108,7 +108,7 @@ def format_rehearsal(out: dict[str, Any]) -> str:
         line = (f"  rank {rank['rank']} at the answer: peak allocated {_g(rank['peak_allocated_bytes'])}, "
                 f"reserved {_g(rank['peak_reserved_bytes'])}")
         if rank["process_bytes"] is not None:
-            line += (f"; GPU used {_g(rank['device_used_bytes'])} + NCCL {_g(rank['nccl_bytes_modelled'])} "
+            line += (f"; on the GPU {_g(rank['device_used_bytes'])} + NCCL {_g(rank['nccl_bytes_modelled'])} "
                      f"(modelled) = process {_g(rank['process_bytes'])}")
         if rank["host_rss_bytes"] is not None:
             line += f"; host RSS {_g(rank['host_rss_bytes'])}"

@@ -91,6 +91,29 @@ class _Record:
         os.replace(tmp, self.path)
 
 
+def _nvml() -> Any:
+    """NVML, to read this process's GPU memory (as nvidia-smi lists it); None where it cannot be read."""
+    try:
+        from vramscope.backends.nvml import NvmlBackend
+
+        backend = NvmlBackend()
+        return backend if backend.is_available() else None
+    except Exception:
+        return None
+
+
+def _process_gpu_bytes(nvml: Any) -> int | None:
+    """This process's memory on every GPU NVML lists it on, or None (no NVML, or a PID namespace hides it)."""
+    if nvml is None:
+        return None
+    try:
+        pid = os.getpid()
+        held = [p.gpu_bytes for g in nvml.read() for p in g.processes if p.pid == pid and p.gpu_bytes is not None]
+    except Exception:
+        return None
+    return sum(held) if held else None
+
+
 def _rss_bytes() -> int | None:
     """This process's resident host memory now (Linux's /proc/self/statm), or None elsewhere."""
     try:
@@ -199,6 +222,7 @@ def _callback_class() -> type:
             self.request, self.record = request, record
             self.shapes: list[list[int]] = []
             self._cuda = False
+            self._nvml: Any = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
             import torch
@@ -228,6 +252,7 @@ def _callback_class() -> type:
                               base_allocated_bytes=int(torch.cuda.memory_allocated(device)),
                               base_reserved_bytes=int(torch.cuda.memory_reserved(device)))
                 torch.cuda.reset_peak_memory_stats(device)
+                self._nvml = _nvml()
             self.record.write(**fields)
 
         def _seen(self, module: Any, args: Any, kwargs: Any) -> None:
@@ -253,6 +278,9 @@ def _callback_class() -> type:
                             reserved_bytes=int(torch.cuda.memory_reserved()),
                             # the whole GPU's use: this process with its CUDA context (a rehearsal's process memory)
                             device_used_bytes=int(total) - int(free))
+                held = _process_gpu_bytes(self._nvml)
+                if held is not None:
+                    step["process_gpu_bytes"] = held  # NVML's figure for this process (nvidia-smi's)
                 torch.cuda.reset_peak_memory_stats()
             rss = _rss_bytes()
             if rss is not None:

@@ -59,7 +59,7 @@ class RankPeak:
     rank: int
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
-    device_used_bytes: int | None  # the GPU's used memory at its worst step (the process with its CUDA context)
+    device_used_bytes: int | None  # this process's GPU memory at its worst step (NVML's; else the GPU's used)
     nccl_bytes: int  # modelled, outside the allocator
     host_rss_bytes: int | None  # the process's resident host memory at its worst step
     parameters: int | None = None  # the model's parameters as the Trainer saw it (FSDP2: their whole size)
@@ -125,8 +125,12 @@ def _rank_peak(trial: CommandTrial | None, nccl: int) -> RankPeak:
 
     record = {} if trial is None else trial.record
     held, total = record.get("parameters_held"), record.get("parameters")
+    # NVML's figure for the process when it lists it; the GPU's used memory otherwise (the same when the
+    # rehearsal has the GPU to itself).
+    used = worst("process_gpu_bytes")
+    used = used if used is not None else worst("device_used_bytes")
     return RankPeak(rank=0, peak_allocated_bytes=worst("peak_allocated_bytes"),
-                    peak_reserved_bytes=worst("peak_reserved_bytes"), device_used_bytes=worst("device_used_bytes"),
+                    peak_reserved_bytes=worst("peak_reserved_bytes"), device_used_bytes=used,
                     nccl_bytes=nccl, host_rss_bytes=worst("rss_bytes"),
                     parameters=total if isinstance(total, int) else None,
                     parameters_held=held if isinstance(held, int) else None)
