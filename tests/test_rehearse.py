@@ -118,3 +118,56 @@ def test_without_a_cuda_gpu_the_rehearsal_says_to_plan(tiny_model: Path, tmp_pat
                  "--max_seq_length", "64"])
     err = capsys.readouterr().err
     assert code == 2 and "torch sees none" in err and "vramscope plan --gpus 2 -- <command>" in err
+
+
+def test_the_result_names_rank_0s_peaks_nccl_the_plan_and_what_it_cannot_see(tmp_path: Path) -> None:
+    """The result and its text, from a trial record of the shape the trial child writes (its CUDA fields)."""
+    from vramscope.cli.tune_rehearse import format_rehearsal
+    from vramscope.commands import parse_command
+    from vramscope.tune.command import CommandTrial, CommandTuneResult
+    from vramscope.tune.rehearse import RehearsalResult, _rank_peak, plan_for, worker_of
+    from vramscope.tune.search import Trial, TuneResult
+
+    model = tmp_path / "llama7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_7B), encoding="utf-8")
+    config = tmp_path / "fsdp.yaml"
+    config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\nnum_processes: 4\n", encoding="utf-8")
+    parsed = parse_command(["accelerate", "launch", "--config_file", str(config), str(EXAMPLE), "--model_name_or_path",
+                            str(model), "--output_dir", "o", "--max_seq_length", "2048", "--load_in_4bit", "--bf16",
+                            "--gradient_checkpointing"], cwd=tmp_path)
+    launch = worker_of(parsed, 4, environ={}, cwd=str(tmp_path))
+    gib = 2**30
+    steps = [{"step": 1, "peak_allocated_bytes": 5 * gib, "peak_reserved_bytes": 6 * gib,
+              "device_used_bytes": 9 * gib, "process_gpu_bytes": 7 * gib, "rss_bytes": 3 * gib},
+             {"step": 2, "peak_allocated_bytes": 5 * gib + 1, "peak_reserved_bytes": 6 * gib,
+              "device_used_bytes": 9 * gib, "process_gpu_bytes": 7 * gib, "rss_bytes": 3 * gib}]
+    record = {"status": "done", "steps": steps, "parameters": 6_900_000_000,
+              "parameters_held": 1_725_000_000}
+    trial = Trial(size=3, ok=True, base_bytes=gib, peak_bytes=5 * gib + 1, seconds=30.0, peak_reserved_bytes=6 * gib)
+    done = CommandTrial(trial, 20 * gib, record, "trial1.log")
+    tune = CommandTuneResult(
+        result=TuneResult(size=3, margin=0.05, margin_bytes=gib, capacity_bytes=20 * gib, peak_bytes=5 * gib + 1,
+                          headroom_bytes=14 * gib, limit_size=3, predicted_max=9, fixed_bytes=None,
+                          bytes_per_unit=None, trials=(trial,), ooms=0, seconds=30.0, peak_reserved_bytes=6 * gib),
+        unit="batch", batch_size=3, seq_len=2048, setting="--per_device_train_batch_size 3", keep_effective=None,
+        trials=(done,), notes=())
+    nccl = 688 * 1000**2
+    result = RehearsalResult(launch=launch, tune=tune, ranks=(_rank_peak(done, nccl),), gpu_memory_bytes=24 * gib,
+                             planned=plan_for(parsed, launch, 3, 2048), notes=("a note",))
+    out = result.to_dict()
+    r = out["rehearsal"]
+    rank = r["ranks"][0]
+    # NVML's figure for the process wins over the GPU's whole use; the NCCL share is added to it.
+    assert rank["device_used_bytes"] == 7 * gib and rank["process_bytes"] == 7 * gib + nccl
+    assert rank["peak_allocated_bytes"] == 5 * gib + 1 and rank["host_rss_bytes"] == 3 * gib
+    assert (r["how"], r["world_size"], r["strategy"], r["fsdp_version"]) == ("fake_pg", 4, "fsdp", 2)
+    assert r["planned"]["strategy"] == "fsdp" and r["planned"]["peak_allocated_bytes"] > 0
+    text = format_rehearsal(out)
+    for line in ("per GPU of 4 (fsdp, rehearsed as rank 0 on torch's fake process group):",
+                 "largest per-device batch at 2048 tokens: 3", "set: --per_device_train_batch_size 3",
+                 "rank 0 holds 1725.0M of the model's 6900.0M parameters",
+                 "planned (vramscope plan, fsdp over 4, batch 3 x 2048)",
+                 "a rehearsal cannot see:", "NCCL's own buffers", "note: a note"):
+        assert line in text, line
+    assert "+ NCCL 0.64 GiB (modelled) = process 7.64 GiB" in text
