@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_the_dry_run_builds_every_command_and_the_trl_rehearsals(tmp_path: Path)
     seen = {}
     for line in commands:
         name, _, text = line.partition(" ")
-        argv = text.split()
+        argv = shlex.split(text)
         assert argv[1:6] == ["-m", "vramscope", "tune", "--gpus", "2"]
         parsed = parse_command(argv[argv.index("--") + 1:])
         launch = worker_of(parsed, 2)
