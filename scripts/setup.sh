@@ -15,5 +15,5 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "${VRAMSCOPE_TORCH:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -e ".[all]"
+.venv/bin/python -m pip install -q -e ".[all,dev]"
 echo "$want" > "$stamp"

@@ -200,7 +200,7 @@ def argv_for(command: str, ws: Workspace) -> st.SearchStrategy[list[str]]:
     per_flag = [value_for(a, ws) for a in flags(command)]
     chosen = st.lists(st.sampled_from(range(len(per_flag))), max_size=5).flatmap(
         lambda idx: st.tuples(*(per_flag[i] for i in idx)) if idx else st.just(())
-    )
+    ) if per_flag else st.just(())
     unknown = st.lists(st.sampled_from(["--bogus", "--interval-s", "-x", "extra"]), max_size=1)
     return st.tuples(chosen, unknown).map(lambda cu: [tok for pair in cu[0] for tok in pair] + cu[1])
 
@@ -388,3 +388,16 @@ def test_report_never_replaces_a_device_with_its_output(
     err = capsys.readouterr().err
     assert stat.S_ISCHR(node.stat().st_mode)  # still the device
     assert code == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1, err
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_completion(data: st.DataObject, capsys: pytest.CaptureFixture[str]) -> None:
+    needs("completion")
+    ws = Workspace()
+    try:
+        shell = data.draw(st.sampled_from(["bash", "zsh", "fish", "", "powershell", "bash\x00"]))
+        argv = data.draw(argv_for("completion", ws))
+        check(["completion", *([shell] if shell else []), *argv], ws, capsys)
+    finally:
+        ws.close()

@@ -121,3 +121,66 @@ def test_the_public_path_is_the_training_callback_itself() -> None:
     # Users import vramscope.integrations.hf (README, docs); vramscope run's injection and isinstance checks
     # see vramscope.integrations.hf: one class, so a callback added by hand is never added a second time.
     assert MemoryMonitorCallback is hf.MemoryMonitorCallback and prometheus_address is hf.prometheus_address
+
+
+def test_evaluation_memory_is_logged_under_eval_and_each_step_once(tmp_path: Path) -> None:
+    callback = MemoryMonitorCallback(warn=False)
+    _, sees = train(tmp_path, callback)
+    eval_logs = [logs for logs in sees.seen if "eval_loss" in logs]
+    assert len(eval_logs) == 2
+    for logs in eval_logs:  # HF files keys that do not start with eval_ under train/: none of ours may
+        ours = [k for k in logs if "mem/" in k]
+        assert ours and all(k.startswith("eval_mem/") for k in ours), ours
+        assert logs["eval_mem/peak_rss_gib"] > 0
+    loss_logs = [logs for logs in sees.seen if "loss" in logs]
+    assert all(not any(k.startswith("eval_mem/") for k in logs) for logs in loss_logs)
+    summary = next(logs for logs in sees.seen if "train_runtime" in logs)
+    # The last step (10) went out with its own log: the summary carries the run's peak and nothing twice.
+    assert set(k for k in summary if k.startswith("mem/")) == {"mem/peak_rss_gib"}
+    assert summary["mem/peak_rss_gib"] == max(logs["mem/peak_rss_gib"] for logs in loss_logs)
+
+
+def test_train_twice_writes_a_new_log_and_keeps_the_first(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = tmp_path / "mem.csv"
+    callback = MemoryMonitorCallback(log=log, warn=False)
+    trainer, _ = train(tmp_path, callback)
+    assert callback.monitor.closed  # closed at train end: the lock is released
+    first = read_log(log)
+    with caplog.at_level("WARNING", logger="vramscope.integrations.loop"):
+        trainer.train()
+    assert [r.getMessage() for r in caplog.records if "mem-2.csv" in r.getMessage()]
+    assert read_log(log).ints("step") == first.ints("step")  # the first run's rows are whole
+    second = read_log(tmp_path / "mem-2.csv")
+    assert [s for s, p in zip(second.ints("step"), second.strings("phase"), strict=True) if p == "train"]
+    callback.close()
+
+
+def test_a_new_callback_on_a_log_still_open_in_this_process_closes_the_old_one(tmp_path: Path,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    log = tmp_path / "mem.csv"
+    interrupted = MemoryMonitorCallback(log=log, warn=False)
+    interrupted.monitor.start()  # a cell whose train() was interrupted: on_train_end never came
+    interrupted.monitor.step(1)
+    rerun = MemoryMonitorCallback(log=log, warn=False)
+    with caplog.at_level("WARNING", logger="vramscope.integrations.loop"):
+        train(tmp_path, rerun)
+    assert interrupted.monitor.closed
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("still being written" in m and "mem-2.csv" in m for m in messages), messages
+    assert not any("another process" in m for m in messages)
+    assert 1 in read_log(log).ints("step")  # the interrupted run's row survived
+    assert 10 in read_log(tmp_path / "mem-2.csv").ints("step")
+
+
+def test_the_monitor_takes_overwrite(tmp_path: Path) -> None:
+    from vramscope.integrations.loop import MemoryMonitor
+    from vramscope.logs.files import LogExistsError
+
+    log = tmp_path / "theirs.csv"
+    log.write_text("time,elapsed_s\n2026-01-01T00:00:00.000+00:00,0\n")
+    with pytest.raises(LogExistsError):
+        MemoryMonitor(log=log, overwrite=False).start()
+    assert "2026-01-01" in log.read_text()
+    with MemoryMonitor(log=tmp_path / "fresh.csv", overwrite=False) as monitor:
+        monitor.step(1)
+    assert read_log(tmp_path / "fresh.csv").ints("step")

@@ -1,5 +1,6 @@
-"""The house has one direction: no import cycles between vramscope's modules, and what analyses or draws
-never reads a backend.
+"""The house has one direction: no import cycles between vramscope's modules, each package on its floor importing
+only the floors below (:data:`FLOORS`, :data:`ALLOWED`: the table ARCHITECTURE.md points at), and what analyses or
+draws never reads a backend.
 
 Every import counts, also those deferred into functions (a cycle that only bites at call time is still a
 cycle); imports under ``if TYPE_CHECKING:`` do not, as they never run. ruff's banned-api rules
@@ -231,3 +232,144 @@ def test_the_light_floors_never_import_torch_not_even_through_vramscope() -> Non
         if seen & torch_users:
             heavy[start] = sorted(seen & torch_users)
     assert not heavy, f"these reach a module that imports torch: {heavy}"
+
+
+# -- the floors: the direction between packages --------------------------------------------------------------------
+
+# The house's floors, bottom first. A package imports only packages on floors below its own (the bottom floor's
+# modules may also import each other); ARCHITECTURE.md points here. A new package takes a floor here and a row in
+# ALLOWED; a new import between packages takes an entry in its row, which must point down.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("types", "units", "recipe"),  # plain data and the Sink protocol: importing nothing above
+    ("backends",),  # NVML, the host, torch's allocator: where readings come from
+    ("sampling",),  # the sampler and its peaks
+    ("logs",),  # the log's schema, its writers (sinks) and readers
+    ("exporters",),  # Prometheus: the collector, /metrics, the Pushgateway
+    ("output",),  # files written whole, the names beside a log, text made safe
+    ("analysis",),  # typed results: a log's analysis, an OOM snapshot's facts
+    ("planner",),  # the analytic memory model and the trace
+    ("commands",),  # reading a pasted training command
+    ("advice",),  # the one Advice type and its rules: over a log's analysis, an OOM's facts, a plan
+    ("oom",),  # the post-mortem: recorded at the OOM, composed with its advice, drawn
+    ("report", "tui"),  # drawing a log's analysis (terminal, HTML, JSON); the live dashboard
+    ("training",),  # the in-process MemoryMonitor
+    ("integrations",),  # the HF, Lightning and loop callbacks
+    ("run",),  # `vramscope run`: the runner, the injection, the child's start-up hook
+    ("tune",),  # the tuner: it starts its trial children through run
+    ("cli",),  # thin: parses, calls one floor down, prints
+)
+
+# What each package imports, and nothing else (deferred imports count; ``if TYPE_CHECKING:`` ones do not).
+# The package root (``vramscope/__init__``: the lazy public API) and ``__main__`` are the facade and may name
+# anything; any package may import the root itself (for ``__version__``), as it eagerly imports only the bottom floor
+# (checked below).
+ALLOWED: dict[str, frozenset[str]] = {
+    "types": frozenset({"units"}),
+    "units": frozenset(),
+    "recipe": frozenset(),
+    "backends": frozenset({"types"}),
+    "sampling": frozenset({"backends", "types"}),
+    "logs": frozenset({"types", "units"}),
+    "exporters": frozenset({"types"}),
+    "output": frozenset(),
+    "analysis": frozenset({"logs", "output", "sampling", "units"}),
+    "planner": frozenset({"logs", "recipe", "units"}),
+    "commands": frozenset({"planner", "recipe"}),
+    "advice": frozenset({"analysis", "planner", "recipe", "units"}),
+    "oom": frozenset({"advice", "analysis", "output", "types", "units"}),
+    "report": frozenset({"advice", "analysis", "logs", "output", "types", "units"}),
+    "tui": frozenset({"logs", "output", "types", "units"}),
+    "training": frozenset({"analysis", "backends", "exporters", "logs", "oom", "output", "sampling", "types", "units"}),
+    "integrations": frozenset({"training"}),
+    "run": frozenset({"backends", "integrations", "logs", "output", "sampling", "types"}),
+    "tune": frozenset({"backends", "commands", "oom", "output", "planner", "recipe", "run", "sampling", "training",
+                       "units"}),
+    "cli": frozenset({"advice", "backends", "commands", "exporters", "logs", "oom", "output", "planner", "recipe",
+                      "report", "run", "sampling", "tui", "tune", "types", "units"}),
+}
+
+# Imports against the direction that exist today, each with the change that removes it; an entry leaves this table
+# when its import goes (a test below fails until it does), and no new entry is to be added.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("run", "tune"): "run/_sitecustomize/sitecustomize.py imports tune.command_trial to make a trial child; "
+                     "h24run's change (issue 23) has the tuner hand its trial in through run instead",
+}
+
+FACADE = "(facade)"  # vramscope/__init__.py and vramscope/__main__.py
+HOOK = SRC / PACKAGE / "run" / "_sitecustomize" / "sitecustomize.py"  # run's, though imported as a top-level module
+
+
+def package_of(module: str) -> str:
+    """``vramscope.oom.recorder`` -> ``oom``; ``vramscope.types`` -> ``types``; the root and __main__: the facade."""
+    parts = module.split(".")
+    return FACADE if len(parts) == 1 or parts[1] == "__main__" else parts[1]
+
+
+def package_imports() -> dict[tuple[str, str], list[str]]:
+    """(importing package, imported package) -> the module-level imports behind it, ``"a.b -> c.d"``."""
+    known = modules()
+    edges = {name: imports_of(name, path, known) for name, path in known.items()}
+    edges["vramscope.run._sitecustomize.sitecustomize"] = imports_of("vramscope.run._sitecustomize.sitecustomize",
+                                                                     HOOK, known)
+    found: dict[tuple[str, str], list[str]] = {}
+    for name, targets in edges.items():
+        for target in targets:
+            pair = (package_of(name), package_of(target))
+            if pair[0] != pair[1]:
+                found.setdefault(pair, []).append(f"{name} -> {target}")
+    return found
+
+
+def _floor(package: str) -> int:
+    return next(i for i, floor in enumerate(FLOORS) if package in floor)
+
+
+def test_the_package_graph_is_read() -> None:
+    found = package_imports()
+    assert ("oom", "advice") in found and ("tune", "run") in found and ("cli", "tune") in found
+    assert ("training", "oom") in found  # deferred, inside a function
+    assert ("report", FACADE) in found  # report/html.py reads __version__
+
+
+def test_every_package_has_a_floor_and_a_row() -> None:
+    on_disk = {package_of(name) for name in modules()} - {FACADE}
+    placed = [p for floor in FLOORS for p in floor]
+    assert len(placed) == len(set(placed)), "a package on two floors"
+    assert set(placed) == on_disk == set(ALLOWED), (
+        f"packages without a floor: {sorted(on_disk - set(placed))}; floors without a package: "
+        f"{sorted(set(placed) - on_disk)}; rows of ALLOWED that differ: {sorted(set(ALLOWED) ^ on_disk)}")
+
+
+def test_the_table_points_down() -> None:
+    bottom = set(FLOORS[0])
+    up = sorted((a, b) for a, row in ALLOWED.items() for b in row
+                if not (_floor(b) < _floor(a) or {a, b} <= bottom))
+    assert not up, f"ALLOWED lets these import a floor not below their own: {up}"
+
+
+def test_each_package_imports_only_what_the_table_allows() -> None:
+    bad = {f"{a} -> {b}": sorted(why)[:3] for (a, b), why in package_imports().items()
+           if a != FACADE and b != FACADE and b not in ALLOWED[a] and (a, b) not in KNOWN_UPWARD}
+    assert not bad, f"imports between packages that tests/test_layering.py's ALLOWED does not list: {bad}"
+
+
+def test_the_known_upward_imports_are_still_there() -> None:
+    gone = sorted(f"{a} -> {b}" for a, b in KNOWN_UPWARD if (a, b) not in package_imports())
+    assert not gone, f"fixed: remove them from KNOWN_UPWARD: {gone}"
+
+
+def test_no_package_cycles() -> None:
+    graph_: dict[str, set[str]] = {}
+    for a, b in package_imports():
+        if FACADE not in (a, b):
+            graph_.setdefault(a, set()).add(b)
+    known = {frozenset(pair) for pair in KNOWN_UPWARD}
+    found = [sorted(c) for c in cycles(graph_) if c not in known]
+    assert not found, f"packages that import each other, around: {found}"
+
+
+def test_the_facade_eagerly_imports_only_the_bottom_floor() -> None:
+    # What makes `from vramscope import __version__` safe on any floor: the root names the rest lazily.
+    root = SRC / PACKAGE / "__init__.py"
+    eager = {package_of(t) for t in imports_of(PACKAGE, root, modules())}
+    assert eager <= set(FLOORS[0]), f"vramscope/__init__.py imports {sorted(eager - set(FLOORS[0]))} eagerly"

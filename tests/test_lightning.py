@@ -236,3 +236,42 @@ def test_a_log_that_cannot_be_created_never_stops_the_fit(tmp_path: Path, caplog
 def test_the_public_path_is_the_training_callback_itself() -> None:
     # Users import vramscope.integrations.lightning (README, docs); the injection sees vramscope.integrations.lightning.
     assert MemoryMonitorCallback is vs_lightning.MemoryMonitorCallback
+
+
+def test_figures_reach_callback_metrics_so_early_stopping_can_watch_them(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    callback = MemoryMonitorCallback(log=tmp_path / "mem.csv", warn=False)
+    # EarlyStopping on a memory figure: it raises at the first check if the figure is not in callback_metrics.
+    stop = L.callbacks.EarlyStopping(monitor="mem/host_rss_gib", mode="min", patience=100,
+                                     check_on_train_epoch_end=True, strict=True)
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, log_every_n_steps=1, enable_progress_bar=False,
+                        enable_checkpointing=False, enable_model_summary=False, callbacks=[callback, stop],
+                        limit_val_batches=0)
+    trainer.fit(TinyLM(), loader([6] * 8, 2))
+    assert trainer.current_epoch == 2  # both epochs ran: the monitored figure was there at each check
+    assert float(trainer.callback_metrics["mem/host_rss_gib"]) > 0
+
+
+def test_validate_and_test_are_monitored_and_each_is_its_own_log(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    log = tmp_path / "mem.csv"
+    callback = MemoryMonitorCallback(log=log, warn=False)
+
+    class WithTest(TinyLM):
+        def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+            self.log("test_loss", self._loss(batch))
+
+    module = WithTest()
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False, enable_model_summary=False, callbacks=[callback],
+                        num_sanity_val_steps=0, limit_val_batches=1)
+    trainer.fit(module, loader([6] * 8, 2), loader([10] * 4, 2))
+    trainer.validate(module, loader([12] * 4, 2), verbose=False)
+    trainer.test(module, loader([14] * 4, 2), verbose=False)
+    fitted = read_log(log)
+    assert 2 in fitted.ints("step")
+    validated = read_log(tmp_path / "mem-2.csv")
+    assert "eval" in validated.strings("phase") and 24 in validated.ints("tokens")
+    tested = read_log(tmp_path / "mem-3.csv")
+    assert "test" in tested.strings("phase") and 28 in tested.ints("tokens")
+    assert callback.monitor.closed

@@ -25,10 +25,13 @@ from vramscope.oom import (
     NO_STACK,
     OomEvent,
     OomRecorder,
+    PostMortem,
+    advise,
     build_report,
     classify_stack,
     is_oom,
     oom_kind,
+    post_mortem,
     render_html,
     render_markdown,
     report_from_files,
@@ -239,9 +242,28 @@ def test_site_of_and_classify_stack() -> None:
     assert classify_stack([MLP, TRAIN]) == "activations"
 
 
+def test_the_report_holds_the_facts_and_the_post_mortem_adds_the_advice() -> None:
+    report = build_report(make_snapshot(), event())
+    assert "advice" not in report.to_dict() and "sites" not in report.to_dict()
+    found = post_mortem(make_snapshot(), event())
+    assert isinstance(found, PostMortem) and found.report == report
+    assert found.advice == tuple(advise(report))  # no model told: vramscope's rules alone
+    # oom-N.json keeps the order it always had: the advice after the history, before the snapshot's path.
+    assert list(found.to_dict())[-5:] == ["history_entries", "advice", "advice_source", "snapshot_file", "breakdown"]
+
+
+def test_each_oom_rule_is_one_function() -> None:
+    from vramscope.advice.oom import RULES, facts_of
+
+    facts = facts_of(build_report(make_snapshot(requested=8 * MIB), event()))
+    said = {a.key for rule in RULES for a in rule(facts)}
+    assert said == {a.key for a in advise(facts.report)} and "expandable_segments" in said
+    assert len(RULES) == len({rule.__name__ for rule in RULES})
+
+
 def test_fragmentation_advice_when_free_pieces_would_have_held_the_request() -> None:
     # 10 MiB free in pieces of 4 and 6: an 8 MiB request fails only because of the split.
-    report = build_report(make_snapshot(requested=8 * MIB), event())
+    report = post_mortem(make_snapshot(requested=8 * MIB), event())
     keys = [a.key for a in report.advice]
     assert "expandable_segments" in keys
     frag = next(a for a in report.advice if a.key == "expandable_segments")
@@ -250,7 +272,7 @@ def test_fragmentation_advice_when_free_pieces_would_have_held_the_request() -> 
 
 
 def test_own_advice_is_ranked_and_sized_from_the_numbers() -> None:
-    report = build_report(make_snapshot(), event())
+    report = post_mortem(make_snapshot(), event())
     assert "vramscope's rules" in report.advice_source
     assert "not told the model" in report.advice_source
     micro = next(a for a in report.advice if a.key == "micro_batch")
@@ -266,7 +288,7 @@ def test_own_advice_is_ranked_and_sized_from_the_numbers() -> None:
 
 def test_planner_recommendations_fed_with_measured_numbers() -> None:
     snap = make_snapshot(requested=2 * GIB)
-    report = build_report(
+    report = post_mortem(
         snap, event(capacity_bytes=24 * GIB, device_free_bytes=0), model="Llama-2-7B", spec=QLoraSpec().to_dict()
     )
     assert "planner" in report.advice_source
@@ -277,9 +299,9 @@ def test_planner_recommendations_fed_with_measured_numbers() -> None:
     # the snapshot's measured evidence (memory outside the allocator) is kept beside them
     assert "outside_memory" in {a.key for a in report.advice}
     # the model can also come from the context
-    via_context = build_report(snap, event(capacity_bytes=24 * GIB, context={**CONTEXT, "model": "Llama-2-7B"}))
+    via_context = post_mortem(snap, event(capacity_bytes=24 * GIB, context={**CONTEXT, "model": "Llama-2-7B"}))
     assert "planner" in via_context.advice_source
-    unknown = build_report(snap, event(context={**CONTEXT, "model": "no-such-model"}))
+    unknown = post_mortem(snap, event(context={**CONTEXT, "model": "no-such-model"}))
     assert "could not use this model" in unknown.advice_source
 
 
@@ -289,15 +311,15 @@ def test_the_post_mortem_says_what_the_model_and_optimizer_held() -> None:
     held = MemoryBreakdown(device="cuda:0", weights={"4-bit (uint8)": 3 * GIB, "bfloat16": GIB // 2},
                            quantization_constants=GIB // 8, lora_weights=GIB // 4, gradients=GIB // 4,
                            optimizer_states=GIB // 2, activations_at_peak=9 * GIB, peak_allocated_bytes=14 * GIB)
-    report = build_report(make_snapshot(), event(context={**CONTEXT, "breakdown": held.to_dict()}))
+    report = post_mortem(make_snapshot(), event(context={**CONTEXT, "breakdown": held.to_dict()}))
     md = render_markdown(report)
     assert "## What held memory" in md
     assert "| weights (4-bit (uint8)) | 3.0 GiB |" in md
     assert "| activations and temporaries at the peak | 9.0 GiB |" in md
     assert "What held memory" in render_html(report)
     # a context without one (or with a damaged one) gives the report without that section
-    assert "What held memory" not in render_markdown(build_report(make_snapshot(), event(context=CONTEXT)))
-    damaged = build_report(make_snapshot(), event(context={**CONTEXT, "breakdown": {"weights": "?"}}))
+    assert "What held memory" not in render_markdown(post_mortem(make_snapshot(), event(context=CONTEXT)))
+    damaged = post_mortem(make_snapshot(), event(context={**CONTEXT, "breakdown": {"weights": "?"}}))
     assert "What held memory" not in render_markdown(damaged)
 
 
@@ -305,7 +327,7 @@ def test_markdown_and_html_are_escaped() -> None:
     snap = make_snapshot()
     evil = frame("/tmp/x|<img src=x onerror=alert(1)>.py", 1, "<script>alert(1)</script>")
     snap["segments"][0]["blocks"][0]["frames"] = [evil]
-    report = build_report(snap, event(message="CUDA out of memory. Tried to allocate <12 MiB> & more"))
+    report = post_mortem(snap, event(message="CUDA out of memory. Tried to allocate <12 MiB> & more"))
     page = render_html(report)
     assert "<script>" not in page and "<img" not in page
     assert html.escape("x|<img src=x onerror=alert(1)>.py:1 in <script>alert(1)</script>") in page
@@ -324,10 +346,13 @@ def test_files_round_trip(tmp_path: Path) -> None:
     snap_path.write_bytes(pickle.dumps(snap))
     ev = event()
     (tmp_path / "oom-1.event.json").write_text(json.dumps({**ev.__dict__, "snapshot_file": str(snap_path)}))
-    report = report_from_files(snap_path, tmp_path / "oom-1.event.json")
-    assert report.requested_bytes == 12 * MIB and report.step == 17
-    paths = write_report(report, tmp_path, "oom-1")
-    assert json.loads(paths["json"].read_text())["allocated_bytes"] == report.allocated_bytes
+    found = report_from_files(snap_path, tmp_path / "oom-1.event.json")
+    assert found.report.requested_bytes == 12 * MIB and found.report.step == 17
+    paths = write_report(found, tmp_path, "oom-1")
+    written = json.loads(paths["json"].read_text())
+    assert written["allocated_bytes"] == found.report.allocated_bytes
+    assert [a["key"] for a in written["advice"]] == [a.key for a in found.advice]
+    assert "sites" not in written  # every site is for the advice; the file keeps the top ones
     assert paths["html"].read_text().startswith("<!doctype html>")
     assert str(snap_path) in paths["md"].read_text()
 
@@ -352,13 +377,14 @@ def test_recorder_needs_cuda(tmp_path: Path) -> None:
 def test_report_from_a_real_h200_snapshot() -> None:
     snap_path = sorted(DATA.glob("*-snapshot.pickle"))[0]
     event_path = snap_path.with_name(snap_path.name.replace("-snapshot.pickle", ".event.json"))
-    report = report_from_files(snap_path, event_path if event_path.exists() else None)
+    found = report_from_files(snap_path, event_path if event_path.exists() else None)
+    report = found.report
     assert report.reserved_bytes > 0 and report.allocated_bytes > 0
     assert report.allocated_bytes <= report.reserved_bytes
     assert report.requested_bytes is not None and report.requested_bytes > 0
     assert report.top_sites and report.top_sites[0].bytes > 0
-    assert report.advice
-    assert "<script" not in render_html(report)
+    assert found.advice
+    assert "<script" not in render_html(found)
 
 
 def test_blocks_awaiting_a_free_on_another_stream_count_as_held() -> None:

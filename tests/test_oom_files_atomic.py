@@ -22,12 +22,12 @@ REWRITE = textwrap.dedent(
     """
     import resource, signal, sys
     from vramscope.oom.render import write_report
-    from vramscope.oom.snapshot import build_report
+    from vramscope.oom.postmortem import post_mortem
     from tests.test_oom import event, make_snapshot
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of a signal
     resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
-    report = build_report(make_snapshot(), event(), snapshot_file="again.pickle")
+    report = post_mortem(make_snapshot(), event(), snapshot_file="again.pickle")
     try:
         write_report(report, sys.argv[1], "oom-1")
     except OSError as exc:
@@ -37,10 +37,10 @@ REWRITE = textwrap.dedent(
 
 
 def test_a_full_disk_keeps_the_first_report(tmp_path: Path) -> None:
+    from vramscope.oom.postmortem import post_mortem
     from vramscope.oom.render import write_report
-    from vramscope.oom.snapshot import build_report
 
-    first = write_report(build_report(make_snapshot(), event(), snapshot_file="first.pickle"), tmp_path, "oom-1")
+    first = write_report(post_mortem(make_snapshot(), event(), snapshot_file="first.pickle"), tmp_path, "oom-1")
     before = {kind: path.read_bytes() for kind, path in first.items()}
     assert all(len(data) > 200 for data in before.values())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, ROOT, os.environ.get("PYTHONPATH", "")])}

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_training_log
 from vramscope.analysis.results import SCHEMA_VERSION
+from vramscope.analysis.verdicts import batches_note, device_idle
 from vramscope.cli import main
 from vramscope.logs.reader import read_log
 from vramscope.report.figures import detail_of, devices_of, oom_severity
@@ -33,7 +34,6 @@ from vramscope.report.load import report_file
 from vramscope.report.model import build_report
 from vramscope.report.plan_check import read_plan
 from vramscope.report.terminal import print_report
-from vramscope.report.verdicts import batches_note, device_idle
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -453,11 +453,17 @@ def test_the_renderers_typed_verdicts_agree_with_the_json() -> None:
     assert [view.key for view, _ in devices_of(report)] == list(json_summary["devices"]) == ["0", "1"]
     for view, detail in devices_of(report):
         summary = json_summary["devices"][view.key]
-        assert device_idle(detail) == view.idle == summary["idle"]
-        assert batches_note(detail.batch_metric, detail.longest_batches) == summary["longest_batches_note"]
-    assert device_idle(detail_of(result, "0")) is not None and device_idle(detail_of(result, "1")) is None
+        # Judged once, in the analysis; the views and the JSON carry the same field.
+        assert device_idle(detail.key, detail.peaks, detail.step_range is not None) == detail.idle
+        assert detail.idle == view.idle == summary["idle"]
+        assert batches_note(detail.batch_metric, detail.longest_batches) == detail.batches_note
+        assert detail.batches_note == summary["longest_batches_note"]
+    assert detail_of(result, "0").idle is not None and detail_of(result, "1").idle is None
     severity = oom_severity(result)
     assert (None if severity is None else severity.to_json()) == json_summary["oom_severity"]
+    for dev in result.devices:
+        device_severity = json_summary["devices"][dev.key]["oom_severity"]
+        assert (None if dev.forecast.severity is None else dev.forecast.severity.to_json()) == device_severity
 
 
 def test_a_plan_with_a_figure_that_is_not_a_count_reads_it_as_unknown(

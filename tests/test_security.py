@@ -339,7 +339,7 @@ def test_oom_report_html_escapes_what_the_snapshot_and_the_loop_report() -> None
             message=f"CUDA out of memory. {text}",
             context={"phase": text, "step": 3},
         )
-        return str(oom.render_html(oom.build_report(snapshot(text), event, snapshot_file=f"/tmp/{text}.pickle")))
+        return str(oom.render_html(oom.post_mortem(snapshot(text), event, snapshot_file=f"/tmp/{text}.pickle")))
 
     plain, hostile = page("train_step"), page(MARKUP)
     assert "<script>" not in hostile and "<img" not in hostile

@@ -71,18 +71,18 @@ def test_the_trainers_arguments_and_accelerates_environment_name_the_strategy(
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "4")
     fsdp = detect_strategy(None, SimpleNamespace(fsdp=["full_shard", "auto_wrap"], deepspeed=None))
-    assert fsdp["strategy"] == "fsdp" and fsdp["source"] == "TrainingArguments" and fsdp["world_size"] == 4
+    assert (fsdp.strategy, fsdp.source, fsdp.world_size) == ("fsdp", "TrainingArguments", 4)
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
-    assert detect_strategy(None, SimpleNamespace(fsdp=[], deepspeed=str(ds)))["strategy"] == "zero3"
+    assert detect_strategy(None, SimpleNamespace(fsdp=[], deepspeed=str(ds))).strategy == "zero3"
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
-    assert detect_strategy(None, SimpleNamespace(fsdp=[], deepspeed=None))["strategy"] == "zero2"
+    assert detect_strategy(None, SimpleNamespace(fsdp=[], deepspeed=None)).strategy == "zero2"
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
     plain = detect_strategy(None, SimpleNamespace(fsdp=[], deepspeed=None))
-    assert plain["strategy"] == "ddp" and plain["source"] == "process group"  # torchrun, 4 ranks, no config
+    assert (plain.strategy, plain.source) == ("ddp", "process group")  # torchrun, 4 ranks, no config
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert detect_strategy()["strategy"] == "single"
+    assert detect_strategy().strategy == "single"
 
 
 def test_report_holds_each_rank_against_the_per_rank_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,3 +118,18 @@ def test_a_bad_plan_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
     assert "is not a plan" in err and "--gpus N --strategy S --json" in err and len(err.strip().splitlines()) == 1
     assert main(["report", str(DDP_LOG), "--plan", str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_strategy_file_is_one_typed_record(tmp_path: Path) -> None:
+    from vramscope.report.plan_check import strategy_beside
+    from vramscope.types import RunStrategy
+
+    seen = RunStrategy("zero3", "DeepSpeed ZeRO-3", 8, "nccl", "TrainingArguments")
+    (tmp_path / "m.strategy.json").write_text(json.dumps(seen.to_json()))
+    assert strategy_beside(tmp_path / "m.csv") == seen  # what the monitor writes, the report reads
+    # A file edited by hand: a field of another type reads as unknown; without a strategy name it is no record.
+    assert RunStrategy.from_json({"strategy": "ddp", "world_size": True, "backend": 3}) == RunStrategy("ddp")
+    with pytest.raises(ValueError, match="no 'strategy'"):
+        RunStrategy.from_json({"world_size": 2})
+    (tmp_path / "bad.strategy.json").write_text(json.dumps({"world_size": 2}))
+    assert strategy_beside(tmp_path / "bad.csv") is None

@@ -237,3 +237,38 @@ def gpu_of(reading: AllocatorReading, gpus: Iterable[GpuReading]) -> GpuReading 
         if found is not None or any(g.uuid is not None for g in readings):
             return found
     return next((g for g in readings if g.index == reading.device), None)
+
+
+@dataclass(frozen=True)
+class RunStrategy:
+    """How a run is spread over its GPUs, as the monitor saw it: the format of ``<log stem>.strategy.json``
+    (:data:`vramscope.output.names.STRATEGY_SUFFIX`), written by ``MemoryMonitor.note_strategy`` and read by
+    ``vramscope report`` to name it and hold each rank against a per-rank plan."""
+
+    strategy: str  # "fsdp", "zero2", "zero3", "ddp", "single", ...
+    implementation: str | None = None  # "FSDP2 fully_shard", "DeepSpeed ZeRO-3", "DistributedDataParallel", ...
+    world_size: int | None = None
+    backend: str | None = None  # the process group's: "nccl", "gloo"
+    source: str | None = None  # where it was read: "model wrapping", "TrainingArguments", "process group", ...
+
+    def to_json(self) -> dict[str, object]:
+        return {"strategy": self.strategy, "implementation": self.implementation, "world_size": self.world_size,
+                "backend": self.backend, "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: object) -> RunStrategy:
+        """The record in a strategy file's JSON; a field of another type (a file edited by hand) reads as unknown.
+
+        Raises:
+            ValueError: not a strategy record (no ``"strategy"`` name).
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("strategy"), str):
+            raise ValueError("not a strategy record: no 'strategy' name")
+        world = data.get("world_size")
+        return cls(data["strategy"], _text(data.get("implementation")),
+                   world if isinstance(world, int) and not isinstance(world, bool) else None,
+                   _text(data.get("backend")), _text(data.get("source")))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None

@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from vramscope.output.names import sibling
+from vramscope.output.names import WARNINGS_SUFFIX, sibling
 
 DEFAULT_REPEAT_S = 600.0
 
 
 def warnings_path(log_path: str | os.PathLike[str]) -> str:
     """``runs/mem.csv`` -> ``runs/mem.warnings.jsonl`` (the file beside a log)."""
-    return sibling(log_path, suffix=".warnings.jsonl")
+    return sibling(log_path, suffix=WARNINGS_SUFFIX)
 
 
 @dataclass

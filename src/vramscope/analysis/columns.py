@@ -30,6 +30,21 @@ ANALYSED_COLUMNS = ("time", "elapsed_s", "phase", "step", "gpu", "allocated_byte
 _LOWEST = np.iinfo(np.int64).min
 
 
+# Logged seconds past 1e18 (30 billion years) are no reading but a damaged cell, 1e308 say, whose differences
+# overflow (numpy's RuntimeWarnings, then NaN where a slope or a duration should be, or a duration of 308
+# digits). Below it, every difference and square the analysis takes stays far from float overflow; far-off but
+# finite seconds (2**53, where x + 1 == x) still draw.
+MAX_ELAPSED_S = 1e18
+
+
+def _plausible_seconds(column: Column) -> Column:
+    """``elapsed_s`` with the cells beyond :data:`MAX_ELAPSED_S` either way unknown, like any damaged cell."""
+    beyond = column.known & ~(np.abs(column.values) <= MAX_ELAPSED_S)
+    if not beyond.any():
+        return column
+    return Column(np.where(beyond, 0.0, column.values), column.known & ~beyond)
+
+
 class LogColumns:
     """The columns of one log, each read into arrays when first asked for (the rank, say, rarely is)."""
 
@@ -62,6 +77,10 @@ class LogColumns:
         return found
 
     def _load(self, name: str) -> Column:
+        column = self._read_column(name)
+        return _plausible_seconds(column) if name == "elapsed_s" else column
+
+    def _read_column(self, name: str) -> Column:
         floating = name in FLOAT_COLUMNS
         if self._table is not None:
             return self._table.float_column(name) if floating else self._table.int_column(name)
@@ -172,15 +191,19 @@ class Clock:
         return None if np.isnan(value) else value
 
     def duration_s(self) -> float | None:
-        """From the first to the last row's time; else the first to the last row's logged seconds."""
+        """The log's length, from its logged seconds, which a monotonic clock counts (a wall clock stepped back
+        by NTP or by hand made it "-1:00:03"): their range, when the first and the last row have them. Else
+        from the first to the last row's time (a hand-written log, a damaged last cell), never below zero;
+        else the range of the logged seconds there are."""
+        elapsed = self.cols.column("elapsed_s")
+        seconds = elapsed.values[elapsed.known]
+        if self.cols.n and elapsed.known[0] and elapsed.known[-1]:
+            return float(seconds.max() - seconds.min())
         if self.first_row is not None and self.last_row is not None:
             a, b = self.at(self.first_row), self.at(self.last_row)
-            if a is not None and b is not None:
+            if a is not None and b is not None and b >= a:
                 return b - a
-        elapsed = self.cols.column("elapsed_s")
-        if self.cols.n and elapsed.known[0] and elapsed.known[-1]:
-            return float(elapsed.values[-1] - elapsed.values[0])
-        return None
+        return float(seconds.max() - seconds.min()) if len(seconds) else None
 
 
 def _parse_time(text: str) -> float | None:

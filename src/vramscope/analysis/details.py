@@ -22,6 +22,7 @@ from vramscope.analysis.results import (
     RankImbalance,
     RankPeak,
 )
+from vramscope.analysis.verdicts import batches_note, device_idle
 
 # Memory columns a report looks at, with the names people read.
 METRICS: dict[str, str] = {
@@ -61,6 +62,8 @@ def device_detail(dev: DeviceRows, clock: Clock, capacity_bytes: int | None) -> 
         known = step.values[step.known] if not step.known.all() else step.values
         step_range = (int(known.min()), int(known.max()))
     used = peaks.get("device_used_bytes")
+    batches = longest_batches(dev, clock)
+    metric = batch_metric(dev)
     return DeviceDetail(
         key=dev.key,
         rows=dev.n,
@@ -74,8 +77,10 @@ def device_detail(dev: DeviceRows, clock: Clock, capacity_bytes: int | None) -> 
         total_logged=logged_total is not None,
         headroom=headroom(capacity, None if used is None else used.bytes),
         fragmentation=fragmentation(dev),
-        longest_batches=longest_batches(dev, clock),
-        batch_metric=batch_metric(dev),
+        longest_batches=batches,
+        batch_metric=metric,
+        batches_note=batches_note(metric, batches),
+        idle=device_idle(dev.key, peaks, step_range is not None),
     )
 
 

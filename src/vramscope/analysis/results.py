@@ -127,6 +127,7 @@ class DeviceLeak:
     z: float | None
     points: int
     caching: Caching | None = None  # reserved grows while allocated does not
+    trend: TrendLine | None = None  # a leak over steps: its trend line on the signal's readings
 
     @property
     def gpu(self) -> int | None:
@@ -196,7 +197,31 @@ class LeakSummary:
         return out
 
 
+@dataclass(frozen=True)
+class TrendLine:
+    """The leak's trend over the steps it grew, placed on the signal's readings (what a chart draws dashed): from
+    ``(x0, y0)`` to ``(x1, y1)``, steps against bytes."""
+
+    signal: str  # the column tested, ``allocated_bytes`` say
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+
+
 # -- forecast -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Severity:
+    """How urgent an OOM forecast is: ``level`` is one of ``high``, ``medium``, ``low``; ``why`` says it for people
+    (:func:`vramscope.analysis.verdicts.forecast_severity`)."""
+
+    level: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -281,6 +306,7 @@ class DeviceForecast:
     key: str
     oom: OomForecast
     longest_batch: LongestBatch
+    severity: Severity | None = None  # how urgent ``oom`` is; None without a time to OOM
 
     def to_json(self) -> Json:
         return {**self.oom.to_json(), "key": self.key, "longest_batch": self.longest_batch.to_json()}
@@ -419,6 +445,8 @@ class DeviceDetail:
     fragmentation: Fragmentation | None
     longest_batches: tuple[BatchPeak, ...]
     batch_metric: str | None  # the column a batch's peak is read from
+    batches_note: str | None = None  # why some of the longest batches have no peak; None when all have one
+    idle: str | None = None  # why this run counts the device as idle (then it gets no advice); None: it was used
 
     @property
     def gpu(self) -> int | None:

@@ -49,6 +49,7 @@ from vramscope.analysis.results import (
     StepRange,
     no_batch_fit,
 )
+from vramscope.analysis.verdicts import forecast_severity, leak_trend
 from vramscope.logs.table import LogTable
 from vramscope.units import MIB
 
@@ -126,10 +127,12 @@ def _analyze(
     capacity_hint: str | None,
 ) -> AnalysisResult:
     clock = Clock(cols)
+    steps = _step_range(cols)
     devices: list[DeviceAnalysis] = []
     for key, sel in device_rows(cols).items():
         dev = DeviceRows(key, sel, cols)
-        devices.append(_analyze_device(dev, clock, capacity_bytes, max_batch_tokens, config, capacity_hint))
+        devices.append(_analyze_device(dev, clock, capacity_bytes, max_batch_tokens, config, capacity_hint,
+                                       steps.logged))
     elapsed = cols.column("elapsed_s")
     seconds = elapsed.values[elapsed.known]
     peaks = {d.key: d.peak for d in devices}
@@ -138,7 +141,7 @@ def _analyze(
                   default=None)
     return AnalysisResult(
         rows=cols.n,
-        steps=_step_range(cols),
+        steps=steps,
         duration_s=float(seconds.max() - seconds.min()) if len(seconds) else None,
         leak=_overall_leak([d.leak for d in devices]),
         peak=PeakSummary(peaks, overall),
@@ -167,7 +170,7 @@ def _signal(dev: DeviceRows, candidates: Sequence[str]) -> str | None:
 
 
 def _analyze_device(dev: DeviceRows, clock: Clock, capacity_bytes: int | None, max_batch_tokens: int | None,
-                    config: LeakConfig, capacity_hint: str | None) -> DeviceAnalysis:
+                    config: LeakConfig, capacity_hint: str | None, steps_logged: int | None) -> DeviceAnalysis:
     level_name = _signal(dev, LEVEL_SIGNALS)
     peak_name = _signal(dev, PEAK_SIGNALS)
     peak = _peak(dev, clock, peak_name)
@@ -182,12 +185,14 @@ def _analyze_device(dev: DeviceRows, clock: Clock, capacity_bytes: int | None, m
         cached = _leak_on(dev, "reserved_bytes", train, config, unit)
         if cached.detected:
             leak = replace(leak, caching=_caching(dev, cached, train, unit))
+    leak = replace(leak, trend=leak_trend(dev, leak))
 
     capacity = _capacity(dev, level_name, capacity_bytes)
     oom = _oom(dev, found, unit, train, peak_name, capacity)
     if capacity_hint is not None and oom.reason.startswith(CAPACITY_UNKNOWN):
         oom = replace(oom, reason=capacity_hint)
-    forecast = DeviceForecast(dev.key, oom, _longest_batch(dev, train, capacity, max_batch_tokens))
+    forecast = DeviceForecast(dev.key, oom, _longest_batch(dev, train, capacity, max_batch_tokens),
+                              forecast_severity(oom, steps_logged))
     return DeviceAnalysis(dev.key, peak, leak, forecast, device_detail(dev, clock, capacity_bytes))
 
 

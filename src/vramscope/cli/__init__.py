@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "vramscope.cli.report",
     "plan": "vramscope.cli.plan",
     "tune": "vramscope.cli.tune",
+    "completion": "vramscope.cli.completion",
 }
 HELP = {
     "watch": "live memory of every GPU and its processes",
@@ -33,6 +34,7 @@ HELP = {
     "report": "summarise a memory log (terminal, JSON, HTML, PNG)",
     "plan": "predict a QLoRA/LoRA run's peak memory before it starts",
     "tune": "find the largest batch that fits in a few real steps",
+    "completion": "print a shell completion script (bash, zsh or fish)",
 }
 
 
@@ -67,6 +69,10 @@ class _Parser(argparse.ArgumentParser):
         return sub.prog if sub is not None else self.prog
 
     def _did_you_mean(self, message: str) -> str:
+        if message.startswith("argument COMMAND: invalid choice:"):  # `vramscope plann`
+            typed = message.split("invalid choice:", 1)[1].split("(", 1)[0].strip().strip("'\"")
+            near = difflib.get_close_matches(typed, list(getattr(self, "subcommands", {})), n=1, cutoff=0.6)
+            return f"; did you mean '{near[0]}'?" if near else ""
         parser: argparse.ArgumentParser = self
         if message.startswith("unrecognized arguments:"):
             parser = self._subcommand() or self

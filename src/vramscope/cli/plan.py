@@ -80,15 +80,29 @@ def run(args: argparse.Namespace) -> int:
                 print(report, file=sys.stderr)
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
                       target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None)
+        others = [] if command is None else training_command.alternative_plans(
+            command, args, model,
+            lambda alt, seq: plan(model, args.batch_size, seq or args.seq_len, alt, gpu_memory=args.gpu_memory,
+                                  gpu=args.gpu, hardware=hardware, read_from_command=True),
+            lambda alt, n: _per_gpu(model, alt, args, hardware, n))
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
+    if command is not None and others and not args.json:
+        print(training_command.format_command(command) + "\n")
+        print(training_command.format_alternatives(others, result.gpu_memory_bytes) + "\n")
+        command_printed = True
+    else:
+        command_printed = False
+    extra_json = {} if command is None else {**training_command.json_fields(command),
+                                             "alternatives": training_command.alternatives_json(
+                                                 others, result.gpu_memory_bytes)}
     if multi:
         dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
         if args.json:
-            extra = {} if command is None else {"command": command.to_dict()}
+            extra = {} if command is None else {"command": command.to_dict(), **extra_json}
             print(json.dumps({**plan_gpus.to_json(result.to_dict(), dist, table), **extra}, indent=2))
         else:
-            if command is not None:
+            if command is not None and not command_printed:
                 print(training_command.format_command(command) + "\n")
             print(plan_gpus.format_gpus(result, dist, table))
         return 0
@@ -96,12 +110,23 @@ def run(args: argparse.Namespace) -> int:
         out = result.to_dict()
         if command is not None:
             out["command"] = command.to_dict()
+            out.update(extra_json)
         print(json.dumps(out, indent=2))
     else:
-        if command is not None:
+        if command is not None and not command_printed:
             print(training_command.format_command(command) + "\n")
         print(format_plan(result))
     return 0
+
+
+def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpus: int) -> int:
+    """What must fit on the worst GPU of ``gpus`` under the command's strategy (for an alternative reading)."""
+    alt = argparse.Namespace(**vars(args))
+    alt.gpus, alt.strategy = gpus, args.strategy or "ddp"
+    dist, _ = plan_gpus.plan_gpus(model, spec, alt, hardware)
+    if dist is None:  # plan_gpus returns one whenever a strategy is given, as here
+        raise UsageError(f"cannot plan {gpus} GPUs under {alt.strategy}")
+    return int(dist.worst.device_bytes)
 
 
 def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.cli.recipe import add_framework_argument
 from vramscope.logs.errors import LogFormatError
+from vramscope.logs.files import log_parts
 from vramscope.logs.mapping import ColumnsError, ColumnSpec, parse_columns
 from vramscope.output.atomic import write_atomically
 from vramscope.output.safetext import printable
@@ -130,7 +131,10 @@ def run(args: argparse.Namespace) -> int:
 
         from vramscope.report.terminal import print_report
 
-        print_report(reports, Console(highlight=False))
+        # Piped or redirected (no terminal, so rich would assume 80 columns): lines are never broken, so that
+        # grep and a file see whole lines; tables keep their natural width.
+        piped = not sys.stdout.isatty()
+        print_report(reports, Console(highlight=False, soft_wrap=piped, width=1_000 if piped else None))
     for path in written:
         print(f"vramscope: wrote {printable(path)}", file=sys.stderr)
     return 0
@@ -199,12 +203,17 @@ def _check_output(flag: str, path: str, logs: list[str]) -> None:
         # replace the device itself (as root, for the whole machine), not write into it.
         raise UsageError(f"{flag} {path} is not a regular file; give a file path")
     for log in logs:
-        try:
-            same = Path(log).exists() and target.exists() and os.path.samefile(log, target)
-        except OSError:  # "" exists as Path (it is ".") but cannot be stat'ed; reading it fails clearly later
-            same = False
-        if same:
-            raise UsageError(f"{flag} {path} is one of the logs; writing it would destroy the log")
+        # A rotated log is read from every part (r.csv, r.csv.1, ...): each is the log as much as r.csv is.
+        for number, part in enumerate(log_parts(log)):
+            try:
+                same = Path(part).exists() and target.exists() and os.path.samefile(part, target)
+            except OSError:  # "" exists as Path (it is ".") but cannot be stat'ed; reading it fails clearly later
+                same = False
+            if same and number == 0:
+                raise UsageError(f"{flag} {path} is one of the logs; writing it would destroy the log")
+            if same:
+                raise UsageError(f"{flag} {path} is part {number} of the rotated log {log}; writing it would "
+                                 "destroy that part of the log; choose another name")
 
 
 def _write(path: str, data: bytes) -> None:

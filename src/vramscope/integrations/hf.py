@@ -100,8 +100,9 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     ) -> None:
         if _CallbackBase is object:
             raise ImportError(INSTALL_HINT)
-        # Build the monitor now (it validates its arguments), start it at the first event.
-        self.monitor = MemoryMonitor(
+        # Build the monitor now (it validates its arguments), start it at the first event; a run after the
+        # monitor closed (train() again, evaluate() after train()) gets a new one with the same options.
+        self._monitor_options: dict[str, Any] = dict(
             log=log,
             every_n_steps=every_n_steps,
             interval=interval,
@@ -111,18 +112,26 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
             warn=warn,
             **monitor_options,
         )
+        self.monitor = MemoryMonitor(**self._monitor_options)
         self.log_to_trainer = log_to_trainer
         self.max_seq_length = max_seq_length
         self._watched: weakref.ref[Any] | None = None
         self._eval_phase = False
         self._atexit = False
         self._rows_at_last_log = 0
+        self._figures_step: int | None = None  # the step whose training figures were last written
         self._run_peaks: dict[str, float] = {}  # the largest peak figure of the run, per key
         self._batch_checked = False
         self._failed = False  # set by the failure guard: the callback has stepped aside
 
     # -- setup ----------------------------------------------------------------------------------------
     def _ensure_started(self, args: Any, state: Any, model: Any) -> MemoryMonitor:
+        if self.monitor.closed:  # the last run ended: this one is a new segment (the log's claim says where)
+            self.monitor = MemoryMonitor(**self._monitor_options)
+            self._watched = None
+            self._rows_at_last_log = 0
+            self._figures_step = None
+            self._run_peaks = {}
         mon = self.monitor
         if not mon.started and not mon.closed:
             if getattr(state, "max_steps", 0):
@@ -131,8 +140,8 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
                 mon.max_batch_tokens = int(self.max_seq_length) * int(getattr(args, "per_device_train_batch_size", 1))
             mon.start()
             if not self._atexit:
-                # Evaluation often follows train(); close (last row, analysis file) only at exit.
-                atexit.register(mon.close)
+                # A run that never reaches on_train_end (an exception, a notebook interrupt) closes at exit.
+                atexit.register(self._close_at_exit)
                 self._atexit = True
         if model is not None and (self._watched is None or self._watched() is not model):
             mon.watch_model(model, phase_from_mode=True)
@@ -212,6 +221,29 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         mon = self.monitor
         if not self.log_to_trainer or logs is None or not mon.started:
             return
+        step = int(getattr(state, "global_step", 0) or 0)
+        if any(str(key).startswith("eval_") for key in logs):
+            figures = self._eval_figures(mon)
+        elif "train_runtime" in logs:
+            # train()'s own summary: the run's peaks; the last step's figures went out with its own log.
+            figures = dict(self._run_peaks)
+            if self._figures_step != step:
+                figures = {**self._window_figures(mon), **figures}
+        elif self._figures_step == step:
+            return  # a second log at the same step (a user's trainer.log): each step's memory is written once
+        else:
+            figures = self._window_figures(mon)
+            self._figures_step = step
+        if not figures:
+            return
+        logs.update(figures)
+        # The Trainer copied the logs into its history before calling us; keep the figures there too.
+        history = getattr(state, "log_history", None)
+        if history and history[-1].get("step") == state.global_step:
+            history[-1].update(figures)
+
+    def _window_figures(self, mon: MemoryMonitor) -> dict[str, float]:
+        """The figures since the previous log; the peaks only where a row was logged in between."""
         fresh = mon.rows_logged > self._rows_at_last_log  # a row since the previous log: its peak is known
         self._rows_at_last_log = mon.rows_logged
         figures = mon.figures(reset=True)
@@ -222,16 +254,20 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
                 self._run_peaks[key] = max(self._run_peaks.get(key, 0.0), figures[key])
             else:  # the monitor has no peak for an empty window (it would say 0)
                 del figures[key]
-        if "train_runtime" in logs:
-            # train()'s own summary: the run's peak, not the (empty) window since the last log.
-            figures.update(self._run_peaks)
-        if not figures:
-            return
-        logs.update(figures)
-        # The Trainer copied the logs into its history before calling us; keep the figures there too.
-        history = getattr(state, "log_history", None)
-        if history and history[-1].get("step") == state.global_step:
-            history[-1].update(figures)
+        return figures
+
+    def _eval_figures(self, mon: MemoryMonitor) -> dict[str, float]:
+        """Evaluation's memory, named ``eval_mem/...``: HF's integrations file anything not starting with
+        ``eval_`` under ``train/``. The window since the previous log is the evaluation's (HF logs the step's
+        training figures first, then evaluates); the run's training peak is not raised by it. evaluate() logs
+        its metrics before on_evaluate, so the eval phase ends here, with its row (on_evaluate is then a no-op)."""
+        mon.exit_phase("eval")
+        fresh = mon.rows_logged > self._rows_at_last_log
+        self._rows_at_last_log = mon.rows_logged
+        figures = mon.figures(reset=True)
+        keep = {key: value for key, value in figures.items()
+                if key not in ("mem/leak_mib_per_step", "mem/steps_to_oom") and (fresh or key not in PEAK_FIGURES)}
+        return {f"eval_{key}": value for key, value in keep.items()}
 
     @_never_stops_training
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -243,6 +279,12 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         path = mon.save_analysis()
         if path is not None:
             log.info("vramscope: memory analysis written to %s", path)
+        # The run is over: release the log (its lock, its last row), so that a notebook's next run, or
+        # train() called again, starts a new one instead of finding this one still open.
+        mon.close()
+
+    def _close_at_exit(self) -> None:
+        self.monitor.close()
 
     def close(self) -> None:
         """Close the monitor now (it is closed at exit otherwise)."""

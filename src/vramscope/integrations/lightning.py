@@ -69,6 +69,12 @@ def _is_logging_step(trainer: Any) -> bool:
     return isinstance(every, int) and every > 0 and int(trainer.global_step) % every == 0
 
 
+def _running(trainer: Any) -> str:
+    """What the Trainer is running: "fit", "validate", "test" or "predict" (its ``state.fn``)."""
+    fn = getattr(getattr(trainer, "state", None), "fn", None)
+    return str(getattr(fn, "value", fn))
+
+
 def _logger_step(trainer: Any) -> int:
     """The step Lightning's own metrics of this batch are written under (0-based optimizer steps)."""
     stepped = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "_batches_that_stepped", None)
@@ -108,7 +114,9 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         if _CallbackBase is object:
             raise ImportError(INSTALL_HINT)
         super().__init__()
-        self.monitor = MemoryMonitor(
+        # A run after the monitor closed (fit() again, validate()/test() after fit()) gets a new monitor with
+        # these options; the log's claim (training/claims.py) gives it the next free name, in one warning.
+        self._monitor_options: dict[str, Any] = dict(
             log=log,
             every_n_steps=every_n_steps,
             interval=interval,
@@ -118,11 +126,16 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
             warn=warn,
             **monitor_options,
         )
+        self.monitor = MemoryMonitor(**self._monitor_options)
         self.log_to_trainer = log_to_trainer
         self._last_step: int | None = None
         self._rows_at_last_write = 0  # monitor rows already covered by figures written to the loggers
 
     def _ensure_started(self, trainer: Any) -> MemoryMonitor:
+        if self.monitor.closed:
+            self.monitor = MemoryMonitor(**self._monitor_options)
+            self._last_step = None
+            self._rows_at_last_write = 0
         mon = self.monitor
         if not mon.started and not mon.closed:
             max_steps = getattr(trainer, "max_steps", -1)
@@ -151,13 +164,13 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         mon.watch_memory(pl_module, optimizers[0])  # for the breakdown; weak references, compared once
         mon.step(step)
         if _is_logging_step(trainer):
-            self._write_figures(trainer, _logger_step(trainer))
+            self._write_figures(trainer, _logger_step(trainer), pl_module)
 
-    def _write_figures(self, trainer: Any, step: int) -> None:
-        """The figures since the previous write, to every logger (a peak only when a row was logged since)."""
+    def _write_figures(self, trainer: Any, step: int, pl_module: Any = None) -> None:
+        """The figures since the previous write, to every logger (a peak only when a row was logged since), and
+        to ``trainer.callback_metrics`` (so that ``EarlyStopping`` and ``ModelCheckpoint`` can watch them)."""
         mon = self.monitor
-        loggers = getattr(trainer, "loggers", None)
-        if not self.log_to_trainer or not loggers or not mon.started:
+        if not self.log_to_trainer or not mon.started:
             return
         fresh = mon.rows_logged > self._rows_at_last_write
         self._rows_at_last_write = mon.rows_logged
@@ -165,9 +178,16 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         if not fresh:  # no row since the last write: the monitor has no peak (it would say 0)
             for key in PEAK_FIGURES:
                 figures.pop(key, None)
-        if figures and getattr(trainer, "is_global_zero", True):
+        if not figures:
+            return
+        loggers = getattr(trainer, "loggers", None) or []
+        if getattr(trainer, "is_global_zero", True):
             for logger in loggers:
                 logger.log_metrics(dict(figures), step=step)
+        if pl_module is not None:
+            # Lightning's own log keeps callback_metrics (and its tensors) right; logger=False: written above.
+            pl_module.log_dict(dict(figures), on_step=True, on_epoch=False, logger=False, prog_bar=False,
+                               rank_zero_only=True)
 
     @never_stops_training
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -182,13 +202,31 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     @never_stops_training
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self.monitor.exit_phase("eval")
+        if _running(trainer) == "validate":  # trainer.validate(): the run is this evaluation alone
+            self.monitor.close()
+
+    # -- test (trainer.test()) ------------------------------------------------------------------------
+    @never_stops_training
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._ensure_started(trainer).enter_phase("test")
+
+    @never_stops_training
+    def on_test_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self.monitor.observe_batch(*lightning_batch_tokens(batch))
+
+    @never_stops_training
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self.monitor.exit_phase("test")
+        self.monitor.close()
 
     @never_stops_training
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         mon = self.monitor
         mon.flush()
         if mon.rows_logged > self._rows_at_last_write:  # the steps after the last logging step
-            self._write_figures(trainer, max(0, int(trainer.global_step) - 1))
+            self._write_figures(trainer, max(0, int(trainer.global_step) - 1))  # (callback_metrics: not here)
         mon.close()
 
     @never_stops_training

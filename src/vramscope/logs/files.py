@@ -94,14 +94,19 @@ class LogFile:
       written so far, copied from the still-open deleted file, so the run's rows are not lost with it.
     * With ``max_bytes``, a part that would grow past it is closed and the next one started:
       ``mem.csv``, ``mem.csv.1``, ``mem.csv.2``... each starting with ``header``. A sample's rows are
-      never split over two parts. Nothing is ever deleted, so rotation loses no row.
+      never split over two parts. Nothing is ever deleted, so rotation loses no row. A part is only ever
+      a new file (``O_EXCL``): when the next name is taken by a file this log did not write (someone's
+      ``mem.csv.1``, a ``mem.csv.3`` left after a gap), it is left alone and the current part grows past
+      ``max_bytes`` instead, with one warning.
 
     * The log is locked (``flock`` on its first part, held until :meth:`close`): a second writer of
       the same log is refused before it writes or truncates anything, instead of interleaving rows.
 
     Opening truncates ``path`` and removes the parts of an earlier log of the same name (which a
-    reader would otherwise take for a continuation), like opening a file for writing does; with
-    ``overwrite=False`` a log that already holds data is refused instead (:class:`LogExistsError`).
+    reader would otherwise take for a continuation), like opening a file for writing does, but only
+    parts that look like one (they start as this log's header does, or as a vramscope JSONL row) and
+    only up to the first that does not, or the first gap; with ``overwrite=False`` a log that already
+    holds data is refused instead (:class:`LogExistsError`).
 
     Args:
         path: the log (part 0).
@@ -134,6 +139,7 @@ class LogFile:
         self._told_unrecoverable = False
         self._header = header.encode("utf-8")
         self._fd: int | None = None
+        self._rotation_blocked = False  # the next part's name is someone else's file
         self._lock_fd: int | None = None  # part 0, open while we write any part: it holds the lock
         _check_folder(Path(self.path))
         if not overwrite:
@@ -149,14 +155,20 @@ class LogFile:
         return part_path(self.path, self.part)
 
     def _create(self, path: str, first: bool = False) -> int:
-        # Not O_TRUNC: the lock is taken first, so that a second writer truncates nothing.
-        flags = os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        # Not O_TRUNC: the lock is taken first, so that a second writer truncates nothing. A later part is
+        # always a new file (O_EXCL, which also never follows a symbolic link): a file already at its name is
+        # not this log's to overwrite (FileExistsError, for _rotate).
+        flags = os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | (0 if first else os.O_EXCL)
         try:
             try:
                 # Readable too, so that a log deleted under us can be copied back (see _recreate).
                 fd = os.open(path, os.O_RDWR | flags, 0o644)
             except PermissionError:  # a write-only file: fine, just not recoverable
+                if not first:
+                    raise
                 fd = os.open(path, os.O_WRONLY | flags, 0o644)
+        except FileExistsError:
+            raise
         except OSError as exc:
             raise LogPathError(f"cannot write log {path}: {exc.strerror or exc}; choose a writable path") from exc
         try:
@@ -191,12 +203,11 @@ class LogFile:
         return fd
 
     def _remove_stale_parts(self) -> None:
+        # log_parts stops at the first gap: a mem.csv.3 after a missing mem.csv.2 is no part of this log.
         for stale in log_parts(self.path)[1:]:
             try:
-                with open(stale, "rb") as old:
-                    ours = old.read(len(self._header) or 1) == (self._header or b"{")
-                if not ours:  # not a part of a vramscope log: not ours to delete, and readers stop there
-                    break
+                if not _starts_with(stale, _part_signature(self._header)):
+                    break  # not a part of a vramscope log: not ours to delete, and readers stop there
                 os.unlink(stale)
             except OSError:
                 break
@@ -217,9 +228,12 @@ class LogFile:
             fd = self._recreate(fd)
             status = os.fstat(fd)
         size = status.st_size
-        if self.max_bytes is not None and size > len(self._header) and size + len(data) > self.max_bytes:
+        if (self.max_bytes is not None and not self._rotation_blocked and size > len(self._header)
+                and size + len(data) > self.max_bytes):
+            part = self.part
             fd = self._rotate(fd)
-            size = len(self._header)
+            if self.part != part:
+                size = len(self._header)
         try:
             _write_all(fd, data)
         except OSError:
@@ -232,7 +246,14 @@ class LogFile:
             os.fsync(fd)
 
     def _rotate(self, fd: int) -> int:
-        new_fd = self._create(part_path(self.path, self.part + 1))
+        following = part_path(self.path, self.part + 1)
+        try:
+            new_fd = self._create(following)
+        except FileExistsError:
+            self._rotation_blocked = True
+            log.warning("vramscope: %s already exists and this log did not write it; it is left alone, and the "
+                        "log carries on in %s past its size limit", following, self.current_path)
+            return fd
         self.part += 1
         self._fd = new_fd
         with contextlib.suppress(OSError):
@@ -305,6 +326,31 @@ def _lock(fd: int, path: str) -> None:
             ) from None
         # A file system without locks (some network mounts): write unlocked rather than not at all.
         log.debug("vramscope: cannot lock %s (%s); writing it unlocked", path, exc)
+
+
+_JSONL_ROW_START = b'{"time":'  # every row of a vramscope JSONL log (logs/schema.py's sample_rows)
+
+
+def _part_signature(header: bytes) -> bytes:
+    """How a part of a log with ``header`` starts: the header's first two fields (``time,elapsed_s,``), so
+    that a part written with other extra columns (an older run) is still known as vramscope's; a log
+    without a header is JSONL, whose rows start alike."""
+    if not header:
+        return _JSONL_ROW_START
+    first = header.split(b"\n", 1)[0]
+    fields = first.split(b",")
+    return b",".join(fields[:2]) + b"," if len(fields) > 2 else first
+
+
+def _starts_with(path: str, signature: bytes) -> bool:
+    """Whether the regular file ``path`` starts with ``signature`` (a FIFO put there is not waited on)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return os.pread(fd, len(signature), 0) == signature
+    finally:
+        os.close(fd)
 
 
 def _exists_message(path: str, existing: list[str]) -> str:

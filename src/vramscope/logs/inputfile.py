@@ -21,13 +21,16 @@ class FileTooLargeError(ValueError):
     """The file is larger than the caller's limit."""
 
 
-def read_regular_file(name: str | os.PathLike[str], what: str, limit: int | None = None) -> bytes:
+def read_regular_file(name: str | os.PathLike[str], what: str, limit: int | None = None, *,
+                      head: bool = False) -> bytes:
     """The bytes of ``name`` when it is a regular file (at most ``limit`` bytes, if given).
 
     Args:
         name: the path.
         what: what the file should be, for the message ("a log written by vramscope or nvidia-smi").
         limit: the most bytes to accept.
+        head: a larger file gives its first ``limit`` bytes instead of :class:`FileTooLargeError`
+            (a script read to recognise it).
 
     Raises:
         NotRegularFileError, FileTooLargeError: with one line that says what to give instead.
@@ -40,7 +43,7 @@ def read_regular_file(name: str | os.PathLike[str], what: str, limit: int | None
     with open(fd, "rb") as handle:
         status = os.fstat(fd)
         _check(shown, status.st_mode, what)
-        if limit is not None and status.st_size > limit:
+        if limit is not None and status.st_size > limit and not head:
             raise FileTooLargeError(f"{shown} is {status.st_size:,} bytes, more than the {limit:,} that {what} "
                                     "can be; check the path")
         return handle.read() if limit is None else handle.read(limit + 1)[:limit]

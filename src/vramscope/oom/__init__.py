@@ -5,9 +5,11 @@ One module per job, split so that the analysis can be tested without a GPU:
 * :mod:`~vramscope.oom.classify`: :func:`oom_kind` recognises every form an OOM takes in PyTorch
   training (the caching allocator's ``torch.OutOfMemoryError``, and the cuBLAS / cuDNN / CUDA runtime
   allocation failures that arrive as plain ``RuntimeError`` messages). The tuner uses it too.
-* :mod:`~vramscope.oom.snapshot`: :func:`build_report` turns a snapshot dict (torch's format) and the
-  OOM's facts (:mod:`~vramscope.oom.records`) into an :class:`OomReport`; pure.
+* :mod:`vramscope.analysis.oom` (re-exported here): :func:`build_report` turns a snapshot dict (torch's format)
+  and the OOM's facts (:class:`OomEvent`) into an :class:`OomReport`; pure, and without advice.
 * :mod:`vramscope.advice.oom` (re-exported here): the ranked ways out (vramscope's rules, and the planner's).
+* :mod:`~vramscope.oom.postmortem`: :func:`post_mortem` puts the two together (:class:`PostMortem`), and
+  :func:`report_from_files` rebuilds one from the files the recorder left.
 * :mod:`~vramscope.oom.render`: :func:`render_markdown`, :func:`render_html`, :func:`write_report`.
 * :mod:`~vramscope.oom.recorder` (needs CUDA): :class:`OomRecorder` records torch's allocator history
   into a bounded ring buffer (``torch.cuda.memory._record_memory_history(max_entries=...)``) and, from
@@ -20,39 +22,14 @@ Imports torch lazily: importing this package costs nothing on a machine without 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve lazily (see __getattr__)
-    from vramscope.advice.oom import advise, merge_advice, planner_advice, rank_advice
-    from vramscope.oom.classify import OOM_KINDS, is_oom, oom_kind
-    from vramscope.oom.env import DEFAULT_DIR, DEFAULT_MAX_ENTRIES, ENV_MAX_ENTRIES, ENV_VAR, snapshot_env
-    from vramscope.oom.recorder import OomRecorder, add_oom_listener
-    from vramscope.oom.records import NO_STACK, Advice, AllocationSite, OomEvent, OomReport
-    from vramscope.oom.render import render_html, render_markdown, write_report
-    from vramscope.oom.snapshot import build_report, classify_stack, report_from_files, site_of
-
-# Resolved on first access: the advice builder reads this package's records and this package's report builder
-# calls it, so an eager import here would run in a circle whichever module is imported first.
-_LAZY = {
-    **dict.fromkeys(("advise", "merge_advice", "planner_advice", "rank_advice"), "vramscope.advice.oom"),
-    **dict.fromkeys(("OOM_KINDS", "is_oom", "oom_kind"), "vramscope.oom.classify"),
-    **dict.fromkeys(("DEFAULT_DIR", "DEFAULT_MAX_ENTRIES", "ENV_MAX_ENTRIES", "ENV_VAR", "snapshot_env"),
-                    "vramscope.oom.env"),
-    **dict.fromkeys(("OomRecorder", "add_oom_listener"), "vramscope.oom.recorder"),
-    **dict.fromkeys(("NO_STACK", "Advice", "AllocationSite", "OomEvent", "OomReport"), "vramscope.oom.records"),
-    **dict.fromkeys(("render_html", "render_markdown", "write_report"), "vramscope.oom.render"),
-    **dict.fromkeys(("build_report", "classify_stack", "report_from_files", "site_of"), "vramscope.oom.snapshot"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vramscope.oom' has no attribute {name!r}")
-    return getattr(import_module(module), name)
-
-
+from vramscope.advice.oom import advise, merge_advice, oom_advice, planner_advice, rank_advice
+from vramscope.advice.types import Advice
+from vramscope.analysis.oom import NO_STACK, AllocationSite, OomEvent, OomReport, build_report, classify_stack, site_of
+from vramscope.oom.classify import OOM_KINDS, is_oom, oom_kind
+from vramscope.oom.env import DEFAULT_DIR, DEFAULT_MAX_ENTRIES, ENV_MAX_ENTRIES, ENV_VAR, snapshot_env
+from vramscope.oom.postmortem import PostMortem, post_mortem, report_from_files
+from vramscope.oom.recorder import OomRecorder, add_oom_listener
+from vramscope.oom.render import render_html, render_markdown, write_report
 
 __all__ = [
     "DEFAULT_DIR",
@@ -66,14 +43,17 @@ __all__ = [
     "OomEvent",
     "OomRecorder",
     "OomReport",
+    "PostMortem",
     "add_oom_listener",
     "advise",
     "build_report",
     "classify_stack",
     "is_oom",
     "merge_advice",
+    "oom_advice",
     "oom_kind",
     "planner_advice",
+    "post_mortem",
     "rank_advice",
     "render_html",
     "render_markdown",

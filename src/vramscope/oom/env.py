@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vramscope.output.names import sibling
+from vramscope.output.names import OOM_SUFFIX, sibling
 
 ENV_VAR = "VRAMSCOPE_OOM_SNAPSHOT"
 """``vramscope run --oom-snapshot DIR`` sets this to DIR's absolute path for the child; a training
@@ -29,7 +29,7 @@ def snapshot_env(out_dir: str | None, log_path: str | None = None) -> dict[str, 
     if out_dir:
         target = Path(out_dir)
     elif log_path:
-        target = Path(sibling(log_path, suffix=".oom"))
+        target = Path(sibling(log_path, suffix=OOM_SUFFIX))
     else:
         target = Path(DEFAULT_DIR)
     target = target.resolve()  # the child may change directory

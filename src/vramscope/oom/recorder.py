@@ -17,11 +17,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from vramscope.analysis.oom import OomEvent
 from vramscope.oom.classify import oom_kind
 from vramscope.oom.env import DEFAULT_MAX_ENTRIES, ENV_MAX_ENTRIES, ENV_VAR
-from vramscope.oom.records import OomEvent
+from vramscope.oom.postmortem import post_mortem, report_from_files
 from vramscope.oom.render import write_report
-from vramscope.oom.snapshot import build_report, report_from_files
 from vramscope.output.atomic import write_atomically
 
 log = logging.getLogger("vramscope.oom")  # the name users filter on, as before the split
@@ -250,8 +250,8 @@ class OomRecorder:
                 json.dumps({**asdict(event), "snapshot_file": str(snap_path)}, indent=2, default=str),
                 encoding="utf-8",
             )
-            report = build_report(snapshot, event, snapshot_file=str(snap_path), model=self.model, spec=self.spec)
-            paths = write_report(report, self.out_dir, stem)
+            found = post_mortem(snapshot, event, snapshot_file=str(snap_path), model=self.model, spec=self.spec)
+            paths = write_report(found, self.out_dir, stem)
             self.reports.append(paths["md"])
             log.warning("vramscope: CUDA out of memory; post-mortem in %s", paths["md"])
             return paths["md"]

@@ -1,4 +1,5 @@
-"""The post-mortem as Markdown and as one self-contained HTML page, and the files they go to."""
+"""The post-mortem (:class:`~vramscope.oom.postmortem.PostMortem`: the report and its advice) as Markdown and as
+one self-contained HTML page, and the files they go to."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vramscope.oom.records import Advice, OomReport
+from vramscope.advice.types import Advice
+from vramscope.analysis.oom import OomReport
+from vramscope.oom.postmortem import PostMortem
 from vramscope.output.atomic import write_atomically
 from vramscope.types import MemoryBreakdown
 from vramscope.units import human
@@ -69,8 +72,9 @@ def _advice_tail(a: Advice) -> str:
     return f" ({'; '.join(parts)})"
 
 
-def render_markdown(report: OomReport) -> str:
-    """The report as Markdown (GitHub tables)."""
+def render_markdown(post_mortem: PostMortem) -> str:
+    """The post-mortem as Markdown (GitHub tables)."""
+    report = post_mortem.report
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.time)) if report.time else "unknown time"
     lines = [f"# CUDA out of memory on GPU {report.device}", "", f"_{when}_", ""]
     if report.message:
@@ -97,9 +101,9 @@ def render_markdown(report: OomReport) -> str:
             )
     else:
         lines.append("No live blocks in the snapshot.")
-    lines += ["", "## What to change, ranked", "", f"_Advice: {_md(report.advice_source)}._", ""]
-    if report.advice:
-        for i, a in enumerate(report.advice, 1):
+    lines += ["", "## What to change, ranked", "", f"_Advice: {_md(post_mortem.advice_source)}._", ""]
+    if post_mortem.advice:
+        for i, a in enumerate(post_mortem.advice, 1):
             lines.append(f"{i}. **{_md(a.title)}**{_advice_tail(a)}: {_md(a.detail)}")
     else:
         lines.append("No rule applied; open the snapshot in https://pytorch.org/memory_viz to look at the timeline.")
@@ -112,8 +116,9 @@ def render_markdown(report: OomReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_html(report: OomReport) -> str:
-    """The report as one self-contained HTML page; every value from the snapshot is escaped."""
+def render_html(post_mortem: PostMortem) -> str:
+    """The post-mortem as one self-contained HTML page; every value from the snapshot is escaped."""
+    report = post_mortem.report
     e = html.escape
     facts = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _facts(report))
     held = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _breakdown_rows(report))
@@ -128,7 +133,7 @@ def render_html(report: OomReport) -> str:
         f"<li><b>{e(a.title)}</b>"
         + (f" <i>{e(_advice_tail(a).strip())}</i>" if _advice_tail(a) else "")
         + f": {e(a.detail)}</li>"
-        for a in report.advice
+        for a in post_mortem.advice
     )
     message = f"<pre>{e(report.message.strip().splitlines()[0][:500])}</pre>" if report.message else ""
     snap = (
@@ -149,19 +154,19 @@ def render_html(report: OomReport) -> str:
         + "<h2>Where the memory was allocated</h2>"
         "<table><tr><th>Site</th><th>Called from</th><th>What</th><th>Live</th><th>Blocks</th><th>Largest</th></tr>"
         f"{sites}</table>"
-        f"<h2>What to change, ranked</h2><p><i>Advice: {e(report.advice_source)}.</i></p><ol>{advice}</ol>{snap}"
+        f"<h2>What to change, ranked</h2><p><i>Advice: {e(post_mortem.advice_source)}.</i></p><ol>{advice}</ol>{snap}"
         "</body></html>\n"
     )
 
 
-def write_report(report: OomReport, out_dir: str | os.PathLike[str], stem: str) -> dict[str, Path]:
+def write_report(post_mortem: PostMortem, out_dir: str | os.PathLike[str], stem: str) -> dict[str, Path]:
     """Write ``stem.md``, ``stem.html`` and ``stem.json`` into ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / f"{stem}.md", "html": out / f"{stem}.html", "json": out / f"{stem}.json"}
     # Whole or not at all: the recorder rewrites these files when the OOM's message arrives, and a full disk then
     # must not leave a half report where a good one was.
-    write_atomically(paths["md"], render_markdown(report).encode("utf-8"))
-    write_atomically(paths["html"], render_html(report).encode("utf-8"))
-    write_atomically(paths["json"], json.dumps(report.to_dict(), indent=2, default=str).encode("utf-8"))
+    write_atomically(paths["md"], render_markdown(post_mortem).encode("utf-8"))
+    write_atomically(paths["html"], render_html(post_mortem).encode("utf-8"))
+    write_atomically(paths["json"], json.dumps(post_mortem.to_dict(), indent=2, default=str).encode("utf-8"))
     return paths

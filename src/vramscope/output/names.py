@@ -17,6 +17,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The suffix of each kind of file beside a log, written once: the writer and the reader of each import it here.
+ANALYSIS_SUFFIX = ".analysis.json"  # MemoryMonitor.save_analysis: the analysis' JSON (AnalysisResult.to_json)
+BREAKDOWN_SUFFIX = ".breakdown.json"  # MemoryMonitor.save_breakdown: what held memory (MemoryBreakdown.to_dict)
+STRATEGY_SUFFIX = ".strategy.json"  # MemoryMonitor.note_strategy: how the run was spread (report --plan reads it)
+WARNINGS_SUFFIX = ".warnings.jsonl"  # every warning shown while training, one JSON object a line
+OOM_SUFFIX = ".oom"  # the folder of the OOM post-mortems
+
 
 def sibling(path: str | os.PathLike[str], *, tag: str | None = None, suffix: str | None = None) -> str:
     """The file beside ``path`` named after it.

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vramscope.planner import gpus, registry
-from vramscope.planner.errors import PlanInputError
+from vramscope.planner import gpus, hub_cache, registry
+from vramscope.planner.errors import PlanInputError, UnknownModelError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, Framework, component_notes, framework_for
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
@@ -91,7 +91,14 @@ def resolve_model(model: ModelRef) -> tuple[str, ModelShape]:
     if isinstance(model, ModelShape):
         return model.model_type, model
     if isinstance(model, str):
-        name = registry.resolve(model)
+        try:
+            name = registry.resolve(model)
+        except UnknownModelError:
+            # Any hub id whose config.json this machine has already downloaded plans offline.
+            cached = hub_cache.cached_config(model)
+            if cached is None:
+                raise
+            return model.strip(), shape_from_config(cached)
         return name, shape_from_config(registry.get_config(name))
     if isinstance(model, Mapping):
         shape = shape_from_config(model)
@@ -130,6 +137,25 @@ def _largest_divisor(n: int, limit: int) -> int:
     return best
 
 
+# The cards people fine-tune on, smallest first: what a plan without --gpu names as fitting or not.
+COMMON_CARDS = ("T4", "RTX-4080", "L4", "RTX-4090", "RTX-5090", "A100-40GB", "L40S", "A6000", "A100-80GB",
+                "H100-80GB", "H200")
+
+
+def _cards_note(device_bytes: int) -> str:
+    """Without a GPU given: the common cards this step fits, so that the plan says what it fits on."""
+    fitting = [name for name in COMMON_CARDS if device_bytes <= gpus.get_gpu(name).memory_bytes]
+    if not fitting:
+        return (f"fits none of the common cards at this batch ({', '.join(COMMON_CARDS)}): see the ways to use less "
+                "memory, or plan several GPUs with --gpus N")
+    smallest = gpus.get_gpu(fitting[0])
+    too_small = [name for name in COMMON_CARDS if name not in fitting]
+    where = f"{smallest.name} ({smallest.memory_bytes / 2**30:.1f} GiB) and every larger common card"
+    if too_small:
+        where += f", not on {', '.join(too_small)}"
+    return f"fits at this batch on {where}; give --gpu NAME for the largest batch and sequence there"
+
+
 def capacity_of(gpu_memory: int | str | None = None, gpu: str | None = None) -> tuple[int | None, Hardware]:
     """GPU memory in bytes (from ``--gpu-memory`` or ``--gpu``) and the matching :class:`Hardware`."""
     hw = Hardware()
@@ -159,6 +185,9 @@ def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: i
     return largest_fitting(lambda s: estimate(shape, spec, batch_size, s, hw).device_bytes <= capacity, top)
 
 
+MIN_SAVING_SHARE = 0.01  # the smallest saving worth offering, as a share of the planned step
+
+
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
                      peak: int, capacity: int | None, style: str | None = None) -> list[Recommendation]:
     """Alternatives ranked by predicted saving; each saving is a difference of two model predictions, so it
@@ -173,7 +202,8 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
     def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
             framework: Framework | None = None) -> None:
         saving = base - estimate(shape, new_spec, b, s, hw, framework=framework).device_bytes
-        if saving > 0:
+        # A change that saves less than 1% of the step is noise, not advice ("saves 0.01 GiB").
+        if saving > 0 and saving >= MIN_SAVING_SHARE * base:
             enough = None if deficit is None else saving >= deficit
             out.append(Recommendation(name, saving, text.format(saving=saving / GIB), change, enough,
                                       written_as(change, style)))
@@ -341,8 +371,17 @@ def plan(
         hw = hardware
     if target_batch is not None:
         _positive("target batch", target_batch, MAX_COUNT)
-    est = estimate(shape, spec, batch_size, seq_len, hw)
     notes: list[str] = []
+    if isinstance(model, str) and registry.representative(model) == name:
+        notes.insert(0, f"--model {model.strip()} is a size, not a model: planned as {name}, a representative "
+                        f"{model.strip()} ({shape.model_type}, vocabulary {shape.vocab:,}); name the model for "
+                        "its own figures (the vocabulary and the layer shapes change them)")
+    if gpu is not None and spec.compute_dtype == "bf16" and not gpus.supports_bf16(gpu):
+        # A T4 or V100 has no bf16 arithmetic: people train there in fp16 (bf16=True fails or is emulated).
+        spec = spec.with_(compute_dtype="fp16")
+        notes.append(f"{gpus.get_gpu(gpu).name} has no bf16 arithmetic (before Ampere): planned in fp16, as runs "
+                     "there train (--fp16 / fp16=True; bf16=True is refused or emulated, slowly)")
+    est = estimate(shape, spec, batch_size, seq_len, hw)
     capacity = gpus.capacity_note(gpu, gpu_memory)  # which capacity, in which unit (GB vs GiB)
     if capacity is not None:
         notes.append(capacity)
@@ -358,6 +397,8 @@ def plan(
     if shape.experts:
         notes.append("MoE experts are fused parameters in transformers 5: bitsandbytes leaves them unquantized "
                      "(fp32 after prepare_model_for_kbit_training) and all-linear LoRA does not reach them")
+    if cap is None:
+        notes.append(_cards_note(est.device_bytes))
     fits = mb = ms = micro = accum = None
     at_context = False
     if cap is not None:
@@ -386,7 +427,8 @@ def plan(
         total_params=shape.total_params(), gpu_memory_bytes=cap, fits=fits, max_batch_size=mb, max_seq_len=ms,
         target_batch=target_batch, micro_batch_size=micro, grad_accum_steps=accum, recommendations=tuple(recs),
         notes=tuple(notes), cannot_fit_reason=reason, max_seq_len_at_context=at_context,
-        framework=spec.framework, framework_title=framework_for(spec).title, from_framework=component_notes(spec),
+        framework=spec.framework, from_framework=component_notes(spec),
+        framework_title=framework_for(spec).title.replace("bf16 autocast", f"{spec.compute_dtype} autocast"),
     )
 
 

@@ -132,9 +132,29 @@ def capacity_note(gpu: str | None, gpu_memory: int | str | None) -> str | None:
         return note
     if gpu is not None:
         card = get_gpu(gpu)
-        return (f"GPU {card.name}: {card.memory_bytes // MIB} MiB = {card.memory_bytes / GIB:.2f} GiB, the "
+        note = (f"GPU {card.name}: {card.memory_bytes // MIB} MiB = {card.memory_bytes / GIB:.2f} GiB, the "
                 "memory.total nvidia-smi shows (sizes here are GiB, 1024^3 bytes)")
+        others = [name for name in AMBIGUOUS.get(_key(gpu), ()) if name != card.name]
+        if others:
+            note = (f"--gpu {gpu.strip()} is sold with more than one memory size: planned for {card.name}; "
+                    f"for the other, write --gpu {' or --gpu '.join(others)}. {note}")
+        return note
     return None
+
+
+# Family names sold with more than one memory size: each plans as the first, and the plan says which.
+AMBIGUOUS: dict[str, tuple[str, ...]] = {
+    "a100": ("A100-40GB", "A100-80GB"),
+    "v100": ("V100-16GB", "V100-32GB"),
+    "h100": ("H100-80GB", "H100-94GB"),
+}
+# Cards before Ampere have no bf16 arithmetic: a bf16 run there is emulated or refused; people train in fp16.
+NO_BF16 = frozenset({"T4", "V100-16GB", "V100-32GB"})
+
+
+def supports_bf16(gpu: str) -> bool:
+    """Whether the card computes in bf16 (Ampere and newer)."""
+    return get_gpu(gpu).name not in NO_BF16
 
 
 def _cards_of(marketed: int) -> list[str]:

@@ -58,10 +58,27 @@ def _lookup(name: str) -> str | None:
     while True:
         cut = next((s for s in _VARIANT_SUFFIXES if stem.endswith(s) and len(stem) > len(s)), None)
         if cut is None:
-            return None
+            break
         stem = stem[: -len(cut)]
         if stem in index:
             return index[stem]
+    # The variant word in the middle: "Mistral-7B-Instruct-v0.2" is Mistral-7B-v0.2's architecture.
+    words = [w for w in tail.split("-") if f"-{w}" not in _VARIANT_SUFFIXES]
+    joined = "-".join(words)
+    return index.get(joined) if words and joined != tail else None
+
+
+# A size alone ("--model 7B") plans a representative model of that size: the most fine-tuned architecture of it.
+REPRESENTATIVE: dict[str, str] = {
+    "1b": "Llama-3.2-1B", "3b": "Llama-3.2-3B", "7b": "Llama-2-7B", "8b": "Llama-3.1-8B", "9b": "Gemma-2-9B",
+    "12b": "Mistral-Nemo-12B", "13b": "Llama-2-13B", "14b": "Qwen2.5-14B", "27b": "Gemma-2-27B",
+    "32b": "Qwen2.5-32B", "33b": "LLaMA-33B", "65b": "LLaMA-65B", "70b": "Llama-3.1-70B", "72b": "Qwen2.5-72B",
+}
+
+
+def representative(name: str) -> str | None:
+    """The registry model planned for a bare size (``7B``, ``70b``), or None when ``name`` is not one."""
+    return REPRESENTATIVE.get(name.strip().lower())
 
 
 def names() -> list[str]:
@@ -94,12 +111,13 @@ def resolve(name: str) -> str:
     Raises:
         UnknownModelError: the name is not in the registry; the message lists the closest names.
     """
-    canonical = _lookup(name)
+    canonical = _lookup(name) or representative(name)
     if canonical is None:
         near = closest(name.strip().rpartition("/")[2])
         hint = f"closest: {', '.join(near)}" if near else f"known: {', '.join(names())}"
         raise UnknownModelError(
-            f"unknown model {name!r}; {hint} (or pass --config PATH/config.json for any Hugging Face model)"
+            f"unknown model {name!r}; {hint} (or pass --config PATH/config.json for any Hugging Face model; "
+            "a hub id whose config.json is in the local Hugging Face cache plans as it is)"
         )
     return canonical
 

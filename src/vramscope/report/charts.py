@@ -13,17 +13,16 @@ import numpy as np
 from vramscope.analysis.columns import Clock, LogColumns
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.devices import RUN, TRAIN
-from vramscope.analysis.leak import median
 from vramscope.analysis.results import DeviceAnalysis
+from vramscope.analysis.verdicts import duration
 from vramscope.logs.cells import Column
+from vramscope.report.captions import forecast_limit_note
 from vramscope.report.downsample import minmax_positions
 from vramscope.report.hover import Hover, hover_buckets
-from vramscope.report.verdicts import duration, forecast_limit_note
 
 TIMELINE_METRICS = ("device_used_bytes", "reserved_bytes", "allocated_bytes", "process_bytes")
 # Drawn in this order: the per-step peak last, on top, because it is what runs out.
 STEP_METRICS = ("device_used_bytes", "reserved_bytes", "allocated_bytes", "peak_allocated_bytes")
-TREND_POINTS = 4000  # points used to place the leak trend line (an intercept is a median: cheap and robust)
 
 
 @dataclass
@@ -96,8 +95,7 @@ class DeviceView:
     idle: str | None = None  # why this run counts the GPU as idle (then nothing is drawn and nothing advised)
 
 
-def device_view(dev: DeviceAnalysis, cols: LogColumns, clock: Clock, buckets: int, source: str | None,
-                idle: str | None) -> DeviceView:
+def device_view(dev: DeviceAnalysis, cols: LogColumns, clock: Clock, buckets: int, source: str | None) -> DeviceView:
     """The charts of one device of the analysis (``dev``), drawn from the log's columns."""
     drawer = _Drawer(dev, cols, clock, buckets)
     timeline = drawer.timeline()
@@ -106,7 +104,7 @@ def device_view(dev: DeviceAnalysis, cols: LogColumns, clock: Clock, buckets: in
         if chart is not None:
             chart.capacity_source = source
             chart.hover = hover_buckets(chart.lines, chart.spans)
-    return DeviceView(dev.key, dev.detail.title, timeline, steps, idle=idle)
+    return DeviceView(dev.key, dev.detail.title, timeline, steps, idle=dev.detail.idle)
 
 
 class _Drawer:
@@ -173,24 +171,17 @@ class _Drawer:
             if batch.step is not None and batch.peak_allocated_bytes is not None:
                 chart.marks.append(Mark(float(batch.step), float(batch.peak_allocated_bytes),
                                         f"{batch.tokens} tokens", "batch"))
-        self._add_trend(chart, rows)
+        self._add_trend(chart)
         return chart
 
-    def _add_trend(self, chart: Chart, rows: np.ndarray) -> None:
+    def _add_trend(self, chart: Chart) -> None:
         leak, forecast = self.dev.leak, self.dev.forecast.oom
         chart.capacity_bytes = self.detail.capacity_bytes  # the forecast's own limit (torch's reach) is in the note
         notes = [leak.shown_verdict] if leak.shown_verdict else []
-        slope, start, signal = leak.slope_bytes_per_step, leak.start_step, leak.signal
-        if leak.detected and slope is not None and start is not None and signal is not None:
-            col = self.column(signal)
-            sampled = rows[:: max(1, len(rows) // TREND_POINTS)]
-            picked = sampled[(self.step.values[sampled] >= start) & col.known[sampled]]
-            if len(picked):
-                steps = self.step.values[picked]
-                intercept = median(col.values[picked] - slope * steps)
-                x0, x1 = float(start), float(steps.max())
-                chart.lines.append(Line("trend", f"leak trend ({signal.replace('_bytes', '').replace('_', ' ')})",
-                                        [x0, x1], [intercept + slope * x0, intercept + slope * x1], dashed=True))
+        trend = leak.trend
+        if trend is not None:
+            chart.lines.append(Line("trend", f"leak trend ({trend.signal.replace('_bytes', '').replace('_', ' ')})",
+                                    [trend.x0, trend.x1], [trend.y0, trend.y1], dashed=True))
         steps_to_oom, current, capacity = forecast.steps_to_oom, forecast.current_peak_bytes, forecast.capacity_bytes
         step_range = self.detail.step_range
         if steps_to_oom is not None and current is not None and capacity is not None and step_range is not None:

@@ -7,10 +7,17 @@ the same thing about the same log.
 
 from __future__ import annotations
 
-from vramscope.analysis.results import AnalysisResult, BatchPeak, DeviceDetail, LeakSummary, OomForecast, PeakAt
+from vramscope.analysis.results import (
+    AnalysisResult,
+    BatchPeak,
+    DeviceDetail,
+    LeakSummary,
+    OomForecast,
+    PeakAt,
+    Severity,
+)
 from vramscope.report.charts import DeviceView
 from vramscope.report.model import LogReport
-from vramscope.report.verdicts import Severity, forecast_severity
 
 NO_ROWS = "the log has no rows"
 
@@ -32,7 +39,7 @@ def soonest_oom(result: AnalysisResult) -> OomForecast | None:
 
 def oom_severity(result: AnalysisResult) -> Severity | None:
     """How urgent the soonest OOM forecast is; None without a time to OOM."""
-    return forecast_severity(soonest_oom(result), result.steps.logged)
+    return None if result.forecast.soonest is None else result.forecast.soonest.severity
 
 
 def no_forecast_reason(result: AnalysisResult) -> str | None:

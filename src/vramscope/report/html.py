@@ -14,6 +14,7 @@ from vramscope import __version__
 from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, PeakAt
+from vramscope.analysis.verdicts import duration
 from vramscope.report.charts import Chart
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
@@ -28,7 +29,6 @@ from vramscope.report.figures import (
 )
 from vramscope.report.model import LogReport
 from vramscope.report.svg import chart_svg
-from vramscope.report.verdicts import batches_note, duration
 from vramscope.types import MemoryBreakdown
 from vramscope.units import gib
 
@@ -258,7 +258,7 @@ def _device_tables(d: DeviceDetail) -> str:
             f"<td>{escape(b.phase)}</td></tr>"
             for b in batches
         )
-        note = batches_note(d.batch_metric, batches)
+        note = d.batches_note
         why = f'<p class="note">{escape(note)}.</p>' if note else ""
         out.append("<table><caption>longest batches</caption><tr><th>step</th><th>tokens</th><th>peak allocated</th>"
                    f"<th>phase</th></tr>{lines}</table>{why}")

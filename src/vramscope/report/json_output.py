@@ -3,7 +3,7 @@
 The JSON edge of the report: the one place where its typed objects (:class:`~vramscope.report.model.LogReport`:
 the analysis, the advice, the parallelism check, the breakdown) become dicts, with the schema version on top
 so that a consumer can tell which shape it reads. Nothing here judges: the verdicts are the ones the terminal
-and the page show (:mod:`vramscope.report.verdicts`, :mod:`vramscope.report.figures`).
+and the page show (the analysis' own fields, read through :mod:`vramscope.report.figures`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from vramscope.report.charts import DeviceView
 from vramscope.report.compare import compare
 from vramscope.report.figures import duration_shown, oom_severity
 from vramscope.report.model import LogReport
-from vramscope.report.verdicts import batches_note, forecast_severity
 
 __all__ = ["SCHEMA_VERSION", "json_document", "summary_of"]
 
@@ -70,7 +69,7 @@ def summary_of(report: LogReport) -> dict[str, Any]:
 
 def _device(dev: DeviceAnalysis, view: DeviceView, steps_logged: int | None) -> dict[str, Any]:
     detail = dev.detail
-    severity = forecast_severity(dev.forecast.oom, steps_logged)
+    severity = dev.forecast.severity
     return {
         "title": detail.title,
         "gpu": detail.gpu,
@@ -83,7 +82,7 @@ def _device(dev: DeviceAnalysis, view: DeviceView, steps_logged: int | None) -> 
         "oom_severity": None if severity is None else severity.to_json(),
         "fragmentation": None if detail.fragmentation is None else detail.fragmentation.to_json(),
         "longest_batches": [b.to_json() for b in detail.longest_batches],
-        "longest_batches_note": batches_note(detail.batch_metric, detail.longest_batches),
+        "longest_batches_note": detail.batches_note,
     }
 
 

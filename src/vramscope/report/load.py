@@ -11,13 +11,11 @@ from pathlib import Path
 from vramscope.advice.log import RunSettings
 from vramscope.logs.imports import ImportedTable, read_any_log
 from vramscope.logs.mapping import ColumnSpec
-from vramscope.output.names import sibling
+from vramscope.output.names import BREAKDOWN_SUFFIX, sibling
 from vramscope.report.model import LogReport, build_report
 from vramscope.report.plan_check import SavedPlan, check, strategy_beside
 from vramscope.types import MemoryBreakdown
 
-# The training monitor writes what held memory (MemoryMonitor.save_breakdown) beside its step log.
-BREAKDOWN_SUFFIX = ".breakdown.json"
 MAX_BREAKDOWN_BYTES = 1 << 20
 
 

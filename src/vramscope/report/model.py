@@ -18,10 +18,10 @@ from vramscope.analysis.details import LONGEST_BATCHES, METRICS
 from vramscope.analysis.results import AnalysisResult
 from vramscope.analysis.summary import analyze
 from vramscope.logs.table import LogTable
+from vramscope.report.captions import capacity_source
 from vramscope.report.charts import Chart, DeviceView, Line, Mark, Span, device_view
 from vramscope.report.downsample import DEFAULT_BUCKETS
 from vramscope.report.plan_check import ParallelismCheck
-from vramscope.report.verdicts import capacity_source, device_idle
 from vramscope.types import MemoryBreakdown
 
 __all__ = [
@@ -86,6 +86,6 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
     devices: list[DeviceView] = []
     for dev in result.devices:
         source = capacity_source(dev.detail.capacity_given, table.kind, dev.detail.total_logged)
-        devices.append(device_view(dev, cols, clock, buckets, source, device_idle(dev.detail)))
-    idle = {view.key for view in devices if view.idle}
+        devices.append(device_view(dev, cols, clock, buckets, source))
+    idle = {d.key for d in result.devices if d.detail.idle}
     return LogReport(table.path, result, devices, table.kind, advise_run_result(result, settings, idle))

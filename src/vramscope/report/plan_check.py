@@ -15,9 +15,9 @@ from typing import Any
 
 from vramscope.analysis.results import AnalysisResult
 from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
-from vramscope.output.names import sibling
+from vramscope.output.names import STRATEGY_SUFFIX, sibling
+from vramscope.types import RunStrategy
 
-STRATEGY_SUFFIX = ".strategy.json"  # beside the log: mem.csv -> mem.strategy.json
 SIDE_FILE_LIMIT = 16 << 20  # a plan or a strategy file is a few kB; 16 MiB is not one
 STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
                   "zero": "ZeRO", "split": "split", "single": "one process"}
@@ -44,13 +44,6 @@ class SavedPlan:
     per_gpu: tuple[PlannedGpu, ...]
 
 
-@dataclass(frozen=True)
-class SeenStrategy:
-    """The strategy the monitor recorded beside its log; ``recorded`` is the file's JSON, as written."""
-
-    strategy: str
-    world_size: int | None
-    recorded: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -77,13 +70,13 @@ class RankCheck:
 class ParallelismCheck:
     """The strategy seen beside the log and, with a plan, each rank against it (``summary["parallelism"]``)."""
 
-    strategy: SeenStrategy | None
+    strategy: RunStrategy | None  # what the monitor recorded beside the log
     plan: SavedPlan | None
     ranks: tuple[RankCheck, ...] = ()
     note: str | None = None  # where the plan and the run differ (strategy, world size)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"strategy": None if self.strategy is None else self.strategy.recorded}
+        out: dict[str, Any] = {"strategy": None if self.strategy is None else self.strategy.to_json()}
         if self.plan is None:
             return out
         out.update(plan_strategy=self.plan.strategy, plan_world_size=self.plan.world_size,
@@ -91,18 +84,16 @@ class ParallelismCheck:
         return out
 
 
-def strategy_beside(log_path: str | os.PathLike[str]) -> SeenStrategy | None:
+def strategy_beside(log_path: str | os.PathLike[str]) -> RunStrategy | None:
     """The strategy the monitor recorded beside ``log_path`` (``mem.csv`` -> ``mem.strategy.json``), if any.
     The monitor's name rule (:func:`vramscope.output.names.sibling`)."""
     try:
         candidate = sibling(log_path, suffix=STRATEGY_SUFFIX)
         # Bounded like every input: a FIFO or device of that name is passed over, never read or waited on.
         data = json.loads(read_regular_file(candidate, "a strategy file", limit=SIDE_FILE_LIMIT).decode("utf-8"))
+        return RunStrategy.from_json(data)
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("strategy"), str):
-        return None
-    return SeenStrategy(data["strategy"], _whole(data.get("world_size")), data)
 
 
 def read_plan(path: str | os.PathLike[str]) -> SavedPlan:
@@ -169,7 +160,7 @@ def _measured(result: AnalysisResult) -> list[tuple[str, int, int | None, int | 
     return out
 
 
-def check(result: AnalysisResult, plan: SavedPlan | None, strategy: SeenStrategy | None) -> ParallelismCheck:
+def check(result: AnalysisResult, plan: SavedPlan | None, strategy: RunStrategy | None) -> ParallelismCheck:
     """Each rank's (or, for a split, each GPU's) measured peak allocated and device memory beside the plan's."""
     if plan is None:
         return ParallelismCheck(strategy, None)
@@ -191,4 +182,4 @@ def check(result: AnalysisResult, plan: SavedPlan | None, strategy: SeenStrategy
     return ParallelismCheck(strategy, plan, tuple(rows), "; ".join(notes) or None)
 
 
-__all__ = ["ParallelismCheck", "PlanFileError", "SavedPlan", "SeenStrategy", "check", "read_plan", "strategy_beside"]
+__all__ = ["ParallelismCheck", "PlanFileError", "SavedPlan", "check", "read_plan", "strategy_beside"]

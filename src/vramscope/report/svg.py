@@ -12,9 +12,9 @@ import math
 from collections.abc import Callable, Sequence
 from html import escape
 
+from vramscope.analysis.verdicts import duration
 from vramscope.report.charts import Chart, Line, Span
 from vramscope.report.hover import Hover
-from vramscope.report.verdicts import duration
 from vramscope.units import GIB, gib, human_precise
 
 MIN_BAND_PX = 4.0  # an eval of one row is a band of no width: drawn this wide, centred on when it was

@@ -17,6 +17,7 @@ from rich.text import Text
 from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, RankImbalance
+from vramscope.analysis.verdicts import duration
 from vramscope.output.safetext import printable
 from vramscope.report.charts import DeviceView
 from vramscope.report.compare import change_tone, compare, format_change, format_value
@@ -31,9 +32,8 @@ from vramscope.report.figures import (
     soonest_oom,
 )
 from vramscope.report.model import LogReport
-from vramscope.report.plan_check import ParallelismCheck, SeenStrategy
-from vramscope.report.verdicts import batches_note, duration
-from vramscope.types import MemoryBreakdown
+from vramscope.report.plan_check import ParallelismCheck
+from vramscope.types import MemoryBreakdown, RunStrategy
 from vramscope.units import gib
 
 PEAK_ORDER = ("device_used_bytes", "reserved_bytes", "peak_allocated_bytes", "allocated_bytes", "process_bytes",
@@ -102,7 +102,7 @@ def batches_text(detail: DeviceDetail) -> str:
     for b in detail.longest_batches:
         peak = b.peak_allocated_bytes
         parts.append(f"step {b.step} ({b.tokens:,} tokens{'' if peak is None else ', ' + gib(peak)})")
-    note = batches_note(detail.batch_metric, detail.longest_batches)
+    note = detail.batches_note
     return ", ".join(parts) + (f"; {note}" if note else "")
 
 
@@ -189,16 +189,14 @@ def parallelism_lines(check: ParallelismCheck | None) -> list[Text]:
     return out
 
 
-def strategy_text(seen: SeenStrategy) -> str:
-    """``FSDP2 fully_shard, 2 ranks, nccl (from the model wrapping)``: what the strategy file beside the log says.
-
-    Read from the file as it was written (any JSON): a field of another type is shown as it is."""
-    recorded = seen.recorded
-    world = recorded.get("world_size")
-    parts = [recorded.get("implementation") or recorded.get("strategy"), f"{world} rank{'s' if world != 1 else ''}"]
-    if recorded.get("backend"):
-        parts.append(str(recorded["backend"]))
-    return f"{', '.join(str(p) for p in parts)} (from the {recorded.get('source')})"
+def strategy_text(seen: RunStrategy) -> str:
+    """``FSDP2 fully_shard, 2 ranks, nccl (from the model wrapping)``: what the strategy file beside the log says
+    (a field the file did not have as its type shows as None)."""
+    world = seen.world_size
+    parts = [seen.implementation or seen.strategy, f"{world} rank{'s' if world != 1 else ''}"]
+    if seen.backend:
+        parts.append(seen.backend)
+    return f"{', '.join(parts)} (from the {seen.source})"
 
 
 def rank_heading(ranks: RankImbalance) -> Text:

@@ -53,8 +53,10 @@ from vramscope.analysis.summary import analyze_columns
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.sinks import log_sink
+from vramscope.output.names import ANALYSIS_SUFFIX, BREAKDOWN_SUFFIX, STRATEGY_SUFFIX
 from vramscope.sampling.sampler import MIN_INTERVAL_S, Collector, Sampler
 from vramscope.training.breakdown import BreakdownTracker
+from vramscope.training.claims import claim_log
 from vramscope.training.gather import RankGather
 from vramscope.training.hooks import batch_tokens
 from vramscope.training.live import LiveRows
@@ -62,9 +64,9 @@ from vramscope.training.outputs import export_analysis, raise_warnings, trainer_
 from vramscope.training.pacing import AnalysisPacer
 from vramscope.training.ranks import current_rank, rank_path, write_json_beside
 from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
-from vramscope.training.strategy import STRATEGY_FILE_SUFFIX, detect_strategy
+from vramscope.training.strategy import detect_strategy
 from vramscope.training.window import StepWindow
-from vramscope.types import MemoryBreakdown, Sample, Sink
+from vramscope.types import MemoryBreakdown, RunStrategy, Sample, Sink
 
 log = logging.getLogger("vramscope.integrations.loop")  # the logger name users filter on, kept from before the split
 
@@ -102,6 +104,9 @@ class MemoryMonitor:
             log at each logged step (a collective: all ranks or none must have it on).
         rank_logs: ranks other than 0 write their own ``<stem>.rank<k>`` log (their phase rows,
             warnings and analysis); False leaves rank 0's log (with ``gather``) as the only one.
+        overwrite: replace a log another process left (the default, as a script run again does); False refuses
+            it (``LogExistsError``, as ``vramscope run`` does without ``--overwrite``). A log this process wrote
+            earlier is never overwritten: the new run writes the next free name beside it (one warning).
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class MemoryMonitor:
         warn_stream: TextIO | None = sys.stderr,
         gather: bool = True,
         rank_logs: bool = True,
+        overwrite: bool = True,
     ) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be a whole number of at least 1, got {every_n_steps!r}")
@@ -155,9 +161,10 @@ class MemoryMonitor:
         self._extra_sinks = list(sinks)
         self.gather = gather
         self.rank_logs = rank_logs
+        self.overwrite = overwrite
         self._gatherer: RankGather | None = None
         self.rank_rows: dict[int, Sample] = {}  # rank 0: the latest gathered sample of each rank
-        self.strategy: dict[str, Any] | None = None  # how the run is spread, once note_strategy ran
+        self.strategy: RunStrategy | None = None  # how the run is spread, once note_strategy ran
 
         self.rank = 0
         self.log_path: str | None = None
@@ -195,8 +202,9 @@ class MemoryMonitor:
         self.rank = current_rank()
         sinks: list[Sink] = []
         if self.requested_log is not None and (self.rank == 0 or self.rank_logs):
-            self.log_path = rank_path(self.requested_log, self.rank)
-            sinks.append(log_sink(self.log_path))  # a bad path fails here, before training starts
+            self.log_path = claim_log(rank_path(self.requested_log, self.rank), self)
+            # A bad path fails here, before training starts.
+            sinks.append(log_sink(self.log_path, overwrite=self.overwrite))
         if self.prometheus is not None:
             from vramscope.exporters import PrometheusBindError, PrometheusSink  # only when asked
 
@@ -265,7 +273,7 @@ class MemoryMonitor:
         if self._sampler is not None:
             self._sampler.close()  # closes the sinks (never started, so it takes no extra sample)
 
-    def note_strategy(self, model: Any = None, args: Any = None) -> dict[str, Any] | None:
+    def note_strategy(self, model: Any = None, args: Any = None) -> RunStrategy | None:
         """Record which way the run is spread over its GPUs (FSDP / ZeRO / DDP, from the model's wrapping, the
         Trainer's arguments or the process group) in ``<log stem>.strategy.json`` beside the log, for
         ``vramscope report`` to name and to hold against a per-rank plan. Call it once the model is wrapped;
@@ -275,7 +283,7 @@ class MemoryMonitor:
             info = detect_strategy(model, args)
             self.strategy = info
             if self.log_path is not None:
-                write_json_beside(self.log_path, STRATEGY_FILE_SUFFIX, info)
+                write_json_beside(self.log_path, STRATEGY_SUFFIX, info.to_json())
             return info
         except Exception as exc:
             log.warning("vramscope: could not record the run's strategy: %s", exc)
@@ -290,7 +298,7 @@ class MemoryMonitor:
             self.update_analysis()
             if self.log_path is None or self.last_analysis is None:
                 return None
-            return write_json_beside(self.log_path, ".analysis.json", self.last_analysis)
+            return write_json_beside(self.log_path, ANALYSIS_SUFFIX, self.last_analysis)
         except Exception as exc:
             log.warning("vramscope: the analysis failed: %s", exc)
             return None
@@ -321,7 +329,7 @@ class MemoryMonitor:
             found = self._breakdown.current()
             if self.log_path is None or found is None:
                 return None
-            return write_json_beside(self.log_path, ".breakdown.json", found.to_dict())
+            return write_json_beside(self.log_path, BREAKDOWN_SUFFIX, found.to_dict())
         except Exception as exc:
             log.warning("vramscope: the memory breakdown was not saved: %s", exc)
             return None

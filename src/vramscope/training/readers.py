@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vramscope.backends.host import HostBackend
+from vramscope.output.names import OOM_SUFFIX
 from vramscope.training.ranks import beside, rank_path
 
 log = logging.getLogger("vramscope.integrations.loop")  # the logger name users filter on, kept from before the split
@@ -84,7 +85,7 @@ def start_oom_recorder(
     if isinstance(oom_snapshot, (str, os.PathLike)):
         out_dir = rank_path(os.fspath(oom_snapshot), rank)
     else:
-        out_dir = beside(log_path or rank_path("vramscope.csv", rank), ".oom")
+        out_dir = beside(log_path or rank_path("vramscope.csv", rank), OOM_SUFFIX)
     options: dict[str, Any] = {}
     entries = os.environ.get("VRAMSCOPE_OOM_MAX_ENTRIES", "")  # set by `vramscope run --oom-snapshot`
     if entries.isdigit() and int(entries) > 0:

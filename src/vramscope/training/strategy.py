@@ -4,8 +4,9 @@ Read from, in this order: the model's wrapping (FSDP1 ``FullyShardedDataParallel
 ``DistributedDataParallel``, a DeepSpeed engine and its ZeRO stage); the HF ``TrainingArguments``
 (``fsdp``, ``deepspeed``); accelerate's environment (``ACCELERATE_USE_FSDP``, ``ACCELERATE_USE_DEEPSPEED``,
 ``ACCELERATE_DEEPSPEED_ZERO_STAGE``); and the process group (more than one rank and nothing else: DDP, which
-is what the Trainer and ``accelerate`` run then). The answer is plain data for the step log's sidecar
-(``<log>.strategy.json``), which ``vramscope report`` reads.
+is what the Trainer and ``accelerate`` run then). The answer is a :class:`~vramscope.types.RunStrategy`, the
+format of the step log's sidecar (``<log>.strategy.json``: :data:`vramscope.output.names.STRATEGY_SUFFIX`), which
+``vramscope report`` reads.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import os
 from typing import Any
 
-STRATEGY_FILE_SUFFIX = ".strategy.json"
+from vramscope.types import RunStrategy
 
 
 def _process_group() -> tuple[int, str | None]:
@@ -93,9 +94,9 @@ def _from_environment() -> tuple[str, str] | None:
     return None
 
 
-def detect_strategy(model: Any = None, args: Any = None) -> dict[str, Any]:
-    """``{"strategy": "fsdp"|"zero2"|"zero3"|"ddp"|"single", "implementation", "world_size", "backend",
-    "source"}`` for the running job. Never raises."""
+def detect_strategy(model: Any = None, args: Any = None) -> RunStrategy:
+    """The running job's strategy (``fsdp``, ``zero2``, ``zero3``, ``ddp``, ``single``), its implementation, world
+    size, backend and where it was read. Never raises."""
     world, backend = _process_group()
     found, source = None, None
     for name, probe in (("model wrapping", lambda: _from_model(model)), ("TrainingArguments", lambda: _from_args(args)),
@@ -110,8 +111,7 @@ def detect_strategy(model: Any = None, args: Any = None) -> dict[str, Any]:
     if found is None:
         found, source = (("ddp", "DistributedDataParallel (assumed)") if world > 1 else ("single", "one process"),
                          "process group")
-    return {"strategy": found[0], "implementation": found[1], "world_size": world, "backend": backend,
-            "source": source}
+    return RunStrategy(found[0], found[1], world, backend, source)
 
 
-__all__ = ["STRATEGY_FILE_SUFFIX", "detect_strategy"]
+__all__ = ["detect_strategy"]

@@ -17,7 +17,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from vramscope.output.names import sibling
 from vramscope.planner.batching import split_batch
 from vramscope.run.inject import ENV_PACKAGE_PARENT, SITE_DIR
 from vramscope.tune.command_trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
+from vramscope.tune.groups import Stopped, end_group, held, stop_on_signals
 from vramscope.tune.search import NoSizeFitsError, Trial, TuneResult, search
 
 DEFAULT_TRIAL_STEPS = 2  # the first step creates the optimizer state; the second runs with it in place
@@ -103,18 +103,20 @@ def run_trial_child(argv: Sequence[str], request: TrialRequest, *, log_path: str
     env = child_environment(request, environ)
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
-        # Its own session, so that a timeout ends the child and everything it started (torchrun's workers).
-        proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        # Its own session, so that the terminal's signals reach the tuner alone and the trial's process group
+        # holds everything it started (torchrun's workers, DataLoader workers): that group ends with the trial.
+        proc: subprocess.Popen[bytes] | None = None
         try:
+            with held():  # a signal to the tuner right now is raised once the child is ours to end
+                proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _end(proc)
             raise TrialFailed(f"the trial at {_size(request)} ran past {timeout_s:.0f} s and was stopped; "
                               f"its output is in {log_path}") from None
-        except BaseException:
-            _end(proc)
-            raise
+        finally:
+            if proc is not None:  # after any end: helpers left by a crash or an OOM would hold the GPU into the next
+                end_group(proc)
     seconds = time.perf_counter() - t0
     records = _records(request.record)
     tail = _tail(log_path)
@@ -154,20 +156,6 @@ def run_trial_child(argv: Sequence[str], request: TrialRequest, *, log_path: str
 
 def _size(request: TrialRequest) -> str:
     return f"batch {request.batch_size} x {request.seq_len or 'the data'}'s tokens"
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a trial child and its process group (it was started in its own session)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @dataclass(frozen=True)
@@ -240,60 +228,63 @@ def tune_command(
     if not max_seq_len and length is None:
         notes.append("the command sets no maximum length: trials used the data's own lengths, so a longer "
                      "example later needs more memory than measured")
-    folder = tempfile.mkdtemp(prefix="vramscope-tune-")
-    done: list[CommandTrial] = []
-    capacity: list[int] = []
+    # SIGTERM/SIGHUP/SIGINT unwind through the blocks below like an exception: the running trial's group
+    # ends, the folder goes, and then the signal ends the tuner as it would have (see tune.groups).
+    with stop_on_signals():
+        folder = tempfile.mkdtemp(prefix="vramscope-tune-")
+        done: list[CommandTrial] = []
+        capacity: list[int] = []
 
-    def run(size: int) -> Trial:
-        n = len(done) + 1
-        request = TrialRequest(
-            batch_size=fixed_batch if max_seq_len else size,
-            seq_len=size * multiple_of if max_seq_len else length,
-            max_steps=trial_steps,
-            record=str(Path(folder) / f"trial{n}.json"),
-            memory_limit_bytes=memory_limit_bytes,
-        )
-        outcome = run_trial_child(parsed.argv, request, log_path=str(Path(folder) / f"trial{n}.log"), cwd=cwd,
-                                  environ=environ, timeout_s=timeout_s)
-        outcome = replace(outcome, trial=replace(outcome.trial, size=size))
-        if outcome.trial.ok and outcome.trial.peak_bytes is None:
-            raise TrialFailed("the trial child saw no CUDA device (no memory peaks recorded); "
-                              "vramscope tune -- needs the command to train on a CUDA GPU")
-        if outcome.capacity_bytes is not None and not capacity:
-            capacity.append(int(outcome.capacity_bytes))
-        done.append(outcome)
-        if on_trial is not None:
-            on_trial(outcome, size * multiple_of if max_seq_len else size)
-        return outcome.trial
+        def run(size: int) -> Trial:
+            n = len(done) + 1
+            request = TrialRequest(
+                batch_size=fixed_batch if max_seq_len else size,
+                seq_len=size * multiple_of if max_seq_len else length,
+                max_steps=trial_steps,
+                record=str(Path(folder) / f"trial{n}.json"),
+                memory_limit_bytes=memory_limit_bytes,
+            )
+            outcome = run_trial_child(parsed.argv, request, log_path=str(Path(folder) / f"trial{n}.log"), cwd=cwd,
+                                      environ=environ, timeout_s=timeout_s)
+            outcome = replace(outcome, trial=replace(outcome.trial, size=size))
+            if outcome.trial.ok and outcome.trial.peak_bytes is None:
+                raise TrialFailed("the trial child saw no CUDA device (no memory peaks recorded); "
+                                  "vramscope tune -- needs the command to train on a CUDA GPU")
+            if outcome.capacity_bytes is not None and not capacity:
+                capacity.append(int(outcome.capacity_bytes))
+            done.append(outcome)
+            if on_trial is not None:
+                on_trial(outcome, size * multiple_of if max_seq_len else size)
+            return outcome.trial
 
-    try:
-        begin = start if not max_seq_len else max(1, (seq_len or 256) // multiple_of)
-        first = run(begin)
-        if not capacity:
-            raise TrialFailed("the first trial ran out of memory before it could measure the GPU; "
-                              f"free the GPU or start lower (output: {done[0].log_path})")
-        pending = [first]
+        try:
+            begin = start if not max_seq_len else max(1, (seq_len or 256) // multiple_of)
+            first = run(begin)
+            if not capacity:
+                raise TrialFailed("the first trial ran out of memory before it could measure the GPU; "
+                                  f"free the GPU or start lower (output: {done[0].log_path})")
+            pending = [first]
 
-        def trial_runner(size: int) -> Trial:
-            if pending and size == begin:
-                return pending.pop()
-            return run(size)
+            def trial_runner(size: int) -> Trial:
+                if pending and size == begin:
+                    return pending.pop()
+                return run(size)
 
-        if max_seq_len:
-            limit = max(begin, (max_size or _max_positions(parsed)) // multiple_of)
-        else:
-            limit = max_size or 4096
-        result = search(trial_runner, capacity[0], start=begin, max_size=limit, margin=margin,
-                        max_trials=max_trials, degree=2 if max_seq_len and parsed.spec.attn == "eager" else 1,
-                        scale=multiple_of if max_seq_len else 1)
-    except BaseException:
-        # Keep the children's output for the message that points to it (an out-of-memory search keeps nothing).
-        if not keep_logs and not isinstance(sys.exc_info()[1], (NoSizeFitsError, KeyboardInterrupt)):
-            keep_logs = True
-        raise
-    finally:
-        if not keep_logs:
-            shutil.rmtree(folder, ignore_errors=True)
+            if max_seq_len:
+                limit = max(begin, (max_size or _max_positions(parsed)) // multiple_of)
+            else:
+                limit = max_size or 4096
+            result = search(trial_runner, capacity[0], start=begin, max_size=limit, margin=margin,
+                            max_trials=max_trials, degree=2 if max_seq_len and parsed.spec.attn == "eager" else 1,
+                            scale=multiple_of if max_seq_len else 1)
+        except BaseException:
+            # Keep the children's output for the message that points to it (an out-of-memory search keeps nothing).
+            if not keep_logs and not isinstance(sys.exc_info()[1], (NoSizeFitsError, KeyboardInterrupt, Stopped)):
+                keep_logs = True
+            raise
+        finally:
+            if not keep_logs:
+                shutil.rmtree(folder, ignore_errors=True)
     if max_seq_len:
         m = multiple_of
         result = replace(result, size=result.size * m, limit_size=result.limit_size * m,

@@ -1,17 +1,90 @@
-"""Read torch's allocator snapshot at an OOM: who held what, how fragmented, how short; pure functions."""
+"""What an allocator snapshot taken at an OOM shows: who held what, how fragmented, how short; pure functions.
+
+The facts of one OOM (:class:`OomEvent`, what torch's observer and the training loop reported) and torch's
+snapshot dict go in; an :class:`OomReport` comes out, as a log's rows go into :class:`~vramscope.analysis.results.
+AnalysisResult`. What to do about it is :mod:`vramscope.advice.oom`'s; the post-mortem files that put the two
+together are :mod:`vramscope.oom`'s.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vramscope.advice.oom import advise, merge_advice, planner_advice
-from vramscope.oom.records import NO_STACK, AllocationSite, OomEvent, OomReport
+
+@dataclass(frozen=True)
+class OomEvent:
+    """The facts of one OOM, as torch's observer and the training loop reported them.
+
+    ``capacity_bytes`` is what the allocator was allowed to hold: the device's total memory, or the
+    per-process limit when ``torch.cuda.set_per_process_memory_fraction`` set one.
+    """
+
+    device: int = 0
+    kind: str = "cuda_allocator"
+    requested_bytes: int | None = None
+    capacity_bytes: int | None = None
+    device_free_bytes: int | None = None
+    time: float | None = None
+    message: str | None = None
+    context: Mapping[str, Any] = field(default_factory=dict)  # step, phase, tokens, batch_shape
+    stats: Mapping[str, int] = field(default_factory=dict)  # torch.cuda.memory_stats at that moment
+
+
+@dataclass(frozen=True)
+class AllocationSite:
+    """Live memory at the OOM grouped by where it was allocated (the innermost frame outside torch)."""
+
+    where: str
+    via: tuple[str, ...]  # the next frames outwards, for context
+    bytes: int
+    blocks: int
+    largest_bytes: int
+    kind: str = "activations"  # what the whole stack says it is: see :func:`classify_stack`
+
+
+@dataclass(frozen=True)
+class OomReport:
+    device: int
+    kind: str
+    time: float | None
+    message: str | None
+    requested_bytes: int | None
+    capacity_bytes: int | None
+    device_free_bytes: int | None
+    reserved_bytes: int
+    allocated_bytes: int
+    free_in_segments_bytes: int  # cached by the allocator but not in use (after its own cache flush)
+    largest_free_block_bytes: int
+    fragmentation: float | None  # 1 - largest free block / free in segments; None when nothing is free
+    segments: int
+    outside_bytes: int | None  # device memory held outside this process's PyTorch allocator
+    shortfall_bytes: int | None  # how much more would have been needed for this one request
+    step: Any
+    phase: Any
+    tokens: Any
+    batch_shape: Any
+    top_sites: tuple[AllocationSite, ...]
+    unattributed_bytes: int  # live blocks without a Python stack
+    checkpointing_seen: bool  # torch.utils.checkpoint frames among the live blocks' stacks
+    history_entries: int
+    snapshot_file: str | None = None
+    breakdown: dict[str, Any] | None = None  # what the model and optimizer held (MemoryBreakdown.to_dict())
+    # Every site, not only the top ones: the advice weighs all live memory by kind. Not in the JSON, which keeps
+    # the top sites (a snapshot can have thousands).
+    sites: tuple[AllocationSite, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, without :attr:`sites`."""
+        out = asdict(self)
+        del out["sites"]
+        return out
+
+
+NO_STACK = "(no Python stack: allocated before recording began, e.g. weights, or by autograd's backward thread)"
+
 
 # Frames that say nothing about *who* asked for memory: torch's own Python and the interpreter.
 _SKIP_PARTS = ("/torch/", "\\torch\\", "<frozen ", "/importlib/", "/contextlib.py", "/functools.py")
@@ -93,8 +166,6 @@ def build_report(
     *,
     top: int = 10,
     snapshot_file: str | None = None,
-    model: Any = None,
-    spec: Any = None,
 ) -> OomReport:
     """Analyse one OOM: ``snapshot`` is ``torch.cuda.memory._snapshot()`` taken at that moment.
 
@@ -107,12 +178,6 @@ def build_report(
         event: what the OOM observer and the training loop reported.
         top: how many allocation sites to keep.
         snapshot_file: where the pickle was written, for the report to point at.
-        model: the model for the planner (a registry name such as ``"Llama-2-7B"`` or a config.json
-            dict); with it and a ``batch_shape`` in the context, the advice includes the planner's
-            recommendations fed with the measured peak and capacity. Also read from the context's
-            ``"model"`` key.
-        spec: the recipe (:class:`~vramscope.recipe.QLoraSpec`, or its dict) for the planner;
-            also read from the context's ``"spec"`` key. Default: the QLoRA reference recipe.
     """
     segments = _segments_of(snapshot, event.device)
     reserved = allocated = free_in_segments = largest_free = 0
@@ -181,7 +246,7 @@ def build_report(
     fragmentation = (1.0 - largest_free / free_in_segments) if free_in_segments > 0 else None
 
     ctx = dict(event.context or {})
-    report = OomReport(
+    return OomReport(
         device=event.device,
         kind=event.kind,
         time=event.time,
@@ -206,25 +271,9 @@ def build_report(
         unattributed_bytes=unattributed,
         checkpointing_seen=checkpointing,
         history_entries=len(trace),
-        advice=(),
-        advice_source="",
         snapshot_file=snapshot_file,
+        sites=tuple(sites),
     )
-    own = advise(report, sites)
-    planned, why_not = planner_advice(
-        report, model if model is not None else ctx.get("model"), spec if spec is not None else ctx.get("spec")
-    )
-    if planned:
-        advice = merge_advice(planned, own, report)
-        source = "the planner's recommendations fed with the measured peak, plus the snapshot's evidence"
-    else:
-        advice = own
-        source = f"vramscope's rules over the measured numbers ({why_not})"
-    return _replace(report, advice=tuple(advice), advice_source=source)
-
-
-def _replace(report: OomReport, **changes: Any) -> OomReport:
-    return replace(report, **changes)
 
 
 def _int(value: Any) -> int | None:
@@ -241,20 +290,3 @@ def _shape(value: Any) -> tuple[int, ...] | None:
         return tuple(int(v) for v in value)
     except (TypeError, ValueError):
         return None
-
-
-def report_from_files(
-    snapshot_path: str | os.PathLike[str],
-    event_path: str | os.PathLike[str] | None = None,
-    *,
-    model: Any = None,
-    spec: Any = None,
-) -> OomReport:
-    """Rebuild a report from a snapshot pickle (and the ``*.event.json`` the recorder wrote beside it)."""
-    with open(snapshot_path, "rb") as f:
-        snapshot = pickle.load(f)  # a file the user points at, written by torch
-    event = OomEvent()
-    if event_path is not None:
-        raw = json.loads(Path(event_path).read_text(encoding="utf-8"))
-        event = OomEvent(**{k: v for k, v in raw.items() if k in OomEvent.__dataclass_fields__})
-    return build_report(snapshot, event, snapshot_file=str(snapshot_path), model=model, spec=spec)

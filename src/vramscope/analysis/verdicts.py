@@ -1,23 +1,23 @@
-"""What the report judges from the analysis, as data the renderers only format.
+"""The analysis' judgements of a device, computed once into its typed results, which every renderer only draws:
 
-* :func:`capacity_source`: where a device's capacity comes from (``--capacity``, NVML's total,
-  nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and names it;
 * :func:`forecast_severity`: how urgent an OOM forecast is, from the time left (not from the word "OOM"):
   a forecast of four thousand days is not an alarm;
 * :func:`device_idle`: a GPU this run did not use (no step, nothing beyond a CUDA context), which gets
   no advice;
-* :func:`batches_note`: why the longest batches have no peak, instead of a bare "?".
-
-Each takes typed analysis results.
+* :func:`batches_note`: why the longest batches have no peak, instead of a bare "?";
+* :func:`leak_trend`: where a leak's trend line lies on the signal's readings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from vramscope.analysis.results import BatchPeak, DeviceDetail, OomForecast
-from vramscope.units import GIB, MIB, gib, human_precise
+import numpy as np
+
+from vramscope.analysis.devices import DeviceRows
+from vramscope.analysis.leak import median
+from vramscope.analysis.results import BatchPeak, DeviceLeak, OomForecast, PeakAt, Severity, TrendLine
+from vramscope.units import GIB, MIB, human_precise
 
 # A forecast closer than this is red: it can hit before anyone looks again (tonight's run).
 HIGH_SECONDS = 4 * 3600
@@ -31,44 +31,9 @@ MEDIUM_RUN_RATIO = 10.0
 IDLE_ALLOWANCE = 1536 * MIB
 # Memory of this run on a device, in the order the log knows it best.
 OWN_METRICS = ("process_bytes", "reserved_bytes", "peak_allocated_bytes", "allocated_bytes")
+TREND_POINTS = 4000  # readings used to place the leak trend line (an intercept is a median: cheap and robust)
 
 SEVERITIES = ("high", "medium", "low")
-
-
-def capacity_source(given: bool, log_format: str, has_total: bool) -> str | None:
-    """Where the capacity a device is held against comes from, as people read it; None when unknown."""
-    if given:
-        return "--capacity"
-    if not has_total:
-        return None
-    if log_format == "nvidia-smi":
-        return "GPU total, nvidia-smi memory.total"
-    return "GPU total, NVML"
-
-
-def forecast_limit_note(limit_bytes: int | None, capacity_bytes: int | None) -> str | None:
-    """Why the forecast runs to a lower line than the capacity drawn, when it does.
-
-    The allocator cannot reach what the CUDA context and other processes hold, so a forecast of
-    torch's memory runs to the total less that (:func:`vramscope.analysis.forecast.allocator_capacity`).
-    """
-    if limit_bytes is None or capacity_bytes is None or limit_bytes >= capacity_bytes:
-        return None
-    held = capacity_bytes - limit_bytes
-    return (f"the forecast runs to the {gib(limit_bytes, 1)} torch can allocate: the "
-            f"{gib(capacity_bytes, 1)} capacity less {human_precise(held)} held outside torch's allocator "
-            "(CUDA context, libraries, other processes)")
-
-
-@dataclass(frozen=True)
-class Severity:
-    """How urgent an OOM forecast is: ``level`` is one of :data:`SEVERITIES`; ``why`` says it for people."""
-
-    level: str
-    why: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"level": self.level, "why": self.why}
 
 
 def forecast_severity(oom: OomForecast | None, steps_logged: int | None) -> Severity | None:
@@ -99,22 +64,16 @@ def _severity(steps: float | None, seconds: float | None, steps_logged: int | No
                     "(no step time in the log)")
 
 
-def device_idle(detail: DeviceDetail) -> str | None:
+def device_idle(key: str, peaks: Mapping[str, PeakAt], has_steps: bool) -> str | None:
     """Why a GPU counts as idle for this run, or None when the run used it.
 
     Idle: no training step logged on it, and this run held no more than a CUDA context there (its
     processes' memory, or the allocator's, or, in a log with neither, the device's used memory).
     """
-    peaks = {m: p.bytes for m, p in detail.peaks.items()}
-    return _idle(detail.key, peaks, detail.step_range is not None)
-
-
-def _idle(key: str, peaks: Mapping[str, int | None], has_steps: bool) -> str | None:
     if key == "host" or has_steps:
         return None
-    used = peaks.get("device_used_bytes")
-    own = [peaks.get(m) for m in OWN_METRICS]
-    known = [v for v in own if v is not None]
+    used = _bytes(peaks, "device_used_bytes")
+    known = [v for v in (_bytes(peaks, m) for m in OWN_METRICS) if v is not None]
     mine = max(known) if known else used
     if mine is None or mine > IDLE_ALLOWANCE:
         return None
@@ -127,17 +86,38 @@ def _idle(key: str, peaks: Mapping[str, int | None], has_steps: bool) -> str | N
     return text
 
 
+def _bytes(peaks: Mapping[str, PeakAt], metric: str) -> int | None:
+    found = peaks.get(metric)
+    return None if found is None else found.bytes
+
+
 def batches_note(peak_metric: str | None, batches: Sequence[BatchPeak]) -> str | None:
     """Why some of the longest batches have no peak; None when every one has it."""
-    return _batches_note(peak_metric, [b.peak_allocated_bytes for b in batches])
-
-
-def _batches_note(peak_metric: str | None, peaks: Sequence[int | None]) -> str | None:
+    peaks = [b.peak_allocated_bytes for b in batches]
     if not peaks or all(p is not None for p in peaks):
         return None
     if peak_metric is None:
         return "peaks unknown: the log has no allocator readings (a CPU run, or a log of NVML alone)"
     return f"a peak is unknown where no {peak_metric} was logged at that step"
+
+
+def leak_trend(dev: DeviceRows, leak: DeviceLeak) -> TrendLine | None:
+    """The trend line of a leak found over steps, from its start to the last step: its slope, through the median
+    of the readings less the slope (on at most about :data:`TREND_POINTS` of the rows with a step); None for
+    no leak, or one over time."""
+    slope, start, signal = leak.slope_bytes_per_step, leak.start_step, leak.signal
+    if not leak.detected or slope is None or start is None or signal is None:
+        return None
+    step, col = dev.column("step"), dev.column(signal)
+    rows = np.flatnonzero(step.known)
+    sampled = rows[:: max(1, len(rows) // TREND_POINTS)]
+    picked = sampled[(step.values[sampled] >= start) & col.known[sampled]]
+    if not len(picked):
+        return None
+    steps = step.values[picked]
+    intercept = median(col.values[picked] - slope * steps)
+    x0, x1 = float(start), float(steps.max())
+    return TrendLine(signal, x0, x1, intercept + slope * x0, intercept + slope * x1)
 
 
 def duration(seconds: float) -> str:

@@ -1,0 +1,36 @@
+"""How the report names what it draws, in the renderers' one voice (the judgements themselves are the analysis':
+:mod:`vramscope.analysis.verdicts`, read from the typed results):
+
+* :func:`capacity_source`: where a device's capacity comes from (``--capacity``, NVML's total,
+  nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and names it;
+* :func:`forecast_limit_note`: why the forecast runs to a lower line than the capacity drawn.
+"""
+
+from __future__ import annotations
+
+from vramscope.units import gib, human_precise
+
+
+def capacity_source(given: bool, log_format: str, has_total: bool) -> str | None:
+    """Where the capacity a device is held against comes from, as people read it; None when unknown."""
+    if given:
+        return "--capacity"
+    if not has_total:
+        return None
+    if log_format == "nvidia-smi":
+        return "GPU total, nvidia-smi memory.total"
+    return "GPU total, NVML"
+
+
+def forecast_limit_note(limit_bytes: int | None, capacity_bytes: int | None) -> str | None:
+    """Why the forecast runs to a lower line than the capacity drawn, when it does.
+
+    The allocator cannot reach what the CUDA context and other processes hold, so a forecast of
+    torch's memory runs to the total less that (:func:`vramscope.analysis.forecast.allocator_capacity`).
+    """
+    if limit_bytes is None or capacity_bytes is None or limit_bytes >= capacity_bytes:
+        return None
+    held = capacity_bytes - limit_bytes
+    return (f"the forecast runs to the {gib(limit_bytes, 1)} torch can allocate: the "
+            f"{gib(capacity_bytes, 1)} capacity less {human_precise(held)} held outside torch's allocator "
+            "(CUDA context, libraries, other processes)")
