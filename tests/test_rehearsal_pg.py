@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vramscope.run.inject import SITE_DIR
-from vramscope.tune.rehearsal_pg import ENV_REHEARSAL, install, world_size_of
+from vramscope.tune.rehearsal_pg import ENV_REHEARSAL, install, rehearsal_environment, world_size_of
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -58,8 +58,7 @@ def _child_env(world: int | None) -> dict[str, str]:
     env.update(PYTHONPATH=os.pathsep.join([SITE_DIR, SRC]), RANK="0", WORLD_SIZE=str(world or 4), LOCAL_RANK="0",
                MASTER_ADDR="127.0.0.1", MASTER_PORT="9", TORCH_DIST_INIT_BARRIER="0", CUDA_VISIBLE_DEVICES="")
     if world is not None:
-        env[ENV_REHEARSAL] = str(world)
-        env["VRAMSCOPE_PACKAGE_PARENT"] = SRC
+        env.update(rehearsal_environment(world), VRAMSCOPE_PACKAGE_PARENT=SRC)
     return env
 
 

@@ -16,7 +16,7 @@ from vramscope.cli import main
 from vramscope.tune.command import run_trial_child
 from vramscope.tune.command_trial import TrialRequest
 from vramscope.tune.launch_env import worker_launch
-from vramscope.tune.rehearsal_pg import ENV_REHEARSAL
+from vramscope.tune.rehearsal_pg import rehearsal_environment
 from vramscope.tune.rehearse import CANNOT_SEE, DEEPSPEED_NOT_REHEARSED, RehearsalRefused, nccl_share, refuse
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_lora.py"
@@ -43,7 +43,7 @@ def test_a_torchrun_command_rehearses_as_rank_0_of_4_on_the_fake_group(tmp_path:
             "--max_steps", "50", "--report_to", "none", "--use_cpu", "--rows", "8", "--max_seq_length", "16"]
     launch = worker_launch(argv, 4, environ=os.environ, cwd=tmp_path)
     assert launch.argv[1:3] == ("-u", str(EXAMPLE)) and launch.strategy == "ddp"
-    env = {**os.environ, **launch.env, ENV_REHEARSAL: "4"}
+    env = {**os.environ, **launch.env, **rehearsal_environment(4)}
     request = TrialRequest(batch_size=3, seq_len=24, max_steps=2, record=str(tmp_path / "trial.json"))
     outcome = run_trial_child(launch.argv, request, log_path=str(tmp_path / "trial.log"), environ=env, timeout_s=300)
     log = (tmp_path / "trial.log").read_text()

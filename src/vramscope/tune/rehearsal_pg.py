@@ -1,6 +1,7 @@
 """Inside a rehearsal child (``vramscope tune --gpus N -- CMD``): this process is rank 0 of N on one GPU.
 
-The start-up hook calls :func:`install` before the user's code runs when :data:`ENV_REHEARSAL` is set. From
+The start-up hook calls :func:`install` before the user's code runs (it is named in :data:`ENV_START_HOOKS`;
+:func:`rehearsal_environment` sets both variables). From
 then on ``torch.distributed.init_process_group`` (called by accelerate, the HF Trainer, torchrun scripts, or the
 user) makes torch's fake process group (``torch.testing._internal.distributed.fake_pg``, backend ``"fake"``):
 the rank and world size the launcher's environment says, every collective a no-op that returns at once. An
@@ -21,6 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 ENV_REHEARSAL = "VRAMSCOPE_REHEARSAL"  # the world size to rehearse, e.g. "4"
+ENV_START_HOOKS = "VRAMSCOPE_START_HOOKS"  # what the start-up hook calls before the program runs
+START_HOOK = "vramscope.tune.rehearsal_pg:install"
 FAKE_BACKEND = "fake"
 
 
@@ -32,6 +35,12 @@ def world_size_of(environ: Mapping[str, str]) -> int | None:
     """The rehearsed world size, or None when this process is not a rehearsal."""
     text = environ.get(ENV_REHEARSAL, "").strip()
     return int(text) if text.isdigit() and int(text) >= 1 else None
+
+
+def rehearsal_environment(world_size: int) -> dict[str, str]:
+    """The variables that make a child started through the start-up hook rank 0 of ``world_size`` on the fake
+    group (the launcher's own variables come from :mod:`vramscope.tune.launch_env`)."""
+    return {ENV_REHEARSAL: str(world_size), ENV_START_HOOKS: START_HOOK}
 
 
 def _rank(environ: Mapping[str, str]) -> int:
@@ -123,4 +132,5 @@ def _complete_ddp_buckets() -> None:
     DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
 
 
-__all__ = ["ENV_REHEARSAL", "FAKE_BACKEND", "RehearsalSetupError", "install", "world_size_of"]
+__all__ = ["ENV_REHEARSAL", "ENV_START_HOOKS", "FAKE_BACKEND", "START_HOOK", "RehearsalSetupError", "install",
+           "rehearsal_environment", "world_size_of"]

@@ -29,7 +29,7 @@ from vramscope.planner.errors import PlanInputError
 from vramscope.planner.shapes import shape_from_config
 from vramscope.tune.command import CommandTrial, CommandTuneResult, tune_command
 from vramscope.tune.launch_env import WorkerLaunch, worker_launch
-from vramscope.tune.rehearsal_pg import ENV_REHEARSAL
+from vramscope.tune.rehearsal_pg import rehearsal_environment
 
 HOW = "fake_pg"
 CANNOT_SEE = (
@@ -189,7 +189,7 @@ def rehearse(
     else:
         notes.append(f"no --gpu-memory: the trials used this GPU's memory, of which a real rank would also give "
                      f"NCCL about {nccl / 2**30:.2f} GiB")
-    child_env = {**env_in, **launch.env, ENV_REHEARSAL: str(world_size)}
+    child_env = {**env_in, **launch.env, **rehearsal_environment(world_size)}
     worker = replace(parsed, argv=tuple(launch.argv))
     result = tune_command(worker, memory_limit_bytes=limit, environ=child_env, cwd=cwd, on_trial=on_trial, **search)
     at = _trial_at(result)

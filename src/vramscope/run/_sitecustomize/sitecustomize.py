@@ -12,6 +12,9 @@ this file at start-up. It does three small things and nothing else:
    (``attach_lightning`` for a Lightning Trainer); in a trial child of ``vramscope tune -- CMD``
    (``VRAMSCOPE_TRIAL`` set) it hands the HF Trainer class to ``vramscope.tune.command_trial.install``.
 
+Before all of it, it calls the start-up hooks ``VRAMSCOPE_START_HOOKS`` names (``module:function,...``),
+before the program's own code runs (``vramscope tune --gpus N`` installs its fake process group there).
+
 Standard library only, and every failure is one line on stderr: a monitor must never stop a training.
 """
 
@@ -170,26 +173,29 @@ def _install_trial(module: ModuleType) -> None:
             os._exit(4)
 
 
-def _install_rehearsal() -> None:
-    """`vramscope tune --gpus N -- CMD`: rank 0 of N on a fake process group (vramscope.tune.rehearsal_pg),
-    installed before the program's own code can open a real one."""
-    if os.environ.get("VRAMSCOPE_REHEARSAL"):
+def _run_start_hooks() -> None:
+    """Call each ``module:function`` of ``VRAMSCOPE_START_HOOKS`` now, before the program's own code runs
+    (``vramscope tune --gpus N`` names its fake process group there: this hook knows nothing of the tuner).
+
+    The caller's protocol, so the copy of vramscope that set the variable; a child that cannot run a hook
+    must not go on without it (a rehearsal would wait for ranks that never come), so it exits with 4.
+    """
+    hooks = [h.strip() for h in os.environ.get("VRAMSCOPE_START_HOOKS", "").split(",") if h.strip()]
+    for hook in hooks:
+        module_name, _, function_name = hook.partition(":")
         try:
             parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
             if parent and "vramscope" not in sys.modules and parent not in sys.path:
                 sys.path.insert(0, parent)
-            from vramscope.tune.rehearsal_pg import install
-
-            install()
+            getattr(importlib.import_module(module_name), function_name or "install")()
         except Exception as exc:
-            # Without the fake group the child would wait for N - 1 ranks that never come: stop it now.
-            _say(f"could not set up the rehearsal's fake process group: {type(exc).__name__}: {exc}")
+            _say(f"could not run the start-up hook {hook}: {type(exc).__name__}: {exc}")
             sys.stderr.flush()
             os._exit(4)
 
 
 def _install() -> None:
-    _install_rehearsal()
+    _run_start_hooks()
     if os.environ.get("VRAMSCOPE_INJECT") != "1" and not os.environ.get("VRAMSCOPE_TRIAL"):
         return
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
