@@ -405,6 +405,9 @@ def run_grid(args: argparse.Namespace) -> int:
             print(f"{c.name:22} {r.get('status'):7} alloc {r.get('measured_peak_allocated_bytes')} (plan "
                   f"{plans[c]['planned_peak_allocated_bytes']}) host {r.get('measured_host_bytes')} (plan "
                   f"{plans[c]['planned_host_bytes']}) {r.get('error') or ''} {time.time() - t0:.0f} s", flush=True)
+            # Written after every case, so that a run stopped from outside keeps what it measured.
+            partial = [row(x, results.get(x, {"status": "pending"}), plans[x]) for x in grid]
+            (out_dir / "rehearsal_grid.json").write_text(json.dumps(partial, indent=1), encoding="utf-8")
             if all(x in results for x in grid if x.arch == c.arch) and c.arch in ckpts:
                 shutil.rmtree(Path(ckpts[c.arch]), ignore_errors=True)  # room for the next shapes
     shutil.rmtree(root, ignore_errors=True)
