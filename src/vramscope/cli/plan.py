@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
         if args.json:
             extra = {} if command is None else {"command": command.to_dict(), **extra_json}
-            print(json.dumps({**result.to_dict(), "gpus": plan_gpus.to_dict(dist, table), **extra}, indent=2))
+            print(json.dumps({**plan_gpus.to_json(result.to_dict(), dist, table), **extra}, indent=2))
         else:
             if command is not None and not command_printed:
                 print(training_command.format_command(command) + "\n")
