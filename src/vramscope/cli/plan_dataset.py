@@ -33,7 +33,9 @@ def read_dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str |
 
     model = args.config if getattr(args, "config", None) else getattr(args, "model", None)
     try:
-        return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, args.framework,
+        named = getattr(args, "trainer", None)  # --trainer dpo/grpo (the whole run's flags), else the framework's
+        trainer = named if named in ("dpo", "grpo") else args.framework
+        return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
                                   args.seq_len, args.packing, args.padding_free, args.batch_size,
                                   args.group_by_length, split=args.dataset_split, model=model), None
     except DatasetError as exc:
