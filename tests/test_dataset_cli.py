@@ -91,3 +91,19 @@ def test_the_terminal_shows_the_histogram_and_the_longest_examples(files: tuple[
     assert "longest examples (row: tokens): #5: 1,502 (cut to 1,024), #77: 1,202 (cut to 1,024), #" in out
     assert "longest batch: 2 x 1,024 = 2,048 tokens" in out
     assert "Llama-2-7B: 6.74B params, batch 2 x 1024 tokens" in out
+
+
+def test_a_dpo_dataset_plans_the_dpo_phase_at_its_pairs(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                        files: tuple[str, str]) -> None:
+    _, tok = files
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": words(10 + i), "chosen": " " + words(5),
+                                         "rejected": " " + words(400 if i == 7 else 20)}) + "\n" for i in range(50)))
+    out = plan_json(capsys, "--seq-len", "1024", "--dataset", str(pairs), "--tokenizer", tok, "--framework", "trl")
+    dataset = out["dataset"]
+    assert isinstance(dataset, dict) and dataset["trainer"] == "dpo"
+    # 4 pairs: the dataset's longest batch is 8 rows (chosen and rejected stacked) of prompt 17 + 400 words + BOS
+    # and EOS; the planner's DPO phase stacks the two itself, so it is given the 4 pairs.
+    assert (dataset["peak_batch_rows"], dataset["peak_batch_seq"]) == (8, 419)
+    assert (out["batch_size"], out["seq_len"]) == (4, 419)
+    assert out["trainer"] == "dpo" and out["phases"]["train"]["rows"] == 8  # type: ignore[index]
