@@ -107,3 +107,23 @@ def test_a_dpo_dataset_plans_the_dpo_phase_at_its_pairs(capsys: pytest.CaptureFi
     assert (dataset["peak_batch_rows"], dataset["peak_batch_seq"]) == (8, 419)
     assert (out["batch_size"], out["seq_len"]) == (4, 419)
     assert out["trainer"] == "dpo" and out["phases"]["train"]["rows"] == 8  # type: ignore[index]
+
+
+def test_a_pasted_command_is_planned_at_its_own_data(capsys: pytest.CaptureFixture[str], files: tuple[str, str],
+                                                    tmp_path: Path) -> None:
+    """`plan -- trl sft ... --dataset_name train.jsonl`: the command's local data sets the longest batch."""
+    data, tok = files
+    config = tmp_path / "model"
+    config.mkdir()
+    from vramscope.planner import registry
+
+    (config / "config.json").write_text(json.dumps(registry.get_config("Llama-2-7B")))
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the run's tokenizer sits in its model folder
+        if (Path(tok) / name).exists():
+            (config / name).write_text((Path(tok) / name).read_text())
+    code = main(["plan", "--json", "--", "trl", "sft", "--model_name_or_path", str(config), "--dataset_name", data,
+                 "--per_device_train_batch_size", "4", "--max_length", "4096", "--use_peft", "--load_in_4bit"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    plan = json.loads(out.out)
+    assert plan["dataset"]["longest_tokens"] == 1502 and (plan["batch_size"], plan["seq_len"]) == (4, 1502)

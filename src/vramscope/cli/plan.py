@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     command = None if argv is None else training_command.read_command(args, argv)
     if command is not None:
         command = training_command.apply_to_plan_args(args, command)
+        training_command.apply_dataset(args, command)  # the command's own local data, as --dataset would
     elif args.model is None and args.config is None:
         raise UsageError("one of the arguments --model --config --list-models or '-- COMMAND' is required")
     # With --dataset, --seq-len is the truncation (max_length), and none means the trainer does not truncate.
