@@ -72,6 +72,12 @@ class Plan:
     # What the user must know before anything else (MoE experts that 4-bit loading leaves 16-bit).
     warnings: tuple[str, ...] = ()
 
+    def _repr_html_(self) -> str:
+        """How a notebook shows a plan (the last value of a cell)."""
+        from vramscope.planner.notebook import plan_html
+
+        return plan_html(self)
+
     @property
     def run_peak_phase(self) -> str:
         """The phase of the run that sets its peak (``train``, ``eval``, ``generation``, ``precompute_ref``)."""
