@@ -72,6 +72,9 @@ class DeviceFacts:
     leak_verdict: str
     leak_growth_bytes: float | None
     steps_to_oom: float | None
+    oom_kind: str  # the analysis' outlook: "over_capacity", "at_capacity", "leak", "longest_batch", "none", ...
+    oom_headline: str  # "out of memory in about 4 min", ...
+    oom_detail: str
     phase_peaks: Mapping[str, Mapping[str, tuple[int | None, int | None]]]
     peaks: Mapping[str, int | None]
     capacity_bytes: int | None
@@ -104,6 +107,8 @@ def _facts_of_device(dev: DeviceAnalysis) -> DeviceFacts:
     return DeviceFacts(
         key=dev.key, where=detail.title, leak_detected=dev.leak.detected, leak_verdict=dev.leak.shown_verdict,
         leak_growth_bytes=dev.leak.growth_bytes, steps_to_oom=dev.forecast.oom.steps_to_oom,
+        oom_kind=dev.forecast.outlook.kind, oom_headline=dev.forecast.outlook.headline,
+        oom_detail=dev.forecast.outlook.detail,
         phase_peaks={phase: {m: (p.bytes, p.step) for m, p in peaks.peaks.items()}
                      for phase, peaks in detail.phases.items()},
         peaks={m: p.bytes for m, p in detail.peaks.items()},
@@ -207,9 +212,8 @@ def _item(f: DeviceFacts, key: str, title: str, detail: str, saves: float | None
 def _leak_advice(f: DeviceFacts) -> list[Advice]:
     if not f.leak_detected:
         return []
-    when = ""
-    if f.steps_to_oom is not None:
-        when = f"; at this rate it runs out of memory in ~{f.steps_to_oom:,.0f} steps"
+    # The analysis' own words for when it runs out (in steps, or in time for a log without steps).
+    when = f"; at this rate it runs {f.oom_headline}" if f.oom_kind == "leak" else ""
     return [_item(
         f, "leak", "Find what keeps memory from one step to the next",
         f"{f.where}: {f.leak_verdict}{when}. Usual causes: a loss or logits kept "
@@ -256,6 +260,14 @@ def _headroom_advice(f: DeviceFacts) -> list[Advice]:
     fraction, room = f.headroom_fraction, f.headroom_bytes
     if fraction is None or room is None:
         return []
+    if f.oom_kind == "over_capacity":
+        return [_item(
+            f, "make_room", "Fit the run into the capacity given",
+            f"{f.oom_detail}, {gib(-room)} more than it. Turn on gradient checkpointing, lower the micro-batch "
+            "(with more gradient accumulation), or use an 8-bit paged optimizer; 'vramscope plan' predicts each "
+            "one's saving for your model.",
+            None, urgent=True,
+        )] if room < 0 else []
     if fraction < TIGHT_HEADROOM:
         return [_item(
             f, "make_room", "Make room before a longer batch arrives",
