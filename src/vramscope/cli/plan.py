@@ -14,7 +14,7 @@ from typing import Any
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus
 from vramscope.cli.common import CommandError, UsageError, positive_int
-from vramscope.cli.labels import BREAKDOWN_LABELS
+from vramscope.cli.labels import breakdown_labels
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
@@ -125,9 +125,10 @@ def format_plan(p: Plan) -> str:
         "",
         f"  breakdown at the peak ({p.peak_phase}; [{p.framework}] = set by the framework):",
     ]
+    labels = breakdown_labels(s.bits, s.compute_dtype, p.moe)
     for name, value in p.breakdown.to_dict().items():
         if value:
-            label = BREAKDOWN_LABELS.get(name, name)
+            label = labels.get(name, name)
             dtype = (p.from_framework.get(name, "").split() or [""])[0].rstrip(":")
             if name in ("unquantized_params", "lora_weights", "lora_gradients") and dtype:
                 label = f"{label} ({dtype})"

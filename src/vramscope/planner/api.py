@@ -63,6 +63,7 @@ class Plan:
     framework_title: str = ""
     # breakdown line -> why its size depends on the framework (the lines the framework decides)
     from_framework: dict[str, str] = field(default_factory=dict)
+    moe: bool = False  # a mixture of experts: its fused experts are among the unquantized parameters
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -427,7 +428,7 @@ def plan(
         total_params=shape.total_params(), gpu_memory_bytes=cap, fits=fits, max_batch_size=mb, max_seq_len=ms,
         target_batch=target_batch, micro_batch_size=micro, grad_accum_steps=accum, recommendations=tuple(recs),
         notes=tuple(notes), cannot_fit_reason=reason, max_seq_len_at_context=at_context,
-        framework=spec.framework, from_framework=component_notes(spec),
+        framework=spec.framework, from_framework=component_notes(spec), moe=bool(shape.experts),
         framework_title=framework_for(spec).title.replace("bf16 autocast", f"{spec.compute_dtype} autocast"),
     )
 

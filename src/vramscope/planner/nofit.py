@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from vramscope.planner import registry
 from vramscope.planner.errors import PlanInputError
-from vramscope.planner.memory import Estimate, Hardware, estimate
+from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate
 from vramscope.planner.multigpu import fit_table
 from vramscope.planner.recommendation import Recommendation
 from vramscope.planner.shapes import ModelShape, shape_from_config
@@ -35,9 +35,11 @@ def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardwa
     bd = est.breakdown
     weights = bd.quantized_weights + bd.quantization_constants + bd.unquantized_params
     floor = estimate(shape, spec, 1, 1, hw).device_bytes
-    bits = {4: "4-bit", 8: "8-bit", 16: f"{spec.compute_dtype}"}[spec.bits]
+    experts = _unquantized_experts(shape, spec, bd)
+    # A quantized MoE model's weights are mostly not 4-bit: its experts are said apart, not "the 4-bit weights".
+    bits = "" if experts else {4: "4-bit ", 8: "8-bit ", 16: f"{spec.compute_dtype} "}[spec.bits]
     if weights > capacity:
-        reason = f"the {bits} weights alone need {gib(weights, 1)} of the GPU's {gib(capacity, 1)}"
+        reason = f"the {bits}weights alone need {gib(weights, 1)}{experts} of the GPU's {gib(capacity, 1)}"
         replaces = True
     elif floor > capacity:
         reason = (f"even 1 token needs {gib(floor, 1)}: weights {gib(weights, 1)}, LoRA weights, gradients and "
@@ -79,6 +81,17 @@ def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardwa
     elif replaces:
         out.append(Recommendation("smaller_model", 0, "a smaller model", {}, None))
     return NoFit(reason, tuple(out), replaces)
+
+
+def _unquantized_experts(shape: ModelShape, spec: QLoraSpec, bd: Breakdown) -> str:
+    """`` (of which 167.9 GiB unquantized experts)`` for a quantized MoE model, whose fused experts bitsandbytes
+    leaves as they are: they, not the 4-bit weights, are what outgrows the GPU. Empty otherwise."""
+    others = (shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params
+              + shape.expert_params)
+    if spec.bits == 16 or not shape.expert_params or not others:
+        return ""
+    experts = bd.unquantized_params * shape.expert_params / others  # the unquantized bytes are per parameter
+    return f" (of which {gib(int(experts), 2)} unquantized experts)"
 
 
 def _smaller_model(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, capacity: int,
