@@ -23,10 +23,13 @@ from vramscope.advice.plan import from_recommendation
 from vramscope.advice.types import EXPANDABLE_SEGMENTS, Advice, rank_by_urgency
 from vramscope.analysis.results import AnalysisResult, DeviceAnalysis
 from vramscope.planner import PlanInputError, recommend
+from vramscope.planner.api import MIN_SAVING_SHARE as PLANNER_MIN_SAVING_SHARE
 from vramscope.planner.settings import written_as
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MIB, gib
 
+# The smallest measured saving worth a line, as a share of the device's peak: the planner's threshold.
+MIN_SAVING_SHARE = PLANNER_MIN_SAVING_SHARE
 # Below this share of the GPU left free at the peak, a longer batch or a fragmented cache can OOM.
 TIGHT_HEADROOM = 0.08
 # Above this share left free, a larger micro-batch would likely fit and run faster.
@@ -50,6 +53,8 @@ class RunSettings:
         spec: the recipe (default: the QLoRA reference recipe); its ``framework`` decides the model of the step.
         style: whose keys the advice is written in (``hf``, ``trl``, ``loop``, ``axolotl``); default the
             framework's own (HF/TRL arguments, a loop's code).
+        grad_accum: the run's gradient accumulation steps: a smaller micro-batch advised keeps the effective
+            batch ``batch_size x grad_accum``.
     """
 
     model: str | dict[str, Any]
@@ -57,6 +62,7 @@ class RunSettings:
     seq_len: int | None = None
     spec: QLoraSpec = field(default_factory=QLoraSpec)
     style: str | None = None
+    grad_accum: int = 1
 
 
 @dataclass(frozen=True)
@@ -153,8 +159,15 @@ def advise_devices(devices: Sequence[DeviceFacts]) -> list[Advice]:
     items: list[Advice] = []
     for f in devices:
         for rule in (_leak_advice, _eval_advice, _cache_advice, _headroom_advice, _batch_advice, _foreign_advice):
-            items.extend(rule(f))
+            items.extend(a for a in rule(f) if _worth_saying(a, f))
     return rank_by_urgency(items)
+
+
+def _worth_saying(advice: Advice, f: DeviceFacts) -> bool:
+    """A measured saving under :data:`MIN_SAVING_SHARE` of what the device held is noise, not advice (as the
+    planner's own rule); advice without a measured saving stands on its fact."""
+    held = max((v for v in f.peaks.values() if v), default=None)
+    return advice.saves_bytes is None or held is None or advice.saves_bytes >= MIN_SAVING_SHARE * held
 
 
 def priced_by_planner(devices: Sequence[DeviceFacts], settings: RunSettings) -> list[Advice]:
@@ -173,7 +186,7 @@ def priced_by_planner(devices: Sequence[DeviceFacts], settings: RunSettings) -> 
     peak = _measured_peak(devices)
     capacity = min((f.capacity_bytes for f in devices if f.capacity_bytes), default=None)
     recs = recommend(settings.model, settings.batch_size, seq_len, settings.spec, peak_bytes=peak,
-                     capacity_bytes=capacity, style=settings.style)
+                     capacity_bytes=capacity, style=settings.style, grad_accum=settings.grad_accum)
     # "Enough to fit" only means something for a run that did not fit.
     over = peak is not None and capacity is not None and peak > capacity
     out = []
