@@ -12,11 +12,12 @@ import sys
 from typing import Any
 
 from vramscope.cli import command as training_command
-from vramscope.cli import plan_gpus
+from vramscope.cli import plan_gpus, plan_phases
 from vramscope.cli.common import CommandError, UsageError, positive_int
 from vramscope.cli.labels import breakdown_labels
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
+from vramscope.commands import phases as command_phases
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.memory import OPTIMIZERS
@@ -43,6 +44,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="run a few tiny real steps on this machine's GPU to fit the per-token terms")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     plan_gpus.add_arguments(parser)
+    plan_phases.add_arguments(parser)
     add_trace_arguments(parser)
     training_command.add_command_argument(parser, "plan without running it")  # last: it tracks the flags above
 
@@ -67,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
         if getattr(args, "trace", False):
+            plan_phases.refuse_phases(args, "--trace")
             return _trace(args, model, spec, multi)
+        if multi:
+            plan_phases.refuse_phases(args, "--gpus")
         hardware = None
         if args.calibrate:
             from vramscope.tune.calibrate import CalibrationError, calibrate
@@ -78,17 +83,34 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(str(exc)) from None
             if not args.json:
                 print(report, file=sys.stderr)
+        run_phases = plan_phases.run_phases_from_args(
+            args, base=None if command is None or multi else command_phases.run_phases(command.parsed))
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
-                      target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None)
+                      target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None,
+                      run=run_phases)
+        others = [] if command is None else training_command.alternative_plans(
+            command, args, model,
+            lambda alt, seq: plan(model, args.batch_size, seq or args.seq_len, alt, gpu_memory=args.gpu_memory,
+                                  gpu=args.gpu, hardware=hardware, read_from_command=True, run=run_phases),
+            lambda alt, n: _per_gpu(model, alt, args, hardware, n))
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
+    if command is not None and others and not args.json:
+        print(training_command.format_command(command) + "\n")
+        print(training_command.format_alternatives(others, result.gpu_memory_bytes) + "\n")
+        command_printed = True
+    else:
+        command_printed = False
+    extra_json = {} if command is None else {**training_command.json_fields(command),
+                                             "alternatives": training_command.alternatives_json(
+                                                 others, result.gpu_memory_bytes)}
     if multi:
         dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
         if args.json:
-            extra = {} if command is None else {"command": command.to_dict()}
-            print(json.dumps({**result.to_dict(), "gpus": plan_gpus.to_dict(dist, table), **extra}, indent=2))
+            extra = {} if command is None else {"command": command.to_dict(), **extra_json}
+            print(json.dumps({**plan_gpus.to_json(result.to_dict(), dist, table), **extra}, indent=2))
         else:
-            if command is not None:
+            if command is not None and not command_printed:
                 print(training_command.format_command(command) + "\n")
             print(plan_gpus.format_gpus(result, dist, table))
         return 0
@@ -96,12 +118,23 @@ def run(args: argparse.Namespace) -> int:
         out = result.to_dict()
         if command is not None:
             out["command"] = command.to_dict()
+            out.update(extra_json)
         print(json.dumps(out, indent=2))
     else:
-        if command is not None:
+        if command is not None and not command_printed:
             print(training_command.format_command(command) + "\n")
         print(format_plan(result))
     return 0
+
+
+def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpus: int) -> int:
+    """What must fit on the worst GPU of ``gpus`` under the command's strategy (for an alternative reading)."""
+    alt = argparse.Namespace(**vars(args))
+    alt.gpus, alt.strategy = gpus, args.strategy or "ddp"
+    dist, _ = plan_gpus.plan_gpus(model, spec, alt, hardware)
+    if dist is None:  # plan_gpus returns one whenever a strategy is given, as here
+        raise UsageError(f"cannot plan {gpus} GPUs under {alt.strategy}")
+    return int(dist.worst.device_bytes)
 
 
 def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:
@@ -122,8 +155,9 @@ def format_plan(p: Plan) -> str:
         f"({p.trainable_params / 1e6:.1f}M trainable), {s.optim}, "
         f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}, {s.attn}",
         f"  framework {p.framework}: {p.framework_title}",
+        *plan_phases.warning_lines(p),
         "",
-        f"  breakdown at the peak ({p.peak_phase}; [{p.framework}] = set by the framework):",
+        f"  breakdown at the peak ({_peak_name(p)}; [{p.framework}] = set by the framework):",
     ]
     labels = breakdown_labels(s.bits, s.compute_dtype, p.moe)
     for name, value in p.breakdown.to_dict().items():
@@ -140,6 +174,7 @@ def format_plan(p: Plan) -> str:
         f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(p.peak_reserved_bytes):>11}",
         f"  process memory (nvidia-smi)                      {gib(p.process_bytes):>11}",
     ]
+    lines += plan_phases.format_lines(p)
     if p.gpu_memory_bytes is not None:
         verdict = "fits" if p.fits else "does NOT fit"
         lines += ["", f"  {verdict} in {gib(p.gpu_memory_bytes)}; {_limits(p)}"]
@@ -160,11 +195,19 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def _peak_name(p: Plan) -> str:
+    """The training step's moment, or the run's phase and its moment when another phase sets the peak."""
+    if p.run is None or p.run_peak_phase == "train":
+        return p.peak_phase
+    return f"{p.run_peak_phase}: {p.run.peak.moment}"
+
+
 def _limits(p: Plan) -> str:
     """``largest batch at 2048 tokens: 3; longest sequence at batch 4: 1570``, in words when nothing fits or the
     sequence stops at the model's context."""
     if not p.max_batch_size:
-        return f"no batch fits at {p.seq_len} tokens" + ("" if p.max_seq_len else ", nor any sequence length")
+        beside = "" if p.run_peak_phase == "train" else f" beside the {p.run_peak_phase} phase as planned"
+        return f"no batch fits at {p.seq_len} tokens{beside}" + ("" if p.max_seq_len else ", nor any sequence length")
     seq = (f"up to its {p.max_seq_len}-token context" if p.max_seq_len_at_context
            else str(p.max_seq_len) if p.max_seq_len else "none")
     return f"largest batch at {p.seq_len} tokens: {p.max_batch_size}; longest sequence at batch {p.batch_size}: {seq}"
