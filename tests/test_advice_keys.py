@@ -87,8 +87,10 @@ def test_a_16_bit_7b_is_not_told_to_use_two_dozen_gpus(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     ways = [line.strip() for line in out.split("what would fit:")[1].splitlines() if line.strip().startswith("- ")]
     assert "24 GPUs" not in out and "48 GPUs" not in out
-    # FSDP over 2 GPUs at micro-batch 1, the accumulation keeping the effective batch; no 4-bit storage for bf16
-    assert ways[0].startswith("- use 2 GPUs with FSDP: at micro-batch 1 with gradient accumulation 4")
+    # FSDP over 2 GPUs at micro-batch 1: 1 x 2 accumulation x 2 ranks keeps the effective batch of 4; a bf16
+    # base needs no 4-bit storage setting to be sharded
+    assert ways[0].startswith("- use 2 GPUs with FSDP: at micro-batch 1 with gradient accumulation 2 "
+                              "(the same effective batch)")
     assert "bnb_4bit_quant_storage" not in out
     assert any(w.startswith("- offload the parameters to the CPU") and "on this GPU" in w for w in ways)
 
@@ -132,3 +134,39 @@ def test_the_micro_batch_advice_saving_is_the_planners_difference() -> None:
     _, shape = resolve_model("Llama-2-7B")
     assert rec.saving_bytes == (estimate(shape, result.spec, 4, 1024).device_bytes
                                 - estimate(shape, result.spec, 2, 1024).device_bytes)
+
+
+def cli_plan(capsys: pytest.CaptureFixture[str], cwd: Path, monkeypatch: pytest.MonkeyPatch, *argv: str) -> str:
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    assert main(["plan", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_plan_of_a_trl_command_keeps_its_accumulation(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "x.yaml").write_text(
+        "model_name_or_path: Llama-2-7B\nuse_peft: true\nload_in_4bit: true\nlora_r: 16\n"
+        "per_device_train_batch_size: 2\ngradient_accumulation_steps: 4\nmax_length: 2048\nbf16: true\n"
+        "dtype: bfloat16\n")
+    out = cli_plan(capsys, tmp_path, monkeypatch, "--gpu-memory", "24GiB", "--", "trl", "sft", "--config", "x.yaml")
+    assert "- micro-batch 1 with gradient accumulation 8 (same effective batch 8)" in out
+    assert "SFTConfig(per_device_train_batch_size=1, gradient_accumulation_steps=8)" in out
+    assert "same effective batch 2" not in out
+
+
+def test_plan_of_an_axolotl_command_speaks_axolotl(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ax.yml").write_text(
+        "base_model: Llama-2-7B\nadapter: qlora\nload_in_4bit: true\nmicro_batch_size: 2\n"
+        "gradient_accumulation_steps: 4\nsequence_len: 2048\nlora_r: 32\nlora_target_linear: true\n"
+        "gradient_checkpointing: false\noptimizer: adamw_torch\nbf16: auto\n"
+        "datasets:\n  - path: data.jsonl\n    type: alpaca\n")
+    out = cli_plan(capsys, tmp_path, monkeypatch, "--gpu-memory", "24GiB", "--", "accelerate", "launch", "-m",
+                   "axolotl.cli.train", "ax.yml")
+    advice = out.split("to use less memory")[1]
+    assert "gradient_checkpointing: true" in advice
+    assert "micro_batch_size: 1; gradient_accumulation_steps: 8" in advice
+    assert "TrainingArguments(" not in advice and "SFTConfig(" not in advice and "SFTTrainer" not in advice
+    # over 2 GPUs, micro-batch 1 x 4 accumulation x 2 ranks is the YAML's effective batch of 8
+    assert "use 2 GPUs with FSDP" in advice and "micro_batch_size: 1; gradient_accumulation_steps: 4" in advice

@@ -21,6 +21,7 @@ from vramscope.commands import phases as command_phases
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.memory import OPTIMIZERS
+from vramscope.planner.settings import style_of
 from vramscope.units import gib
 
 
@@ -85,9 +86,11 @@ def run(args: argparse.Namespace) -> int:
                 print(report, file=sys.stderr)
         run_phases = plan_phases.run_phases_from_args(
             args, base=None if command is None or multi else command_phases.run_phases(command.parsed))
+        # advice in the command's own keys, keeping its accumulation (same effective batch)
+        style = None if command is None else style_of(command.parsed.program, command.spec.framework)
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
                       target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None,
-                      run=run_phases)
+                      run=run_phases, style=style, grad_accum=1 if command is None else command.parsed.grad_accum)
         others = [] if command is None else training_command.alternative_plans(
             command, args, model,
             lambda alt, seq: plan(model, args.batch_size, seq or args.seq_len, alt, gpu_memory=args.gpu_memory,

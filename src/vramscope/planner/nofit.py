@@ -109,7 +109,12 @@ def _more_gpus(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Har
     # 4-bit weights need bf16 storage for FSDP to shard them; a 16-bit base shards as it is.
     how = " (bnb_4bit_quant_storage=bfloat16 shards the 4-bit weights)" if spec.bits == 4 else ""
     if accumulate > grad_accum:
-        size = f"at micro-batch 1 with gradient accumulation {accumulate} (the same effective batch)"
+        # FSDP's ranks each take a micro-batch: the effective batch is micro-batch 1 x accumulation x GPUs.
+        total = accumulate
+        accumulate = max(1, round(total / min_gpus))
+        same = ("the same effective batch" if accumulate * min_gpus == total
+                else f"effective batch {accumulate * min_gpus}, the nearest to {total}")
+        size = f"at micro-batch 1 with gradient accumulation {accumulate} ({same})"
         change = {"gpus": min_gpus, "strategy": "fsdp", "batch_size": 1, "grad_accum": accumulate}
     else:
         size = f"up to micro-batch {max_batch} each"
