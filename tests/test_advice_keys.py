@@ -170,3 +170,32 @@ def test_plan_of_an_axolotl_command_speaks_axolotl(tmp_path: Path, capsys: pytes
     assert "TrainingArguments(" not in advice and "SFTConfig(" not in advice and "SFTTrainer" not in advice
     # over 2 GPUs, micro-batch 1 x 4 accumulation x 2 ranks is the YAML's effective batch of 8
     assert "use 2 GPUs with FSDP" in advice and "micro_batch_size: 1; gradient_accumulation_steps: 4" in advice
+
+
+def other_process_log(path: Path, reserved_gib: float, others_gib: float) -> Path:
+    """A vramscope log of 200 flat steps on one GPU whose used memory is the allocator's reserve, a 1.5 GiB CUDA
+    context and ``others_gib`` held by another process."""
+    gib = 1024**3
+    header = ("time,elapsed_s,step,gpu,allocated_bytes,reserved_bytes,peak_allocated_bytes,device_used_bytes,"
+              "device_total_bytes,phase")
+    reserved = int(reserved_gib * gib)
+    used = reserved + int(1.5 * gib) + int(others_gib * gib)
+    lines = [header]
+    for step in range(1, 201):
+        lines.append(f"2026-12-01T08:{step // 60:02d}:{step % 60:02d}.000+00:00,{step},{step},0,{reserved - gib},"
+                     f"{reserved},{reserved - gib // 2},{used},{143771 * 1024**2},train")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("reserved_gib", "offered"), [(8.0, True), (120.0, False)])
+def test_log_advice_that_saves_under_1_percent_of_the_peak_is_not_offered(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], reserved_gib: float, offered: bool) -> None:
+    import json
+
+    log = other_process_log(tmp_path / "memory.csv", reserved_gib, others_gib=1.1)
+    capsys.readouterr()
+    assert main(["report", str(log), "--json"]) == 0
+    titles = [r["title"] for r in json.loads(capsys.readouterr().out)["recommendations"]]
+    # 1.1 GiB held by another process: worth a line beside an 8 GiB run, noise beside a 120 GiB one (< 1%)
+    assert ("Check what else holds memory on this GPU" in titles) is offered
