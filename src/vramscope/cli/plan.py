@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus, plan_phases
 from vramscope.cli.common import CommandError, UsageError, positive_int
 from vramscope.cli.labels import breakdown_labels
+from vramscope.cli.plan_dataset import add_dataset_arguments, fallback_line, format_dataset, read_dataset
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.commands import phases as command_phases
@@ -23,6 +24,9 @@ from vramscope.planner.api import Plan
 from vramscope.planner.memory import OPTIMIZERS
 from vramscope.planner.settings import style_of
 from vramscope.units import gib
+
+if TYPE_CHECKING:
+    from vramscope.dataset import DatasetLengths
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +51,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     plan_gpus.add_arguments(parser)
     plan_phases.add_arguments(parser)
     add_trace_arguments(parser)
+    add_dataset_arguments(parser)
     training_command.add_command_argument(parser, "plan without running it")  # last: it tracks the flags above
 
 
@@ -61,16 +66,19 @@ def run(args: argparse.Namespace) -> int:
         command = training_command.apply_to_plan_args(args, command)
     elif args.model is None and args.config is None:
         raise UsageError("one of the arguments --model --config --list-models or '-- COMMAND' is required")
-    sizes = (("--batch-size", args.batch_size), ("--seq-len", args.seq_len))
+    # With --dataset, --seq-len is the truncation (max_length), and none means the trainer does not truncate.
+    sizes = [("--batch-size", args.batch_size)] + ([] if args.dataset else [("--seq-len", args.seq_len)])
     missing = [flag for flag, value in sizes if value is None]
     if missing:
         raise UsageError(f"{' and '.join(missing)} required, e.g. --batch-size 4 --seq-len 2048")
+    data, data_failed = _dataset(args)
     multi = plan_gpus.wanted(args)
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
         if getattr(args, "trace", False):
             plan_phases.refuse_phases(args, "--trace")
+            _print_dataset(args, data, data_failed)
             return _trace(args, model, spec, multi)
         if multi:
             plan_phases.refuse_phases(args, "--gpus")
@@ -104,28 +112,28 @@ def run(args: argparse.Namespace) -> int:
         command_printed = True
     else:
         command_printed = False
-    extra_json = {} if command is None else {**training_command.json_fields(command),
-                                             "alternatives": training_command.alternatives_json(
-                                                 others, result.gpu_memory_bytes)}
+    extra: dict[str, Any] = {} if command is None else {
+        "command": command.to_dict(), **training_command.json_fields(command),
+        "alternatives": training_command.alternatives_json(others, result.gpu_memory_bytes)}
+    if args.dataset:
+        extra["dataset"] = data.to_json() if data is not None else {
+            "source": args.dataset, "error": data_failed, "planned_at": f"{args.batch_size} x {args.seq_len}"}
     if multi:
         dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
         if args.json:
-            extra = {} if command is None else {"command": command.to_dict(), **extra_json}
             print(json.dumps({**plan_gpus.to_json(result.to_dict(), dist, table), **extra}, indent=2))
         else:
             if command is not None and not command_printed:
                 print(training_command.format_command(command) + "\n")
+            _print_dataset(args, data, data_failed)
             print(plan_gpus.format_gpus(result, dist, table))
         return 0
     if args.json:
-        out = result.to_dict()
-        if command is not None:
-            out["command"] = command.to_dict()
-            out.update(extra_json)
-        print(json.dumps(out, indent=2))
+        print(json.dumps({**result.to_dict(), **extra}, indent=2))
     else:
         if command is not None and not command_printed:
             print(training_command.format_command(command) + "\n")
+        _print_dataset(args, data, data_failed)
         print(format_plan(result))
     return 0
 
@@ -138,6 +146,36 @@ def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpu
     if dist is None:  # plan_gpus returns one whenever a strategy is given, as here
         raise UsageError(f"cannot plan {gpus} GPUs under {alt.strategy}")
     return int(dist.worst.device_bytes)
+
+
+def _dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
+    """``--dataset``: read it and make the plan's batch its longest batch (``args.batch_size``/``seq_len`` become
+    its rows and padded length); a dataset that cannot be read leaves batch x max_length, with the reason."""
+    if not args.dataset:
+        return None, None
+    data, why = read_dataset(args)
+    if data is None:
+        if args.seq_len is None:
+            raise UsageError(f"cannot read the dataset ({why}), and there is no --seq-len to plan at instead")
+        return None, why or "unreadable"
+    args.batch_size, args.seq_len = data.peak_batch_rows, data.peak_batch_seq
+    if data.trainer == "dpo" and getattr(args, "trainer", None) in (None, "dpo"):
+        # The planner's DPO phase stacks chosen and rejected itself: it takes the pairs, at the longest's length.
+        args.trainer, args.batch_size = "dpo", max(1, data.peak_batch_rows // 2)
+    elif data.trainer == "grpo" and getattr(args, "trainer", None) in (None, "grpo"):
+        args.trainer = "grpo"
+        if getattr(args, "max_prompt_len", None) is None:
+            args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
+    return data, None
+
+
+def _print_dataset(args: argparse.Namespace, data: DatasetLengths | None, failed: str | None) -> None:
+    if args.json:
+        return
+    if data is not None:
+        print(format_dataset(data) + "\n")
+    elif failed is not None:
+        print(fallback_line(args, failed) + "\n")
 
 
 def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:
