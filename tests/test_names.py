@@ -63,8 +63,10 @@ def test_plan_takes_a_hub_id(model: str) -> None:
 
 
 def test_an_unknown_hub_id_names_the_closest() -> None:
-    with pytest.raises(UnknownModelError, match="closest: Mistral-7B"):
-        registry.resolve("mistralai/Mistral-7B-Instruct-v0.2")  # another context and rope: not taken as v0.1
+    # v0.2 has another context and rope than v0.1: it plans as its own entry, never as v0.1 (issue 25)
+    assert registry.resolve("mistralai/Mistral-7B-Instruct-v0.2") == "Mistral-7B-v0.2"
+    with pytest.raises(UnknownModelError, match=r"closest: .*Mistral-7B-v0\.3"):
+        registry.resolve("mistralai/Mistral-7B-Instruct-v0.9")
     line = refused("plan", "--model", "meta-llama/Llama-9-7b-hf", "--batch-size", "1", "--seq-len", "8")
     assert "closest: Llama-2-7B" in line
 
