@@ -31,6 +31,7 @@ LIBRARY_PLACES: dict[str, tuple[str, ...]] = {
     "psutil": ("vramscope.backends.host",),
     "prometheus_client": ("vramscope.exporters.collector", "vramscope.exporters.http", "vramscope.exporters.push"),
     "yaml": ("vramscope.commands.files",),
+    "pyarrow": ("vramscope.logs.", "vramscope.dataset."),
     "torch": (
         "vramscope.backends.torch_allocator",
         "vramscope.training.",  # the monitor's side of a run: callbacks, QLoRA builders, trial children

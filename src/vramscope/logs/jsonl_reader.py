@@ -17,7 +17,17 @@ from vramscope.logs.cells import CellRanges, pack
 from vramscope.logs.csv_reader import complete_lines
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.schema import COLUMNS
+from vramscope.logs.source import MAX_COLUMNS, LogSource
 from vramscope.logs.table import ColumnData, LogTable, SparseTextColumn, TextColumn
+
+
+def sniff(source: LogSource) -> bool:
+    """A JSON object first: ``{`` is the first byte that is not a space."""
+    return source.head.lstrip()[:1] == b"{"
+
+
+def read(source: LogSource) -> LogTable:
+    return read_jsonl(source.name, source.data().decode("utf-8", errors="replace"))
 
 
 def read_jsonl(name: str, text: str) -> LogTable:
@@ -36,6 +46,9 @@ def read_jsonl(name: str, text: str) -> LogTable:
         for key, value in row.items():
             column = columns.get(key)
             if column is None:  # a key first met here (even as null) is a column, as it always was
+                if len(columns) >= MAX_COLUMNS:  # see MAX_COLUMNS: no memory log has as many
+                    raise LogFormatError(f"{name} has more than {MAX_COLUMNS} keys; no memory log has as many "
+                                         "(vramscope's has 22): give a log written by vramscope")
                 column = columns[key] = _Cells()
             if value is not None:
                 column.add(count, str(value))

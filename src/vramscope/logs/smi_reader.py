@@ -21,6 +21,7 @@ from vramscope.logs.cells import CellRanges, CellSource, Column, Labels
 from vramscope.logs.csv_reader import csv_columns
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.locate import locate
+from vramscope.logs.source import LogSource
 from vramscope.logs.table import ColumnData, LogTable, NumberColumn, TextColumn
 
 MIB = 1024 * 1024
@@ -34,6 +35,15 @@ _MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=n
 _ISO_WIDTH = 29  # "2026-11-29T10:00:00.123+00:00", the form of vramscope's own logs
 _SMI_NUMBER = re.compile(r"([0-9.]+)")
 _UNITS = ((b" MiB", "<u4"), (b" %", "<u2"))
+
+
+def sniff(source: LogSource) -> bool:
+    """nvidia-smi's header: a ``memory.used`` or ``memory.total`` field."""
+    return "memory.used" in source.header or "memory.total" in source.header
+
+
+def read(source: LogSource) -> LogTable:
+    return read_nvidia_smi(source.name, source.data())
 
 
 def read_nvidia_smi(name: str, data: bytes) -> LogTable:

@@ -1,0 +1,160 @@
+"""A log column held by pyarrow, made into numpy arrays (:class:`~vramscope.logs.cells.Column`, ``Labels``) when asked.
+
+A column is a list of pieces, each a pyarrow array (int64, float64 or text) or a count of rows that hold
+nothing: a log's columns that were never logged (a run without the allocator has eight) then cost no
+memory at all, where an int64 array of nulls costs 8 bytes a row.
+
+The schema's number columns are typed (:mod:`vramscope.logs.schema`): their text is their number
+(``str`` of the int, ``repr`` of the float), as the sink wrote it. Any other column is text, and its
+numbers follow the per-cell rules of :func:`~vramscope.logs.cells.int_of` / ``float_of``: plain cells
+(an optional ``-`` and at most 18 digits; digits with at most one ``.``) are cast by pyarrow for the
+whole column, and only the other cells that could be numbers at all go through the rules one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vramscope.logs import cells as cellparse
+from vramscope.logs.cells import Column, Labels
+
+Piece: TypeAlias = "pa.Array | int"  # an array, or that many rows with nothing in them
+INT64_MIN = -(2**63)  # int_of refuses it (beyond +-MAX_CELL_INT); pyarrow's parser reads it
+_PLAIN_INT = r"^-?[0-9]{1,18}$"  # within int64, read alike by pyarrow's cast and int()
+_PLAIN_FLOAT = r"^[0-9]{1,15}(\.[0-9]{0,15})?$|^\.[0-9]{1,15}$"  # cast and float() round alike (correctly)
+# A cell with any other character is no number for int_of/float_of (letters spell only inf and nan,
+# which are not finite): it needs no call.
+_MAYBE_NUMBER = r"^[0-9.eE+_\-\s\x0b\x1c-\x1f]{1,64}$"
+
+
+class ArrowColumn:
+    """One column of a log (a :class:`~vramscope.logs.table.ColumnData`), its pieces end to end."""
+
+    def __init__(self, pieces: Sequence[Piece], kind: pa.DataType) -> None:
+        self.pieces = list(pieces)
+        self.kind = kind
+        self._rows = sum(p if isinstance(p, int) else len(p) for p in self.pieces)
+
+    @classmethod
+    def of_texts(cls, values: Sequence[str | None]) -> ArrowColumn:
+        """Text cells, '' or None for unknown (the csv module's rows, a hand-written log's, tests)."""
+        return cls([pa.array([v or None for v in values], type=pa.string())], pa.string())
+
+    @classmethod
+    def of_numbers(cls, column: Column) -> ArrowColumn:
+        """Numbers already made (int64 or float64 values with their known mask)."""
+        kind = pa.int64() if column.values.dtype == np.int64 else pa.float64()
+        return cls([pa.array(column.values, type=kind, mask=~column.known)], kind)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def whole(self) -> pa.Array:
+        """The column as one array (the empty pieces as nulls)."""
+        arrays = [pa.nulls(p, self.kind) if isinstance(p, int) else p for p in self.pieces]
+        if not arrays:
+            return pa.array([], type=self.kind)
+        return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+    def filled(self) -> bool:
+        return any(not isinstance(p, int) and p.null_count < len(p) for p in self.pieces)
+
+    def _each(self, convert: type[int] | type[float]) -> Column:
+        dtype = np.int64 if convert is int else np.float64
+        parts = [cellparse.unknown_column(p, dtype) if isinstance(p, int) else
+                 (_ints if convert is int else _floats)(p, self.kind) for p in self.pieces]
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cellparse.unknown_column(0, dtype)
+        return Column(np.concatenate([c.values for c in parts]), np.concatenate([c.known for c in parts]))
+
+    def ints(self) -> Column:
+        return self._each(int)
+
+    def floats(self) -> Column:
+        return self._each(float)
+
+    def texts(self) -> list[str | None]:
+        if pa.types.is_string(self.kind):
+            return self.whole().to_pylist()  # type: ignore[no-any-return]
+        column = self.ints() if pa.types.is_integer(self.kind) else self.floats()
+        values: list[int | float] = column.values.tolist()
+        return [repr(v) if k else None for v, k in zip(values, column.known.tolist(), strict=True)]
+
+    def labels(self) -> Labels:
+        if not pa.types.is_string(self.kind):
+            return labels_of(pa.array(self.texts(), type=pa.string()))
+        return labels_of(self.whole())
+
+    def take(self, rows: np.ndarray) -> ArrowColumn:
+        return ArrowColumn([self.whole().take(pa.array(rows, type=pa.int64()))], self.kind)
+
+
+def labels_of(array: pa.Array) -> Labels:
+    """Text cells as codes into their distinct non-null cells, numbered in order of first appearance."""
+    names = pc.unique(array.drop_null())
+    codes = pc.fill_null(pc.index_in(array, value_set=names), -1)
+    return Labels(codes.to_numpy(zero_copy_only=False).astype(np.int32, copy=False), names.to_pylist())
+
+
+def _known(array: pa.Array) -> np.ndarray:
+    if array.null_count == 0:
+        return np.ones(len(array), dtype=bool)
+    return pc.is_valid(array).to_numpy(zero_copy_only=False)  # type: ignore[no-any-return]
+
+
+def _ints(array: pa.Array, kind: pa.DataType) -> Column:
+    if pa.types.is_integer(kind):
+        values = pc.fill_null(array, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=True)
+        known = _known(array) & (values != INT64_MIN)
+        values[~known] = 0
+        return Column(values, known)
+    if pa.types.is_floating(kind):  # as the text "1.037" reads as an int: the whole part, within int64
+        number = _floats(array, kind)
+        whole = number.known & (np.abs(number.values) <= cellparse.MAX_CELL_INT)
+        return Column(np.trunc(np.where(whole, number.values, 0)).astype(np.int64), whole)
+    return _from_text(array, np.int64, _PLAIN_INT, pa.int64(), cellparse.int_of)
+
+
+def _floats(array: pa.Array, kind: pa.DataType) -> Column:
+    if pa.types.is_integer(kind):
+        number = _ints(array, kind)
+        return Column(number.values.astype(np.float64), number.known)
+    if pa.types.is_floating(kind):
+        values = pc.fill_null(array, 0.0).to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
+        known = _known(array) & np.isfinite(values)  # "nan", "inf", "1e999": unknown, as float_of says
+        values[~known] = 0.0
+        return Column(values, known)
+    return _from_text(array, np.float64, _PLAIN_FLOAT, pa.float64(), cellparse.float_of)
+
+
+def _from_text(array: pa.Array, dtype: type, plain_pattern: str, kind: pa.DataType,
+               one: object) -> Column:
+    """Text cells as numbers: plain ones cast for the whole column, the rest that may be numbers one by one."""
+    n = len(array)
+    if array.null_count == n:
+        return cellparse.unknown_column(n, dtype)
+    plain = pc.fill_null(pc.match_substring_regex(array, plain_pattern), False)
+    cast = pc.cast(pc.if_else(plain, array, pa.scalar("0")), kind)
+    values = cast.to_numpy(zero_copy_only=False).astype(dtype, copy=True)
+    known = plain.to_numpy(zero_copy_only=False).copy()
+    maybe = pc.and_(pc.invert(plain), pc.fill_null(pc.match_substring_regex(array, _MAYBE_NUMBER), False))
+    odd = np.flatnonzero(maybe.to_numpy(zero_copy_only=False))
+    if len(odd):
+        convert = one  # int_of or float_of
+        seen: dict[str, int | float | None] = {}  # a damaged column repeats its odd cells
+        for i, text in zip(odd.tolist(), array.take(pa.array(odd)).to_pylist(), strict=True):
+            if text not in seen:
+                seen[text] = convert(text)  # type: ignore[operator]
+            value = seen[text]
+            if value is not None:
+                values[i] = value
+                known[i] = True
+    values[~known] = 0
+    return Column(values, known)
