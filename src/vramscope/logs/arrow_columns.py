@@ -96,6 +96,50 @@ class ArrowColumn:
         return ArrowColumn([self.whole().take(pa.array(rows, type=pa.int64()))], self.kind)
 
 
+class SparseColumn:
+    """Text cells of a few of ``rows`` rows (JSON Lines keys that come and go): the rest are unknown.
+
+    The cells are ``cells[lo:hi]``, on rows ``where[lo:hi]`` (increasing), of an array shared by every such
+    column of the log: a log whose every row brings a new key then costs the cells in the file and a few
+    numbers a key, not rows x keys, nor arrays of its own for each key.
+    """
+
+    __slots__ = ("cells", "hi", "lo", "rows", "where")
+
+    def __init__(self, cells: pa.Array, where: np.ndarray, lo: int, hi: int, rows: int) -> None:
+        self.cells = cells
+        self.where = where
+        self.lo, self.hi = lo, hi
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def filled(self) -> bool:
+        return bool(self.cells.slice(self.lo, self.hi - self.lo).null_count < self.hi - self.lo)
+
+    def _whole(self) -> ArrowColumn:
+        index = np.full(self.rows, -1, dtype=np.int64)
+        index[self.where[self.lo : self.hi]] = np.arange(self.lo, self.hi)
+        picks = pa.array(index, type=pa.int64(), mask=index < 0)
+        return ArrowColumn([self.cells.take(picks)], pa.string())
+
+    def ints(self) -> Column:
+        return self._whole().ints()
+
+    def floats(self) -> Column:
+        return self._whole().floats()
+
+    def texts(self) -> list[str | None]:
+        return self._whole().texts()
+
+    def labels(self) -> Labels:
+        return self._whole().labels()
+
+    def take(self, rows: np.ndarray) -> ArrowColumn:
+        return self._whole().take(rows)
+
+
 def labels_of(array: pa.Array) -> Labels:
     """Text cells as codes into their distinct non-null cells, numbered in order of first appearance."""
     names = pc.unique(array.drop_null())
