@@ -32,6 +32,32 @@ _PLAIN_FLOAT = r"^[0-9]{1,15}(\.[0-9]{0,15})?$|^\.[0-9]{1,15}$"  # cast and floa
 _MAYBE_NUMBER = r"^[0-9.eE+_\-\s\x0b\x1c-\x1f]{1,64}$"
 
 
+# Between numpy and pyarrow through buffers: pa.array(), pa.scalar() and Array.to_numpy() import pandas
+# when it is installed (pyarrow asks whether the object is a pandas one), a second or more of a report's start.
+_NUMPY_OF = {pa.int64(): np.int64, pa.int32(): np.int32, pa.float64(): np.float64}
+
+
+def numpy_of(array: pa.Array) -> np.ndarray:
+    """A copy of an int, float or bool array without nulls, as numpy."""
+    data = array.buffers()[1]
+    if pa.types.is_boolean(array.type):
+        bits = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+        flags: np.ndarray = np.unpackbits(bits, bitorder="little", count=array.offset + len(array))
+        return flags[array.offset :].astype(bool)
+    dtype = np.dtype(_NUMPY_OF[array.type])
+    if data is None or len(array) == 0:
+        return np.zeros(len(array), dtype=dtype)
+    copied: np.ndarray = np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize).copy()
+    return copied
+
+
+def array_of(values: np.ndarray, known: np.ndarray | None = None) -> pa.Array:
+    """int64 or float64 values (their known mask, if any) as a pyarrow array."""
+    kind = pa.int64() if values.dtype == np.int64 else pa.float64()
+    validity = None if known is None or known.all() else pa.py_buffer(np.packbits(known, bitorder="little"))
+    return pa.Array.from_buffers(kind, len(values), [validity, pa.py_buffer(np.ascontiguousarray(values))])
+
+
 class ArrowColumn:
     """One column of a log (a :class:`~vramscope.logs.table.ColumnData`), its pieces end to end."""
 
@@ -48,8 +74,8 @@ class ArrowColumn:
     @classmethod
     def of_numbers(cls, column: Column) -> ArrowColumn:
         """Numbers already made (int64 or float64 values with their known mask)."""
-        kind = pa.int64() if column.values.dtype == np.int64 else pa.float64()
-        return cls([pa.array(column.values, type=kind, mask=~column.known)], kind)
+        array = array_of(column.values, column.known)
+        return cls([array], array.type)
 
     def __len__(self) -> int:
         return self._rows
@@ -88,12 +114,15 @@ class ArrowColumn:
         return [repr(v) if k else None for v, k in zip(values, column.known.tolist(), strict=True)]
 
     def labels(self) -> Labels:
+        if pa.types.is_integer(self.kind):  # int64 cast to text is str() of each: no Python list
+            number = self.ints()
+            return labels_of(pc.cast(array_of(number.values, number.known), pa.string()))
         if not pa.types.is_string(self.kind):
             return labels_of(pa.array(self.texts(), type=pa.string()))
         return labels_of(self.whole())
 
     def take(self, rows: np.ndarray) -> ArrowColumn:
-        return ArrowColumn([self.whole().take(pa.array(rows, type=pa.int64()))], self.kind)
+        return ArrowColumn([self.whole().take(array_of(rows.astype(np.int64)))], self.kind)
 
 
 class SparseColumn:
@@ -121,7 +150,7 @@ class SparseColumn:
     def _whole(self) -> ArrowColumn:
         index = np.full(self.rows, -1, dtype=np.int64)
         index[self.where[self.lo : self.hi]] = np.arange(self.lo, self.hi)
-        picks = pa.array(index, type=pa.int64(), mask=index < 0)
+        picks = array_of(index, index >= 0)
         return ArrowColumn([self.cells.take(picks)], pa.string())
 
     def ints(self) -> Column:
@@ -144,18 +173,18 @@ def labels_of(array: pa.Array) -> Labels:
     """Text cells as codes into their distinct non-null cells, numbered in order of first appearance."""
     names = pc.unique(array.drop_null())
     codes = pc.fill_null(pc.index_in(array, value_set=names), -1)
-    return Labels(codes.to_numpy(zero_copy_only=False).astype(np.int32, copy=False), names.to_pylist())
+    return Labels(numpy_of(codes).astype(np.int32, copy=False), names.to_pylist())
 
 
 def _known(array: pa.Array) -> np.ndarray:
     if array.null_count == 0:
         return np.ones(len(array), dtype=bool)
-    return pc.is_valid(array).to_numpy(zero_copy_only=False)  # type: ignore[no-any-return]
+    return numpy_of(pc.is_valid(array))
 
 
 def _ints(array: pa.Array, kind: pa.DataType) -> Column:
     if pa.types.is_integer(kind):
-        values = pc.fill_null(array, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=True)
+        values = numpy_of(pc.fill_null(array, 0)).astype(np.int64, copy=False)
         known = _known(array) & (values != INT64_MIN)
         values[~known] = 0
         return Column(values, known)
@@ -171,7 +200,7 @@ def _floats(array: pa.Array, kind: pa.DataType) -> Column:
         number = _ints(array, kind)
         return Column(number.values.astype(np.float64), number.known)
     if pa.types.is_floating(kind):
-        values = pc.fill_null(array, 0.0).to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
+        values = numpy_of(pc.fill_null(array, 0.0)).astype(np.float64, copy=False)
         known = _known(array) & np.isfinite(values)  # "nan", "inf", "1e999": unknown, as float_of says
         values[~known] = 0.0
         return Column(values, known)
@@ -186,14 +215,14 @@ def _from_text(array: pa.Array, dtype: type, plain_pattern: str, kind: pa.DataTy
         return cellparse.unknown_column(n, dtype)
     plain = pc.fill_null(pc.match_substring_regex(array, plain_pattern), False)
     cast = pc.cast(pc.if_else(plain, array, pa.scalar("0")), kind)
-    values = cast.to_numpy(zero_copy_only=False).astype(dtype, copy=True)
-    known = plain.to_numpy(zero_copy_only=False).copy()
+    values: np.ndarray = numpy_of(cast).astype(dtype, copy=False)
+    known = numpy_of(plain)
     maybe = pc.and_(pc.invert(plain), pc.fill_null(pc.match_substring_regex(array, _MAYBE_NUMBER), False))
-    odd = np.flatnonzero(maybe.to_numpy(zero_copy_only=False))
+    odd = np.flatnonzero(numpy_of(maybe))
     if len(odd):
         convert = one  # int_of or float_of
         seen: dict[str, int | float | None] = {}  # a damaged column repeats its odd cells
-        for i, text in zip(odd.tolist(), array.take(pa.array(odd)).to_pylist(), strict=True):
+        for i, text in zip(odd.tolist(), array.take(array_of(odd.astype(np.int64))).to_pylist(), strict=True):
             if text not in seen:
                 seen[text] = convert(text)  # type: ignore[operator]
             value = seen[text]

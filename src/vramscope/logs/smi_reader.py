@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 
 from vramscope.logs import cells as cellparse
 from vramscope.logs import smi_samples
-from vramscope.logs.arrow_columns import ArrowColumn
+from vramscope.logs.arrow_columns import ArrowColumn, array_of, numpy_of
 from vramscope.logs.cells import Column, Labels
 from vramscope.logs.csv_reader import csv_columns
 from vramscope.logs.errors import LogFormatError
@@ -122,11 +122,11 @@ def _by_rule(cells: pa.Array, pattern: str, kind: pa.DataType, dtype: type, one:
     if cells.null_count == n:
         return cellparse.unknown_column(n, dtype)
     plain = pc.fill_null(pc.match_substring_regex(cells, pattern), False)
-    values = pc.cast(pc.if_else(plain, cells, pa.scalar("0")), kind).to_numpy(zero_copy_only=False).astype(dtype)
-    known = plain.to_numpy(zero_copy_only=False).copy()
-    odd = np.flatnonzero(pc.and_(pc.invert(plain), pc.is_valid(cells)).to_numpy(zero_copy_only=False))
+    values: np.ndarray = numpy_of(pc.cast(pc.if_else(plain, cells, pa.scalar("0")), kind)).astype(dtype, copy=False)
+    known = numpy_of(plain)
+    odd = np.flatnonzero(numpy_of(pc.and_(pc.invert(plain), pc.is_valid(cells))))
     seen: dict[str, float | None] = {}
-    for i, text in zip(odd.tolist(), cells.take(pa.array(odd, type=pa.int64())).to_pylist(), strict=True):
+    for i, text in zip(odd.tolist(), cells.take(array_of(odd.astype(np.int64))).to_pylist(), strict=True):
         if text not in seen:
             seen[text] = one(text)  # type: ignore[operator]
         value = seen[text]
@@ -171,13 +171,13 @@ def _stamps(cells: pa.Array) -> Column:
     # strptime rolls a 30th of February over into March: a date is real when it prints back as written.
     real = pc.fill_null(pc.equal(pc.strftime(parsed, format="%Y/%m/%d %H:%M:%S"), seconds), False)
     real = pc.and_(real, shaped)
-    whole = pc.fill_null(pc.cast(parsed, pa.int64()), 0).to_numpy(zero_copy_only=False)
+    whole = numpy_of(pc.fill_null(pc.cast(parsed, pa.int64()), 0))
     millis = pc.cast(pc.utf8_slice_codeunits(pc.if_else(shaped, cells, pa.scalar("0" * 23)), 20, 23), pa.int64())
-    out = Column((whole * 1000 + millis.to_numpy(zero_copy_only=False)).astype(np.float64),
-                 real.to_numpy(zero_copy_only=False) & (whole * 1000 >= _YEAR_1_MS))  # datetime has no year 0
+    out = Column((whole * 1000 + numpy_of(millis)).astype(np.float64),
+                 numpy_of(real) & (whole * 1000 >= _YEAR_1_MS))  # datetime has no year 0
     out.values[~out.known] = 0.0
-    others = np.flatnonzero(pc.and_(pc.invert(shaped), pc.is_valid(cells)).to_numpy(zero_copy_only=False))
-    for i, text in zip(others.tolist(), cells.take(pa.array(others, type=pa.int64())).to_pylist(), strict=True):
+    others = np.flatnonzero(numpy_of(pc.and_(pc.invert(shaped), pc.is_valid(cells))))
+    for i, text in zip(others.tolist(), cells.take(array_of(others.astype(np.int64))).to_pylist(), strict=True):
         unix = smi_time(text)
         if unix is not None:
             out.values[i] = round(unix * 1000, 3)
@@ -204,7 +204,7 @@ def _iso_times(millis: Column) -> pa.Array:
     """The stamps in vramscope's form, "2026-11-29T10:00:00.123+00:00" (years 1 to 9999; any other unknown)."""
     ms = np.floor(np.where(millis.known, millis.values, 0)).astype(np.int64)
     known = millis.known & (ms >= _YEAR_1_MS) & (ms < _YEAR_10000_MS)
-    stamps = pa.array(ms, type=pa.int64(), mask=~known).cast(pa.timestamp("ms"))
+    stamps = array_of(ms, known).cast(pa.timestamp("ms"))
     return pc.strftime(stamps, format="%Y-%m-%dT%H:%M:%S+00:00")  # %S of milliseconds: "00.123"
 
 
