@@ -214,9 +214,9 @@ def _from_text(array: pa.Array, dtype: type, plain_pattern: str, kind: pa.DataTy
     if array.null_count == n:
         return cellparse.unknown_column(n, dtype)
     plain = pc.fill_null(pc.match_substring_regex(array, plain_pattern), False)
-    cast = pc.cast(pc.if_else(plain, array, pa.scalar("0")), kind)
-    values: np.ndarray = numpy_of(cast).astype(dtype, copy=False)
     known = numpy_of(plain)
+    values: np.ndarray = np.zeros(n, dtype=dtype)
+    values[known] = numpy_of(pc.cast(pc.filter(array, plain), kind))
     maybe = pc.and_(pc.invert(plain), pc.fill_null(pc.match_substring_regex(array, _MAYBE_NUMBER), False))
     odd = np.flatnonzero(numpy_of(maybe))
     if len(odd):

@@ -19,7 +19,7 @@ from vramscope.logs.arrow_columns import ArrowColumn, SparseColumn
 from vramscope.logs.csv_reader import complete_lines
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.schema import COLUMNS
-from vramscope.logs.source import MAX_COLUMNS, LogSource
+from vramscope.logs.source import LogSource
 from vramscope.logs.table import ColumnData, LogTable
 
 
@@ -48,9 +48,6 @@ def read_jsonl(name: str, text: str) -> LogTable:
         for key, value in row.items():
             column = columns.get(key)
             if column is None:  # a key first met here (even as null) is a column, as it always was
-                if len(columns) >= MAX_COLUMNS:  # see MAX_COLUMNS: no memory log has as many
-                    raise LogFormatError(f"{name} has more than {MAX_COLUMNS} keys; no memory log has as many "
-                                         "(vramscope's has 22): give a log written by vramscope")
                 column = columns[key] = _Cells()
             if value is not None:
                 column.add(count, str(value))

@@ -122,8 +122,9 @@ def _by_rule(cells: pa.Array, pattern: str, kind: pa.DataType, dtype: type, one:
     if cells.null_count == n:
         return cellparse.unknown_column(n, dtype)
     plain = pc.fill_null(pc.match_substring_regex(cells, pattern), False)
-    values: np.ndarray = numpy_of(pc.cast(pc.if_else(plain, cells, pa.scalar("0")), kind)).astype(dtype, copy=False)
     known = numpy_of(plain)
+    values: np.ndarray = np.zeros(n, dtype=dtype)
+    values[known] = numpy_of(pc.cast(pc.filter(cells, plain), kind))
     odd = np.flatnonzero(numpy_of(pc.and_(pc.invert(plain), pc.is_valid(cells))))
     seen: dict[str, float | None] = {}
     for i, text in zip(odd.tolist(), cells.take(array_of(odd.astype(np.int64))).to_pylist(), strict=True):
@@ -166,23 +167,28 @@ def _stamps(cells: pa.Array) -> Column:
     "YYYY/MM/DD HH:MM:SS.mmm" of a real date, else by :func:`smi_time`; unknown when neither reads it."""
     n = len(cells)
     shaped = pc.fill_null(pc.match_substring_regex(cells, _SMI_STAMP), False)
-    seconds = pc.utf8_slice_codeunits(pc.if_else(shaped, cells, pa.scalar("1970/01/01 00:00:00.000")), 0, 19)
-    parsed = pc.strptime(seconds, format="%Y/%m/%d %H:%M:%S", unit="s", error_is_null=True)
-    # strptime rolls a 30th of February over into March: a date is real when it prints back as written.
-    real = pc.fill_null(pc.equal(pc.strftime(parsed, format="%Y/%m/%d %H:%M:%S"), seconds), False)
-    real = pc.and_(real, shaped)
-    whole = numpy_of(pc.fill_null(pc.cast(parsed, pa.int64()), 0))
-    millis = pc.cast(pc.utf8_slice_codeunits(pc.if_else(shaped, cells, pa.scalar("0" * 23)), 20, 23), pa.int64())
-    out = Column((whole * 1000 + numpy_of(millis)).astype(np.float64),
-                 numpy_of(real) & (whole * 1000 >= _YEAR_1_MS))  # datetime has no year 0
-    out.values[~out.known] = 0.0
+    rows = np.flatnonzero(numpy_of(shaped))
+    picked = pc.filter(cells, shaped)
+    try:  # pyarrow's ISO parser refuses what datetime refuses (a 30th of February, a 60th second) ...
+        millis = numpy_of(pc.cast(pc.cast(pc.replace_substring(picked, "/", "-"), pa.timestamp("ms")), pa.int64()))
+        real = np.ones(len(rows), dtype=bool)
+    except pa.ArrowInvalid:  # ... for the whole column: then stamp by stamp, through strptime
+        seconds = pc.utf8_slice_codeunits(picked, 0, 19)
+        parsed = pc.strptime(seconds, format="%Y/%m/%d %H:%M:%S", unit="s", error_is_null=True)
+        # strptime rolls a 30th of February over into March: a date is real when it prints back as written.
+        real = numpy_of(pc.fill_null(pc.equal(pc.strftime(parsed, format="%Y/%m/%d %H:%M:%S"), seconds), False))
+        whole = numpy_of(pc.fill_null(pc.cast(parsed, pa.int64()), 0))
+        millis = whole * 1000 + numpy_of(pc.cast(pc.utf8_slice_codeunits(picked, 20, 23), pa.int64()))
+    out = Column(np.zeros(n), np.zeros(n, dtype=bool))
+    real &= millis >= _YEAR_1_MS  # datetime has no year 0
+    out.values[rows] = np.where(real, millis, 0)
+    out.known[rows] = real
     others = np.flatnonzero(numpy_of(pc.and_(pc.invert(shaped), pc.is_valid(cells))))
     for i, text in zip(others.tolist(), cells.take(array_of(others.astype(np.int64))).to_pylist(), strict=True):
         unix = smi_time(text)
         if unix is not None:
             out.values[i] = round(unix * 1000, 3)
             out.known[i] = True
-    assert len(out) == n
     return out
 
 

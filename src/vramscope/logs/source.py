@@ -67,11 +67,14 @@ class LogSource:
         counts = dict.fromkeys(_DELIMITERS, 0)
         at = self.offset
         chunk = self.head
+        # JSON Lines are not counted: a row's commas are not columns, and keys that come and go cost
+        # only their cells (vramscope.logs.jsonl_reader).
+        counting = self.head.lstrip()[:1] != b"{"
         while True:
             newline = chunk.find(b"\n")
             line = chunk if newline < 0 else chunk[:newline]
             for delimiter in _DELIMITERS:
-                counts[delimiter] += line.count(delimiter)
+                counts[delimiter] += line.count(delimiter) if counting else 0
             if max(counts.values()) >= MAX_COLUMNS:
                 raise LogFormatError(
                     f"{self.name}'s first line has more than {MAX_COLUMNS} columns; no memory log has as many "
