@@ -122,6 +122,8 @@ class ArrowColumn:
         return labels_of(self.whole())
 
     def take(self, rows: np.ndarray) -> ArrowColumn:
+        if len(rows) == self._rows and (rows == np.arange(self._rows)).all():  # every row: no copy of the cells
+            return ArrowColumn([self.whole()], self.kind)
         return ArrowColumn([self.whole().take(array_of(rows.astype(np.int64)))], self.kind)
 
 
