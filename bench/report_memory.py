@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy
+import pyarrow
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -118,7 +119,7 @@ def main() -> None:
     results = []
     for src in args.src or [str(ROOT / "src")]:
         for what, child in (("jsonl-keys report", ["-m", "vramscope", "report", str(keys_log)]),
-                            ("csv reading (read_log: cells located)", ["-c", READ, str(csv_log)]),
+                            ("csv reading (read_log)", ["-c", READ, str(csv_log)]),
                             ("csv reading into arrays (every column)", ["-c", READ_INTO_ARRAYS, str(csv_log)]),
                             ("csv report", ["-m", "vramscope", "report", str(csv_log)])):
             figures = measure(src, child)
@@ -131,7 +132,8 @@ def main() -> None:
         "benchmark": "report_memory",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
-                    "load_average": os.getloadavg(), "numpy": numpy.__version__},
+                    "load_average": os.getloadavg(), "numpy": numpy.__version__,
+                    "pyarrow": pyarrow.__version__},
         "samples": args.samples,
         "results": results,
     }

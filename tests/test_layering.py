@@ -31,7 +31,7 @@ LIBRARY_PLACES: dict[str, tuple[str, ...]] = {
     "psutil": ("vramscope.backends.host",),
     "prometheus_client": ("vramscope.exporters.collector", "vramscope.exporters.http", "vramscope.exporters.push"),
     "yaml": ("vramscope.commands.files",),
-    "pyarrow": ("vramscope.dataset.readers",),  # the user's data: parquet, arrow, fast JSON lines and CSV
+    "pyarrow": ("vramscope.logs.", "vramscope.dataset.readers"),  # the log readers; the user's data
     "tokenizers": ("vramscope.dataset.tokenizer",),
     "torch": (
         "vramscope.backends.torch_allocator",

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vramscope.logs.imports import read_any_log
 from vramscope.logs.mapping import parse_columns
-from vramscope.logs.reader import read_log
+from vramscope.logs.reader import read_any_log, read_log
 from vramscope.logs.table import LogTable
 
 

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 
 from vramscope.logs.errors import LogFormatError
-from vramscope.logs.imports import read_any_log
 from vramscope.logs.mapping import ColumnsError, parse_columns
-from vramscope.logs.reader import read_log
+from vramscope.logs.reader import read_any_log, read_log
 from vramscope.logs.table import LogTable
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]

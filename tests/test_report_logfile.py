@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import string
+import tempfile
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from test_report_fixtures import Run, write_nvidia_smi_log, write_training_log
 from vramscope.logs.csv_reader import read_csv
 from vramscope.logs.reader import read_log
+from vramscope.logs.source import LogSource
 from vramscope.logs.table import LogTable
 
 
@@ -125,4 +127,8 @@ def test_fast_path_matches_csv_reader_on_random_tables(width: int, data: st.Data
     if torn and rows:
         text += "partial,"
     expected = csv_module_columns(text.replace("\r\n", "\n"))
-    assert read_csv("random.csv", text.encode()).raw == expected
+    with tempfile.TemporaryDirectory(prefix="vramscope-random-") as folder:
+        path = Path(folder) / "random.csv"
+        path.write_bytes(text.encode())
+        with LogSource(str(path), "a CSV") as source:
+            assert read_csv(source).raw == expected

@@ -1,7 +1,7 @@
 """Logs that vramscope did not write: a hand-written training-loop log, header-less nvidia-smi, any CSV.
 
-``read_any_log(path)`` is :func:`vramscope.logs.reader.read_log` for what that reads, and otherwise looks
-at the first lines:
+These are the last formats of :data:`vramscope.logs.formats.FORMATS` (``read_any_log`` in
+:mod:`vramscope.logs.reader` tries them after vramscope's own), recognised from the first lines:
 
 * the log the usual guides write inside the loop,
   ``f"{datetime.now()},{step},{alloc_gb:.2f},{reserved_gb:.2f}\\n"``, with or without a header line:
@@ -21,12 +21,11 @@ import csv
 import difflib
 import io
 import math
-import os
 import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from vramscope.logs.errors import LogFormatError, UnknownLogError
+from vramscope.logs.errors import LogFormatError
 from vramscope.logs.mapping import (
     BYTE_FIELDS,
     BYTE_UNITS,
@@ -36,9 +35,9 @@ from vramscope.logs.mapping import (
     TIME_UNITS,
     ColumnSpec,
 )
-from vramscope.logs.reader import read_log, read_log_bytes
 from vramscope.logs.schema import iso_time
 from vramscope.logs.smi_reader import read_nvidia_smi
+from vramscope.logs.source import LogSource
 from vramscope.logs.table import LogTable
 from vramscope.units import MIB
 
@@ -51,42 +50,46 @@ class ImportedTable(LogTable):
         self.read_as = read_as
 
 
-def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | None = None) -> LogTable:
-    """Read a log of any format this package knows, or through ``columns``.
+SMI_HEADER = b"timestamp, name, memory.used [MiB], memory.total [MiB]\n"
 
-    Raises:
-        LogFormatError: the file cannot be read; the message says what was expected and names ``--columns``.
-    """
-    name = os.fspath(path)
-    if columns is not None:
-        return read_mapped(name, _read_text(name), columns, kind="mapped")
-    try:
-        table = read_log(name)
-    except UnknownLogError as exc:
-        first_line = exc.first_line
-    else:
-        if table.kind != "vramscope" or any(c in BYTE_FIELDS.values() for c in table.columns):
-            return table
-        # "time" and "gpu" in the header, but none of vramscope's memory columns: someone else's CSV.
-        first_line = ",".join(table.columns)
-    text = _read_text(name)
-    if _is_headerless_smi(first_line):
-        return read_nvidia_smi(name, b"timestamp, name, memory.used [MiB], memory.total [MiB]\n" + text.encode())
+
+def sniff_headerless_smi(source: LogSource) -> bool:
+    return _is_headerless_smi(source.header)
+
+
+def read_headerless_smi(source: LogSource) -> LogTable:
+    return read_nvidia_smi(source.name, SMI_HEADER + _text(source).encode())
+
+
+def sniff_hand_written(source: LogSource) -> bool:
+    return guess_columns(source.head.decode("utf-8", errors="replace")) is not None
+
+
+def read_hand_written(source: LogSource) -> LogTable:
+    text = _text(source)
     guessed = guess_columns(text)
-    if guessed is not None:
-        return read_mapped(name, text, guessed, kind="hand-written")
-    raise LogFormatError(
-        f"{name} is not a vramscope log, an nvidia-smi --query-gpu CSV or a datetime,step,allocated,reserved log "
-        f"(its first line is {first_line[:80]!r}); read any CSV with {EXAMPLE} (0-based columns or header "
+    assert guessed is not None  # sniffed from the same first lines
+    return read_mapped(source.name, text, guessed, kind="hand-written")
+
+
+def read_with_columns(source: LogSource, columns: Sequence[ColumnSpec]) -> LogTable:
+    """Any CSV through a ``--columns`` mapping."""
+    return read_mapped(source.name, _text(source), columns, kind="mapped")
+
+
+def refusal(source: LogSource) -> LogFormatError:
+    """What no format read, in one line that names ``--columns``."""
+    return LogFormatError(
+        f"{source.name} is not a vramscope log, an nvidia-smi --query-gpu CSV or a datetime,step,allocated,reserved "
+        f"log (its first line is {source.header[:80]!r}); read any CSV with {EXAMPLE} (0-based columns or header "
         "names, a unit for each memory column)"
     )
 
 
-def _read_text(name: str) -> str:
-    data = read_log_bytes(name, "a memory log (a CSV)")
-    text = data.decode("utf-8", errors="replace")
+def _text(source: LogSource) -> str:
+    text = source.data().decode("utf-8", errors="replace")
     if not text.strip():
-        raise LogFormatError(f"log {name} is empty; was the run started with --log?")
+        raise LogFormatError(f"log {source.name} is empty; was the run started with --log?")
     return text
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 
 class NotRegularFileError(ValueError):
@@ -47,6 +48,25 @@ def read_regular_file(name: str | os.PathLike[str], what: str, limit: int | None
             raise FileTooLargeError(f"{shown} is {status.st_size:,} bytes, more than the {limit:,} that {what} "
                                     "can be; check the path")
         return handle.read() if limit is None else handle.read(limit + 1)[:limit]
+
+
+def open_regular_file(name: str | os.PathLike[str], what: str) -> BinaryIO:
+    """``name`` opened for reading when it is a regular file (for readers that read it in blocks).
+
+    Raises:
+        NotRegularFileError: with one line that says what to give instead.
+        OSError: FileNotFoundError, IsADirectoryError and the like, for the caller.
+    """
+    shown = os.fspath(name)
+    path = os.fspath(Path(name))
+    _check(shown, os.stat(path).st_mode, what)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _check(shown, os.fstat(fd).st_mode, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return open(fd, "rb")
 
 
 def _check(name: str, mode: int, what: str) -> None:

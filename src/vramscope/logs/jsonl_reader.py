@@ -1,4 +1,5 @@
-"""vramscope's JSON Lines log read into columns: a key's cells are packed as they come, with their rows.
+"""vramscope's JSON Lines log read into columns: a key's cells are kept as they come, with their rows, in one
+pyarrow array for the whole file.
 
 Each key's cells are kept as they come (with their rows once a row lacks the key), never padded per
 row: padding every known column for every row made a log whose rows each bring a new key cost rows x
@@ -12,12 +13,23 @@ import json
 from array import array
 
 import numpy as np
+import pyarrow as pa
 
-from vramscope.logs.cells import CellRanges, pack
+from vramscope.logs.arrow_columns import ArrowColumn, SparseColumn
 from vramscope.logs.csv_reader import complete_lines
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.schema import COLUMNS
-from vramscope.logs.table import ColumnData, LogTable, SparseTextColumn, TextColumn
+from vramscope.logs.source import LogSource
+from vramscope.logs.table import ColumnData, LogTable
+
+
+def sniff(source: LogSource) -> bool:
+    """A JSON object first: ``{`` is the first byte that is not a space."""
+    return source.head.lstrip()[:1] == b"{"
+
+
+def read(source: LogSource) -> LogTable:
+    return read_jsonl(source.name, source.data().decode("utf-8", errors="replace"))
 
 
 def read_jsonl(name: str, text: str) -> LogTable:
@@ -46,8 +58,8 @@ def read_jsonl(name: str, text: str) -> LogTable:
 
 
 def _packed(columns: dict[str, _Cells], count: int) -> dict[str, ColumnData]:
-    """Every key's cells packed into one buffer; a key on every row is a plain column, any other a sparse one."""
-    shared = pack([value for cells in columns.values() for value in cells.values])
+    """Every key's cells in one pyarrow array; a key on every row is a slice of it, any other a sparse column."""
+    shared = pa.array([value for cells in columns.values() for value in cells.values], type=pa.string())
     rows = array("q")  # one array for every key's rows: a numpy array per key would cost more than its cells
     for cells in columns.values():
         rows.extend(cells.rows if cells.rows is not None else range(len(cells.values)))
@@ -57,9 +69,9 @@ def _packed(columns: dict[str, _Cells], count: int) -> dict[str, ColumnData]:
     for key, cells in columns.items():
         hi = lo + len(cells.values)
         if cells.rows is None and hi - lo == count:
-            out[key] = TextColumn(CellRanges(shared.data, shared.starts[lo:hi], shared.ends[lo:hi]))
+            out[key] = ArrowColumn([shared.slice(lo, hi - lo)], pa.string())
         else:
-            out[key] = SparseTextColumn(shared, where, lo, hi, count)
+            out[key] = SparseColumn(shared, where, lo, hi, count)
         lo = hi
     return out
 

@@ -1,9 +1,9 @@
 """nvidia-smi's own CSV (``--query-gpu=timestamp,...,memory.used,memory.total --format=csv[,nounits]``) as
 vramscope's columns: time, elapsed_s, gpu, device_used_bytes, device_total_bytes, utilization_pct.
 
-The file is located like a vramscope CSV (or split by the csv module when it needs quoting rules), and
-each column is then read for the whole file at once: timestamps "2026/11/29 10:00:00.123" and
-"20000 MiB" cells are parsed from the bytes with numpy, and only the cells that are not of that shape
+The file is split by pyarrow (or by the csv module when pyarrow refuses it), and each column is then
+read for the whole file at once: timestamps "2026/11/29 10:00:00.123" and "20000 MiB" cells are parsed
+by pyarrow's compute functions, and only the cells that are not of that shape
 ("[N/A]", a second-only timestamp, a fraction) go through the per-cell rules below. Without an index
 column a row's GPU is its place among the rows of its sample (:mod:`vramscope.logs.smi_samples`).
 """
@@ -14,26 +14,35 @@ import re
 from datetime import datetime, timezone
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 
 from vramscope.logs import cells as cellparse
 from vramscope.logs import smi_samples
-from vramscope.logs.cells import CellRanges, CellSource, Column, Labels
+from vramscope.logs.arrow_columns import ArrowColumn, array_of, numpy_of
+from vramscope.logs.cells import Column, Labels
 from vramscope.logs.csv_reader import csv_columns
 from vramscope.logs.errors import LogFormatError
-from vramscope.logs.locate import locate
-from vramscope.logs.table import ColumnData, LogTable, NumberColumn, TextColumn
+from vramscope.logs.source import LogSource
+from vramscope.logs.table import ColumnData, LogTable, NumberColumn
 
 MIB = 1024 * 1024
-# nvidia-smi's own timestamp, "2026/11/29 10:00:00.123": separators at fixed places, digits elsewhere.
-SMI_STAMP_WIDTH = 23
-SMI_STAMP_SEPARATORS = ((4, "/"), (7, "/"), (10, " "), (13, ":"), (16, ":"), (19, "."))
-_STAMP_MARK_AT = [at for at, _ in SMI_STAMP_SEPARATORS]
-_STAMP_MARKS = np.frombuffer("".join(mark for _, mark in SMI_STAMP_SEPARATORS).encode(), dtype=np.uint8)
-_STAMP_DIGIT_AT = [i for i in range(SMI_STAMP_WIDTH) if i not in dict(SMI_STAMP_SEPARATORS)]
-_MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
-_ISO_WIDTH = 29  # "2026-11-29T10:00:00.123+00:00", the form of vramscope's own logs
+_SMI_STAMP = r"^[0-9]{4}/[0-9]{2}/[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}$"  # nvidia-smi's own
+_YEAR_1_MS, _YEAR_10000_MS = -62_135_596_800_000, 253_402_300_800_000
 _SMI_NUMBER = re.compile(r"([0-9.]+)")
-_UNITS = ((b" MiB", "<u4"), (b" %", "<u2"))
+_UNIT_SUFFIX = r" (MiB|%)$"
+_WHOLE_MIB = r"^[0-9]{1,13}$"  # below 2**43 MiB: within int64 as bytes, and exact as a float
+_PLAIN_FLOAT = r"^[0-9]{1,15}(\.[0-9]{0,15})?$"
+
+
+def sniff(source: LogSource) -> bool:
+    """nvidia-smi's header: a ``memory.used`` or ``memory.total`` field."""
+    return "memory.used" in source.header or "memory.total" in source.header
+
+
+def read(source: LogSource) -> LogTable:
+    return read_nvidia_smi(source.name, source.data())
 
 
 def read_nvidia_smi(name: str, data: bytes) -> LogTable:
@@ -41,19 +50,24 @@ def read_nvidia_smi(name: str, data: bytes) -> LogTable:
     own). A last line without its line end is dropped."""
     if b"\n" not in data:  # a header without its line end (nvidia-smi killed at once) still names the columns
         data += b"\n"
-    located = locate(data)
-    if located is not None:
-        header = [h.strip() for h in located.header]
-        columns: list[CellSource] = [located.column(j) for j in range(len(header))]
-    else:
+    first = data.find(b"\n")
+    header_line = data[:first].decode("utf-8", errors="replace").rstrip("\r")
+    body = data[first + 1 : data.rfind(b"\n") + 1]
+    header = [h.strip() for h in header_line.split(",")]
+    try:
+        # nvidia-smi writes no quotes; a quote after ", " is one to the csv module (skipinitialspace), not to pyarrow
+        columns = _arrow_columns(body, len(header)) if b'"' not in data else None
+    except pa.ArrowInvalid:  # not UTF-8, say: the csv module's rules
+        columns = None
+    if columns is None:
         text = data.decode("utf-8", errors="replace")
         header, rows = csv_columns(name, text, "is it an nvidia-smi --format=csv log?", skip_initial_space=True)
         header = [h.strip() for h in header]
-        columns = [cellparse.pack(c) for c in rows]
+        columns = [pa.array([c or None for c in column], type=pa.string()) for column in rows]
     keys = [h.split(" [")[0] for h in header]
 
-    def col(key: str) -> CellRanges | None:
-        return _strip(columns[keys.index(key)].ranges()) if key in keys else None  # the first of a repeated name
+    def col(key: str) -> pa.Array | None:  # the first of a repeated name; cells without the spaces around them
+        return pc.utf8_trim(columns[keys.index(key)], " ") if key in keys else None
 
     if "memory.used" not in keys:
         raise LogFormatError(
@@ -70,7 +84,7 @@ def read_nvidia_smi(name: str, data: bytes) -> LogTable:
     out: dict[str, ColumnData] = {
         "time": TimeColumn(millis),
         "elapsed_s": NumberColumn(elapsed),
-        "gpu": (TextColumn(index) if index is not None
+        "gpu": (ArrowColumn([index], pa.string()) if index is not None
                 else NumberColumn(Column(tick_positions(millis), np.ones(n, dtype=bool)))),
         "device_used_bytes": NumberColumn(_mib_bytes(used)),
         "device_total_bytes": NumberColumn(_mib_bytes(total) if total is not None else cellparse.unknown_column(
@@ -81,39 +95,47 @@ def read_nvidia_smi(name: str, data: bytes) -> LogTable:
     return LogTable(name, out, kind="nvidia-smi", rows=n)
 
 
-def _strip(cells: CellRanges) -> CellRanges:
-    """The cells without spaces around them (nvidia-smi writes ", " between cells)."""
-    view = np.frombuffer(cells.data, dtype=np.uint8)
-    starts, ends = cells.starts.copy(), cells.ends.copy()
-    for at, step in ((starts, 1), (ends, -1)):
-        while True:
-            edge = at if step == 1 else at - 1
-            inside = ends > starts
-            space = np.zeros(len(at), dtype=bool)
-            space[inside] = view[edge[inside]] == 32
-            if not space.any():
-                break
-            at[space] += step
-    return CellRanges(cells.data, starts, ends)
+def _arrow_columns(body: bytes, width: int) -> list[pa.Array]:
+    """Every column as text, by pyarrow (rows of another width skipped, empty cells null)."""
+    names = [f"c{j}" for j in range(width)]
+    if not body.strip():
+        return [pa.array([], type=pa.string()) for _ in names]
+    table = pacsv.read_csv(
+        pa.BufferReader(body),
+        read_options=pacsv.ReadOptions(column_names=names, use_threads=len(body) > 1 << 23),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=lambda _row: "skip"),
+        convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), null_values=[""],
+                                             strings_can_be_null=True),
+    )
+    return [table.column(j).combine_chunks() for j in range(width)]
 
 
-def _numbers(cells: CellRanges) -> Column:
+def _numbers(cells: pa.Array) -> Column:
     """The first number in each cell ("20000 MiB", "45 %", "20000"), as floats; none (unknown) for "[N/A]"."""
-    return cellparse.floats(_without_units(cells), _first_number)
+    plain = pc.replace_substring_regex(cells, _UNIT_SUFFIX, "")
+    return _by_rule(plain, _PLAIN_FLOAT, pa.float64(), np.float64, _first_number)
 
 
-def _without_units(cells: CellRanges) -> CellRanges:
-    """The cells with a trailing " MiB" or " %" cut off, in whole-column operations."""
-    ends = cells.ends.copy()
-    for unit, dtype in _UNITS:
-        size = len(unit)
-        if len(cells.data) < size:
-            continue
-        # Every byte's next `size` bytes as one number (a strided view): one compare a cell.
-        tails = np.ndarray(shape=(len(cells.data) - size + 1,), dtype=dtype, buffer=cells.data, strides=(1,))
-        long_enough = np.flatnonzero(ends - cells.starts > size)
-        ends[long_enough[tails[ends[long_enough] - size] == np.frombuffer(unit, dtype=dtype)[0]]] -= size
-    return CellRanges(cells.data, cells.starts, ends)
+def _by_rule(cells: pa.Array, pattern: str, kind: pa.DataType, dtype: type, one: object) -> Column:
+    """Cells matching ``pattern`` cast for the whole column, every other filled one by ``one`` (per cell)."""
+    n = len(cells)
+    if cells.null_count == n:
+        return cellparse.unknown_column(n, dtype)
+    plain = pc.fill_null(pc.match_substring_regex(cells, pattern), False)
+    known = numpy_of(plain)
+    values: np.ndarray = np.zeros(n, dtype=dtype)
+    values[known] = numpy_of(pc.cast(pc.filter(cells, plain), kind))
+    odd = np.flatnonzero(numpy_of(pc.and_(pc.invert(plain), pc.is_valid(cells))))
+    seen: dict[str, float | None] = {}
+    for i, text in zip(odd.tolist(), cells.take(array_of(odd.astype(np.int64))).to_pylist(), strict=True):
+        if text not in seen:
+            seen[text] = one(text)  # type: ignore[operator]
+        value = seen[text]
+        if value is not None:
+            values[i] = value
+            known[i] = True
+    values[~known] = 0
+    return Column(values, known)
 
 
 def _first_number(cell: str) -> float | None:
@@ -122,25 +144,14 @@ def _first_number(cell: str) -> float | None:
     return cellparse.float_of(match.group(1)) if match else None
 
 
-def _mib_bytes(cells: CellRanges) -> Column:
-    """MiB cells as bytes: whole MiB below 2**43 (within int64 as bytes) parsed from the bytes, the rest
+def _mib_bytes(cells: pa.Array) -> Column:
+    """MiB cells as bytes: whole MiB below 2**43 (within int64 as bytes) cast for the whole column, the rest
     (fractions, "[N/A]", 400 nines) by :func:`_first_number`."""
-    narrowed = _without_units(cells)
-    whole = cellparse.ints(narrowed, one=_not_here)
-    np.logical_and(whole.known, whole.values < 2**43, out=whole.known)
-    whole.values[whole.known] *= MIB
-    whole.values[~whole.known] = 0
-    for i in np.flatnonzero((narrowed.ends > narrowed.starts) & ~whole.known).tolist():
-        mib = _first_number(narrowed.cell(i))
-        size = mib * MIB if mib is not None else None
-        if size is not None and abs(size) <= cellparse.MAX_CELL_INT:  # 400 nines overflow: unknown
-            whole.values[i] = int(size)
-            whole.known[i] = True
-    return whole
-
-
-def _not_here(_cell: str) -> None:
-    return None  # the caller reads these cells itself
+    mib = _by_rule(pc.replace_substring_regex(cells, _UNIT_SUFFIX, ""), _WHOLE_MIB, pa.float64(), np.float64,
+                   _first_number)
+    size = mib.values * MIB
+    known = mib.known & (np.abs(size) <= cellparse.MAX_CELL_INT)  # 400 nines overflow: unknown
+    return Column(np.where(known, size, 0).astype(np.int64), known)
 
 
 def _whole_if_can(column: Column) -> Column:
@@ -151,52 +162,34 @@ def _whole_if_can(column: Column) -> Column:
     return column
 
 
-def _stamps(cells: CellRanges) -> Column:
-    """Each stamp as Unix milliseconds (float64; the clock taken as UTC), parsed from the bytes when it is
+def _stamps(cells: pa.Array) -> Column:
+    """Each stamp as Unix milliseconds (float64; the clock taken as UTC), parsed by pyarrow when it is
     "YYYY/MM/DD HH:MM:SS.mmm" of a real date, else by :func:`smi_time`; unknown when neither reads it."""
     n = len(cells)
+    shaped = pc.fill_null(pc.match_substring_regex(cells, _SMI_STAMP), False)
+    rows = np.flatnonzero(numpy_of(shaped))
+    picked = pc.filter(cells, shaped)
+    try:  # pyarrow's ISO parser refuses what datetime refuses (a 30th of February, a 60th second) ...
+        millis = numpy_of(pc.cast(pc.cast(pc.replace_substring(picked, "/", "-"), pa.timestamp("ms")), pa.int64()))
+        real = np.ones(len(rows), dtype=bool)
+    except pa.ArrowInvalid:  # ... for the whole column: then stamp by stamp, through strptime
+        seconds = pc.utf8_slice_codeunits(picked, 0, 19)
+        parsed = pc.strptime(seconds, format="%Y/%m/%d %H:%M:%S", unit="s", error_is_null=True)
+        # strptime rolls a 30th of February over into March: a date is real when it prints back as written.
+        real = numpy_of(pc.fill_null(pc.equal(pc.strftime(parsed, format="%Y/%m/%d %H:%M:%S"), seconds), False))
+        whole = numpy_of(pc.fill_null(pc.cast(parsed, pa.int64()), 0))
+        millis = whole * 1000 + numpy_of(pc.cast(pc.utf8_slice_codeunits(picked, 20, 23), pa.int64()))
     out = Column(np.zeros(n), np.zeros(n, dtype=bool))
-    rows = np.flatnonzero(cells.ends - cells.starts == SMI_STAMP_WIDTH)
-    if len(rows):
-        chars = cellparse.fixed_rows(cells.data, cells.starts[rows], SMI_STAMP_WIDTH)
-        digits = chars[:, _STAMP_DIGIT_AT] - np.uint8(48)
-        shaped = (chars[:, _STAMP_MARK_AT] == _STAMP_MARKS).all(axis=1) & (digits <= 9).all(axis=1)
-        d = digits.astype(np.int64)
-        year = d[:, 0] * 1000 + d[:, 1] * 100 + d[:, 2] * 10 + d[:, 3]
-        month, day = d[:, 4] * 10 + d[:, 5], d[:, 6] * 10 + d[:, 7]
-        hour, minute, second = d[:, 8] * 10 + d[:, 9], d[:, 10] * 10 + d[:, 11], d[:, 12] * 10 + d[:, 13]
-        millis = d[:, 14] * 100 + d[:, 15] * 10 + d[:, 16]
-        leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
-        last_day = _MONTH_DAYS[np.clip(month - 1, 0, 11)] + ((month == 2) & leap)
-        # What datetime refuses stays unknown: a 13th month, a 30th of February, a 60th second.
-        real = (shaped & (month >= 1) & (month <= 12) & (year >= 1) & (day >= 1) & (day <= last_day)
-                & (hour < 24) & (minute < 60) & (second < 60))
-        days = _days_from_civil(year, month, day)
-        out.values[rows] = np.where(real, ((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000 + millis, 0)
-        out.known[rows] = real
-        odd = rows[~shaped]
-    else:
-        odd = np.zeros(0, dtype=np.int64)
-    others = np.ones(n, dtype=bool)
-    others[rows] = False
-    others[odd] = True
-    for i in np.flatnonzero(others & (cells.ends > cells.starts)).tolist():
-        unix = smi_time(cells.cell(i))
+    real &= millis >= _YEAR_1_MS  # datetime has no year 0
+    out.values[rows] = np.where(real, millis, 0)
+    out.known[rows] = real
+    others = np.flatnonzero(numpy_of(pc.and_(pc.invert(shaped), pc.is_valid(cells))))
+    for i, text in zip(others.tolist(), cells.take(array_of(others.astype(np.int64))).to_pylist(), strict=True):
+        unix = smi_time(text)
         if unix is not None:
             out.values[i] = round(unix * 1000, 3)
             out.known[i] = True
     return out
-
-
-def _days_from_civil(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> np.ndarray:
-    """Days since 1970-01-01 of proleptic Gregorian dates, whole columns at once (H. Hinnant's algorithm)."""
-    y = year - (month <= 2)
-    era = y // 400
-    year_of_era = y - era * 400
-    day_of_year = (153 * np.where(month > 2, month - 3, month + 9) + 2) // 5 + day - 1
-    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
-    result: np.ndarray = era * 146_097 + day_of_era - 719_468
-    return result
 
 
 def smi_time(stamp: str) -> float | None:
@@ -213,37 +206,12 @@ def smi_time(stamp: str) -> float | None:
     return None
 
 
-def _iso_times(millis: Column) -> CellRanges:
-    """The stamps in vramscope's form, "2026-11-29T10:00:00.123+00:00", as fixed-width cells of one buffer,
-    written digit by digit for the whole column (years 1 to 9999; any other stays unknown)."""
-    n = len(millis)
+def _iso_times(millis: Column) -> pa.Array:
+    """The stamps in vramscope's form, "2026-11-29T10:00:00.123+00:00" (years 1 to 9999; any other unknown)."""
     ms = np.floor(np.where(millis.known, millis.values, 0)).astype(np.int64)
-    days, in_day = np.divmod(ms, 86_400_000)
-    year, month, day = _civil_from_days(days)
-    known = millis.known & (year >= 1) & (year <= 9999)
-    rows = np.zeros((n, _ISO_WIDTH), dtype=np.uint8)
-    rows[:] = np.frombuffer(b"0000-00-00T00:00:00.000+00:00", dtype=np.uint8)
-    fields = ((year, 0, 4), (month, 5, 2), (day, 8, 2), (in_day // 3_600_000, 11, 2),
-              (in_day // 60_000 % 60, 14, 2), (in_day // 1000 % 60, 17, 2), (in_day % 1000, 20, 3))
-    for value, at, width in fields:
-        for k in range(width):
-            rows[:, at + width - 1 - k] += (value // 10**k % 10).astype(np.uint8)
-    starts = np.arange(n, dtype=np.int64) * _ISO_WIDTH + cellparse.PAD
-    return CellRanges(b"0" * cellparse.PAD + rows.tobytes(), starts, starts + np.where(known, _ISO_WIDTH, 0))
-
-
-def _civil_from_days(days: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(year, month, day) of days since 1970-01-01, whole columns at once (H. Hinnant's algorithm)."""
-    z = days + 719_468
-    era = z // 146_097
-    day_of_era = z - era * 146_097
-    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096) // 365
-    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
-    shifted_month = (5 * day_of_year + 2) // 153
-    day = day_of_year - (153 * shifted_month + 2) // 5 + 1
-    month = np.where(shifted_month < 10, shifted_month + 3, shifted_month - 9)
-    year = year_of_era + era * 400 + (month <= 2)
-    return year, month, day
+    known = millis.known & (ms >= _YEAR_1_MS) & (ms < _YEAR_10000_MS)
+    stamps = array_of(ms, known).cast(pa.timestamp("ms"))
+    return pc.strftime(stamps, format="%Y-%m-%dT%H:%M:%S+00:00")  # %S of milliseconds: "00.123"
 
 
 class TimeColumn:
@@ -258,8 +226,8 @@ class TimeColumn:
     def filled(self) -> bool:
         return self.millis.any_known()
 
-    def _text(self) -> TextColumn:
-        return TextColumn(_iso_times(self.millis))
+    def _text(self) -> ArrowColumn:
+        return ArrowColumn([_iso_times(self.millis)], pa.string())
 
     def ints(self) -> Column:
         return cellparse.unknown_column(len(self), np.int64)  # "2026-11-29T10:00:00.000+00:00" is no number

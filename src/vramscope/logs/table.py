@@ -1,12 +1,11 @@
 """A log's columns, read once: numbers as numpy arrays with a known-mask, text as codes into its distinct cells.
 
-A reader hands :class:`LogTable` one :class:`ColumnData` per column: text cells in a buffer
-(:class:`TextColumn`, what a CSV or JSON Lines file holds), numbers it computed itself
-(:class:`NumberColumn`, nvidia-smi's bytes and seconds), or the parts of a rotated log end to end
-(:class:`JoinedColumn`). A column is converted once, when it is first asked for (a vramscope CSV's
-schema number columns as the file is read), and the arrays are kept: ``int_column`` /
-``float_column`` -> :class:`Column`, ``labels`` -> :class:`Labels`. They are the table's own: read
-them, do not change them in place.
+A reader hands :class:`LogTable` one :class:`ColumnData` per column: pyarrow's arrays
+(:class:`~vramscope.logs.arrow_columns.ArrowColumn`, what a CSV or JSON Lines file holds), numbers it
+computed itself (:class:`NumberColumn`, nvidia-smi's bytes and seconds), or the parts of a rotated log
+end to end (:class:`JoinedColumn`). A column is converted once, when it is first asked for, and the
+arrays are kept: ``int_column`` / ``float_column`` -> :class:`Column`, ``labels`` -> :class:`Labels`. They are
+the table's own: read them, do not change them in place.
 
 ``ints()`` / ``floats()`` / ``strings()`` (Python lists, None = unknown) and ``raw`` (text, '' =
 unknown) are kept for compatibility while the report and the analysis move to the arrays (issue 15):
@@ -19,9 +18,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
+import pyarrow as pa
 
 from vramscope.logs import cells as cellparse
-from vramscope.logs.cells import CellRanges, CellSource, Column, Labels, unknown_column
+from vramscope.logs.arrow_columns import ArrowColumn, labels_of
+from vramscope.logs.cells import Column, Labels, unknown_column
 
 
 class ColumnData(Protocol):
@@ -34,94 +35,6 @@ class ColumnData(Protocol):
     def texts(self) -> list[str | None]: ...
     def labels(self) -> Labels: ...
     def take(self, rows: np.ndarray) -> ColumnData: ...
-
-
-class TextColumn:
-    """Text cells as ranges of a buffer (see :mod:`vramscope.logs.cells`), and their numbers when the reader
-    parsed them as it read. A located file's column makes its ranges only while it is converted, so a read
-    log costs its file, its index and its number columns, not 16 bytes a cell more."""
-
-    def __init__(self, source: CellSource, numbers: Column | None = None) -> None:
-        self.source = source
-        self.numbers = numbers  # the cells as numbers, when the reader made them already (ints or floats)
-
-    @classmethod
-    def of(cls, values: Sequence[str]) -> TextColumn:
-        """Strings, '' for unknown cells (the csv module's rows, tests)."""
-        return cls(cellparse.pack(values))
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def filled(self) -> bool:
-        return self.source.filled()
-
-    def ints(self) -> Column:
-        if self.numbers is not None and self.numbers.values.dtype == np.int64:
-            return self.numbers
-        return cellparse.ints(self.source.ranges())
-
-    def floats(self) -> Column:
-        if self.numbers is not None and self.numbers.values.dtype == np.float64:
-            return self.numbers
-        return cellparse.floats(self.source.ranges())
-
-    def texts(self) -> list[str | None]:
-        return cellparse.texts(self.source.ranges())
-
-    def labels(self) -> Labels:
-        return cellparse.labels(self.source.ranges())
-
-    def take(self, rows: np.ndarray) -> TextColumn:
-        cells = self.source.ranges()
-        numbers = Column(self.numbers.values[rows], self.numbers.known[rows]) if self.numbers is not None else None
-        return TextColumn(CellRanges(cells.data, cells.starts[rows], cells.ends[rows]), numbers)
-
-
-class SparseTextColumn:
-    """Text cells of a few of ``rows`` rows (JSON Lines keys that come and go): the rest are unknown.
-
-    The cells are ``cells[lo:hi]``, on rows ``where[lo:hi]`` (increasing), of ranges shared by every such
-    column of the log: a log whose every row brings a new key then costs the cells in the file and a few
-    numbers a key, not rows x keys, nor arrays of its own for each key.
-    """
-
-    __slots__ = ("cells", "hi", "lo", "rows", "where")
-
-    def __init__(self, cells: CellRanges, where: np.ndarray, lo: int, hi: int, rows: int) -> None:
-        self.cells = cells
-        self.where = where
-        self.lo, self.hi = lo, hi
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return self.rows
-
-    def filled(self) -> bool:
-        return bool((self.cells.ends[self.lo : self.hi] > self.cells.starts[self.lo : self.hi]).any())
-
-    def _whole(self) -> TextColumn:
-        starts = np.zeros(self.rows, dtype=np.int64)
-        ends = np.zeros(self.rows, dtype=np.int64)
-        where = self.where[self.lo : self.hi]
-        starts[where] = self.cells.starts[self.lo : self.hi]
-        ends[where] = self.cells.ends[self.lo : self.hi]
-        return TextColumn(CellRanges(self.cells.data, starts, ends))
-
-    def ints(self) -> Column:
-        return self._whole().ints()
-
-    def floats(self) -> Column:
-        return self._whole().floats()
-
-    def texts(self) -> list[str | None]:
-        return self._whole().texts()
-
-    def labels(self) -> Labels:
-        return self._whole().labels()
-
-    def take(self, rows: np.ndarray) -> TextColumn:
-        return self._whole().take(rows)
 
 
 class NumberColumn:
@@ -157,7 +70,7 @@ class NumberColumn:
         return [format(v, spec) if k else None for v, k in zip(values, known, strict=True)]
 
     def labels(self) -> Labels:
-        return cellparse.labels(cellparse.pack([t or "" for t in self.texts()]))
+        return labels_of(pa.array(self.texts(), type=pa.string()))
 
     def take(self, rows: np.ndarray) -> NumberColumn:
         return NumberColumn(Column(self.column.values[rows], self.column.known[rows]), self.decimals)
@@ -225,7 +138,7 @@ class LogTable:
         self.path = path
         self.kind = kind
         self._data: dict[str, ColumnData] = {
-            name: TextColumn.of(data) if isinstance(data, list | tuple) else data  # type: ignore[misc]
+            name: ArrowColumn.of_texts(data) if isinstance(data, list | tuple) else data  # type: ignore[misc]
             for name, data in columns.items()
         }
         self._rows = rows if rows is not None else len(next(iter(self._data.values()))) if self._data else 0

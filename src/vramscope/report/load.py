@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vramscope.advice.log import RunSettings
-from vramscope.logs.imports import ImportedTable, read_any_log
+from vramscope.logs.imports import ImportedTable
 from vramscope.logs.mapping import ColumnSpec
+from vramscope.logs.reader import read_any_log
 from vramscope.output.names import BREAKDOWN_SUFFIX, sibling
 from vramscope.report.model import LogReport, build_report
 from vramscope.report.plan_check import SavedPlan, check, strategy_beside
@@ -25,7 +26,7 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
     """Read the log at ``path`` and build its report.
 
     ``columns`` reads any CSV through that mapping (``--columns``); without it, any format
-    :func:`vramscope.logs.imports.read_any_log` knows. A log read through a mapping, given or guessed,
+    :func:`vramscope.logs.reader.read_any_log` knows. A log read through a mapping, given or guessed,
     says which in ``read_as``.
     A memory breakdown beside the log (``<stem>.breakdown.json``) is the report's ``breakdown``.
     ``capacity_bytes`` (``--capacity``) replaces the log's GPU total: see :func:`build_report`.

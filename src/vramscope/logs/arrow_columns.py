@@ -1,0 +1,235 @@
+"""A log column held by pyarrow, made into numpy arrays (:class:`~vramscope.logs.cells.Column`, ``Labels``) when asked.
+
+A column is a list of pieces, each a pyarrow array (int64, float64 or text) or a count of rows that hold
+nothing: a log's columns that were never logged (a run without the allocator has eight) then cost no
+memory at all, where an int64 array of nulls costs 8 bytes a row.
+
+The schema's number columns are typed (:mod:`vramscope.logs.schema`): their text is their number
+(``str`` of the int, ``repr`` of the float), as the sink wrote it. Any other column is text, and its
+numbers follow the per-cell rules of :func:`~vramscope.logs.cells.int_of` / ``float_of``: plain cells
+(an optional ``-`` and at most 18 digits; digits with at most one ``.``) are cast by pyarrow for the
+whole column, and only the other cells that could be numbers at all go through the rules one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vramscope.logs import cells as cellparse
+from vramscope.logs.cells import Column, Labels
+
+Piece: TypeAlias = "pa.Array | int"  # an array, or that many rows with nothing in them
+INT64_MIN = -(2**63)  # int_of refuses it (beyond +-MAX_CELL_INT); pyarrow's parser reads it
+_PLAIN_INT = r"^-?[0-9]{1,18}$"  # within int64, read alike by pyarrow's cast and int()
+_PLAIN_FLOAT = r"^[0-9]{1,15}(\.[0-9]{0,15})?$|^\.[0-9]{1,15}$"  # cast and float() round alike (correctly)
+# A cell with any other character is no number for int_of/float_of (letters spell only inf and nan,
+# which are not finite): it needs no call.
+_MAYBE_NUMBER = r"^[0-9.eE+_\-\s\x0b\x1c-\x1f]{1,64}$"
+
+
+# Between numpy and pyarrow through buffers: pa.array(), pa.scalar() and Array.to_numpy() import pandas
+# when it is installed (pyarrow asks whether the object is a pandas one), a second or more of a report's start.
+_NUMPY_OF = {pa.int64(): np.int64, pa.int32(): np.int32, pa.float64(): np.float64}
+
+
+def numpy_of(array: pa.Array) -> np.ndarray:
+    """A copy of an int, float or bool array without nulls, as numpy."""
+    data = array.buffers()[1]
+    if pa.types.is_boolean(array.type):
+        bits = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+        flags: np.ndarray = np.unpackbits(bits, bitorder="little", count=array.offset + len(array))
+        return flags[array.offset :].astype(bool)
+    dtype = np.dtype(_NUMPY_OF[array.type])
+    if data is None or len(array) == 0:
+        return np.zeros(len(array), dtype=dtype)
+    copied: np.ndarray = np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize).copy()
+    return copied
+
+
+def array_of(values: np.ndarray, known: np.ndarray | None = None) -> pa.Array:
+    """int64 or float64 values (their known mask, if any) as a pyarrow array."""
+    kind = pa.int64() if values.dtype == np.int64 else pa.float64()
+    validity = None if known is None or known.all() else pa.py_buffer(np.packbits(known, bitorder="little"))
+    return pa.Array.from_buffers(kind, len(values), [validity, pa.py_buffer(np.ascontiguousarray(values))])
+
+
+class ArrowColumn:
+    """One column of a log (a :class:`~vramscope.logs.table.ColumnData`), its pieces end to end."""
+
+    def __init__(self, pieces: Sequence[Piece], kind: pa.DataType) -> None:
+        self.pieces = list(pieces)
+        self.kind = kind
+        self._rows = sum(p if isinstance(p, int) else len(p) for p in self.pieces)
+
+    @classmethod
+    def of_texts(cls, values: Sequence[str | None]) -> ArrowColumn:
+        """Text cells, '' or None for unknown (the csv module's rows, a hand-written log's, tests)."""
+        return cls([pa.array([v or None for v in values], type=pa.string())], pa.string())
+
+    @classmethod
+    def of_numbers(cls, column: Column) -> ArrowColumn:
+        """Numbers already made (int64 or float64 values with their known mask)."""
+        array = array_of(column.values, column.known)
+        return cls([array], array.type)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def whole(self) -> pa.Array:
+        """The column as one array (the empty pieces as nulls)."""
+        arrays = [pa.nulls(p, self.kind) if isinstance(p, int) else p for p in self.pieces]
+        if not arrays:
+            return pa.array([], type=self.kind)
+        return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+    def filled(self) -> bool:
+        return any(not isinstance(p, int) and p.null_count < len(p) for p in self.pieces)
+
+    def _each(self, convert: type[int] | type[float]) -> Column:
+        dtype = np.int64 if convert is int else np.float64
+        parts = [cellparse.unknown_column(p, dtype) if isinstance(p, int) else
+                 (_ints if convert is int else _floats)(p, self.kind) for p in self.pieces]
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cellparse.unknown_column(0, dtype)
+        return Column(np.concatenate([c.values for c in parts]), np.concatenate([c.known for c in parts]))
+
+    def ints(self) -> Column:
+        return self._each(int)
+
+    def floats(self) -> Column:
+        return self._each(float)
+
+    def texts(self) -> list[str | None]:
+        if pa.types.is_string(self.kind):
+            return self.whole().to_pylist()  # type: ignore[no-any-return]
+        column = self.ints() if pa.types.is_integer(self.kind) else self.floats()
+        values: list[int | float] = column.values.tolist()
+        return [repr(v) if k else None for v, k in zip(values, column.known.tolist(), strict=True)]
+
+    def labels(self) -> Labels:
+        if pa.types.is_integer(self.kind):  # int64 cast to text is str() of each: no Python list
+            number = self.ints()
+            return labels_of(pc.cast(array_of(number.values, number.known), pa.string()))
+        if not pa.types.is_string(self.kind):
+            return labels_of(pa.array(self.texts(), type=pa.string()))
+        return labels_of(self.whole())
+
+    def take(self, rows: np.ndarray) -> ArrowColumn:
+        if len(rows) == self._rows and (rows == np.arange(self._rows)).all():  # every row: no copy of the cells
+            return ArrowColumn([self.whole()], self.kind)
+        return ArrowColumn([self.whole().take(array_of(rows.astype(np.int64)))], self.kind)
+
+
+class SparseColumn:
+    """Text cells of a few of ``rows`` rows (JSON Lines keys that come and go): the rest are unknown.
+
+    The cells are ``cells[lo:hi]``, on rows ``where[lo:hi]`` (increasing), of an array shared by every such
+    column of the log: a log whose every row brings a new key then costs the cells in the file and a few
+    numbers a key, not rows x keys, nor arrays of its own for each key.
+    """
+
+    __slots__ = ("cells", "hi", "lo", "rows", "where")
+
+    def __init__(self, cells: pa.Array, where: np.ndarray, lo: int, hi: int, rows: int) -> None:
+        self.cells = cells
+        self.where = where
+        self.lo, self.hi = lo, hi
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def filled(self) -> bool:
+        return bool(self.cells.slice(self.lo, self.hi - self.lo).null_count < self.hi - self.lo)
+
+    def _whole(self) -> ArrowColumn:
+        index = np.full(self.rows, -1, dtype=np.int64)
+        index[self.where[self.lo : self.hi]] = np.arange(self.lo, self.hi)
+        picks = array_of(index, index >= 0)
+        return ArrowColumn([self.cells.take(picks)], pa.string())
+
+    def ints(self) -> Column:
+        return self._whole().ints()
+
+    def floats(self) -> Column:
+        return self._whole().floats()
+
+    def texts(self) -> list[str | None]:
+        return self._whole().texts()
+
+    def labels(self) -> Labels:
+        return self._whole().labels()
+
+    def take(self, rows: np.ndarray) -> ArrowColumn:
+        return self._whole().take(rows)
+
+
+def labels_of(array: pa.Array) -> Labels:
+    """Text cells as codes into their distinct non-null cells, numbered in order of first appearance."""
+    names = pc.unique(array.drop_null())
+    codes = pc.fill_null(pc.index_in(array, value_set=names), -1)
+    return Labels(numpy_of(codes).astype(np.int32, copy=False), names.to_pylist())
+
+
+def _known(array: pa.Array) -> np.ndarray:
+    if array.null_count == 0:
+        return np.ones(len(array), dtype=bool)
+    return numpy_of(pc.is_valid(array))
+
+
+def _ints(array: pa.Array, kind: pa.DataType) -> Column:
+    if pa.types.is_integer(kind):
+        values = numpy_of(pc.fill_null(array, 0)).astype(np.int64, copy=False)
+        known = _known(array) & (values != INT64_MIN)
+        values[~known] = 0
+        return Column(values, known)
+    if pa.types.is_floating(kind):  # as the text "1.037" reads as an int: the whole part, within int64
+        number = _floats(array, kind)
+        whole = number.known & (np.abs(number.values) <= cellparse.MAX_CELL_INT)
+        return Column(np.trunc(np.where(whole, number.values, 0)).astype(np.int64), whole)
+    return _from_text(array, np.int64, _PLAIN_INT, pa.int64(), cellparse.int_of)
+
+
+def _floats(array: pa.Array, kind: pa.DataType) -> Column:
+    if pa.types.is_integer(kind):
+        number = _ints(array, kind)
+        return Column(number.values.astype(np.float64), number.known)
+    if pa.types.is_floating(kind):
+        values = numpy_of(pc.fill_null(array, 0.0)).astype(np.float64, copy=False)
+        known = _known(array) & np.isfinite(values)  # "nan", "inf", "1e999": unknown, as float_of says
+        values[~known] = 0.0
+        return Column(values, known)
+    return _from_text(array, np.float64, _PLAIN_FLOAT, pa.float64(), cellparse.float_of)
+
+
+def _from_text(array: pa.Array, dtype: type, plain_pattern: str, kind: pa.DataType,
+               one: object) -> Column:
+    """Text cells as numbers: plain ones cast for the whole column, the rest that may be numbers one by one."""
+    n = len(array)
+    if array.null_count == n:
+        return cellparse.unknown_column(n, dtype)
+    plain = pc.fill_null(pc.match_substring_regex(array, plain_pattern), False)
+    known = numpy_of(plain)
+    values: np.ndarray = np.zeros(n, dtype=dtype)
+    values[known] = numpy_of(pc.cast(pc.filter(array, plain), kind))
+    maybe = pc.and_(pc.invert(plain), pc.fill_null(pc.match_substring_regex(array, _MAYBE_NUMBER), False))
+    odd = np.flatnonzero(numpy_of(maybe))
+    if len(odd):
+        convert = one  # int_of or float_of
+        seen: dict[str, int | float | None] = {}  # a damaged column repeats its odd cells
+        for i, text in zip(odd.tolist(), array.take(array_of(odd.astype(np.int64))).to_pylist(), strict=True):
+            if text not in seen:
+                seen[text] = convert(text)  # type: ignore[operator]
+            value = seen[text]
+            if value is not None:
+                values[i] = value
+                known[i] = True
+    values[~known] = 0
+    return Column(values, known)

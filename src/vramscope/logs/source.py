@@ -1,0 +1,137 @@
+"""A log file opened for reading, as every format's reader sees it: checked, its BOM skipped, its head known.
+
+The file is opened once as a regular file (:mod:`vramscope.logs.inputfile`: no FIFO, no device), a
+UTF-8 BOM at its start is skipped (Excel and Windows editors write one; left in, it made vramscope's
+own header read as someone else's), and the first line is counted before any reader builds anything
+per column: a line of millions of cells is no log, and refused at once (:data:`MAX_COLUMNS`).
+A reader takes the whole text (:meth:`LogSource.data`) or a stream of its complete lines
+(:meth:`LogSource.lines`: a crash can cut the last line mid-row, and a cut row is dropped).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import BinaryIO
+
+from vramscope.logs.errors import LogFormatError
+from vramscope.logs.inputfile import NotRegularFileError, open_regular_file
+
+BOM = b"\xef\xbb\xbf"
+# vramscope's schema has 22 columns and nvidia-smi's --query-gpu a few dozen fields; a log with more than
+# this is no memory log (a 3M-column header cost 2.75 GB before it was refused), so the first line is
+# counted first, without building anything per column.
+MAX_COLUMNS = 4096
+HEAD_BYTES = 1 << 16  # what format sniffing looks at
+_SCAN_BYTES = 1 << 16
+_DELIMITERS = (b",", b"\t", b";")
+
+
+class LogSource:
+    """One log file: ``name`` as given, ``head`` (its first bytes, no BOM), ``header`` (its first line)."""
+
+    def __init__(self, name: str, what: str) -> None:
+        self.name = name
+        self._handle = _open(name, what)
+        self.size = os.fstat(self._handle.fileno()).st_size
+        start = self._handle.read(len(BOM))
+        self.offset = len(BOM) if start == BOM else 0  # where the text begins
+        self._handle.seek(self.offset)
+        self.head = self._handle.read(HEAD_BYTES)
+        self.header_end = self._first_line_end()  # the offset of the first "\n" after self.offset, or -1
+        end = self.header_end - self.offset if self.header_end >= 0 else len(self.head)
+        self.header = self.head[:end].decode("utf-8", errors="replace").rstrip("\r")
+        self.last_line_end = self._last_line_end()  # the offset after the last "\n", or self.offset
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> LogSource:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def data(self) -> bytes:
+        """The whole text (without its BOM): for the readers of small or irregular files."""
+        self._handle.seek(self.offset)
+        return self._handle.read()
+
+    def lines(self, start: int | None = None) -> BinaryIO:
+        """A stream of the file's complete lines, from ``start`` (default: the text's start)."""
+        begin = self.offset if start is None else start
+        return _Bounded(self._handle, begin, max(begin, self.last_line_end))  # type: ignore[return-value]
+
+    def _first_line_end(self) -> int:
+        """Find the first line end, counting cells as it goes: refused past :data:`MAX_COLUMNS`."""
+        counts = dict.fromkeys(_DELIMITERS, 0)
+        at = self.offset
+        chunk = self.head
+        # JSON Lines are not counted: a row's commas are not columns, and keys that come and go cost
+        # only their cells (vramscope.logs.jsonl_reader).
+        counting = self.head.lstrip()[:1] != b"{"
+        while True:
+            newline = chunk.find(b"\n")
+            line = chunk if newline < 0 else chunk[:newline]
+            for delimiter in _DELIMITERS:
+                counts[delimiter] += line.count(delimiter) if counting else 0
+            if max(counts.values()) >= MAX_COLUMNS:
+                raise LogFormatError(
+                    f"{self.name}'s first line has more than {MAX_COLUMNS} columns; no memory log has as many "
+                    "(vramscope's has 22): give a log written by vramscope or nvidia-smi")
+            if newline >= 0:
+                return at + newline
+            if len(chunk) < (HEAD_BYTES if at == self.offset else _SCAN_BYTES):
+                return -1  # the file ends within its first line
+            at += len(chunk)
+            self._handle.seek(at)
+            chunk = self._handle.read(_SCAN_BYTES)
+
+    def _last_line_end(self) -> int:
+        if self.size - self.offset <= len(self.head):
+            cut = self.head.rfind(b"\n")
+            return self.offset + cut + 1 if cut >= 0 else self.offset
+        at = self.size
+        while at > self.offset:
+            begin = max(self.offset, at - _SCAN_BYTES)
+            self._handle.seek(begin)
+            cut = self._handle.read(at - begin).rfind(b"\n")
+            if cut >= 0:
+                return begin + cut + 1
+            at = begin
+        return self.offset
+
+
+def _open(name: str, what: str) -> BinaryIO:
+    try:
+        return open_regular_file(name, what)
+    except NotRegularFileError as exc:  # /dev/zero would be read until memory ran out; a FIFO blocks
+        raise LogFormatError(str(exc)) from None
+    except FileNotFoundError:
+        raise LogFormatError(f"log {name} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise LogFormatError(f"{name} is a folder; give {what}") from None
+    except OSError as exc:
+        raise LogFormatError(f"cannot read log {name}: {exc.strerror or exc}") from None
+
+
+class _Bounded(io.RawIOBase):
+    """Bytes ``begin`` to ``end`` of an open file, read in the caller's blocks (pyarrow's)."""
+
+    def __init__(self, handle: BinaryIO, begin: int, end: int) -> None:
+        super().__init__()
+        self._handle = handle
+        self._at = begin
+        self._end = end
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        want = min(len(buffer), self._end - self._at)
+        if want <= 0:
+            return 0
+        self._handle.seek(self._at)
+        got = self._handle.readinto(memoryview(buffer)[:want])  # type: ignore[attr-defined]
+        self._at += got or 0
+        return got or 0
