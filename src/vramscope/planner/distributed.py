@@ -464,6 +464,10 @@ def sharding(par: Parallelism) -> dict[str, str]:
     elif off == "optimizer":
         out["optimizer states"] = f"host ({out['optimizer states']})"
         out["LoRA gradients"] = f"host ({out['LoRA gradients']})"
+    if s == "fsdp" and off == "params":
+        out["host, pinned"] = ("every shard and a gradient buffer for each, frozen too (FSDP1), "
+                               if par.fsdp_version == 1 else "every shard, the trainable ones' gradients (FSDP2), ")
+        out["host, pinned"] += "in power-of-two blocks"
     if s in ("fsdp", "zero3"):
         out["gathered"] = "one unit computing + one prefetched" + (", root (embeddings, lm_head) through fwd/bwd"
                                                                    if s == "fsdp" else ", lm_head for the loss")
