@@ -330,6 +330,8 @@ def test_fsdp1_offload_pins_a_gradient_buffer_for_every_shard_frozen_ones_too() 
     assert one["frozen_gradient_buffers"] == one["quantized_weights"] + one["unquantized_params"]
     assert "frozen_gradient_buffers" not in two
     assert one["quantized_weights"] == two["quantized_weights"]  # the shards themselves are the same
+    with pytest.raises(PlanInputError, match="fsdp_version is 1"):
+        Parallelism(4, "fsdp", "params", fsdp_version=3)
 
 
 def test_pinned_blocks_are_rounded_up_to_powers_of_two() -> None:

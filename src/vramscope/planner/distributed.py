@@ -109,6 +109,11 @@ class Parallelism:
     nccl_bytes: int | None = None
     fsdp_version: int = 1
 
+    def __post_init__(self) -> None:
+        if self.fsdp_version not in (1, 2):
+            raise PlanInputError(f"fsdp_version is 1 (FullyShardedDataParallel) or 2 (fully_shard), "
+                                 f"got {self.fsdp_version!r}")
+
     @property
     def data_parallel(self) -> int:
         """How many micro-batches one optimizer step sees per accumulation step (1 for a split model)."""
