@@ -100,7 +100,8 @@ def plan(case: Case, config: dict[str, Any]) -> dict[str, Any]:
     from vramscope.recipe import QLoraSpec
 
     spec = QLoraSpec(optim="adamw_torch")  # bitsandbytes' paged optimizers do not take FSDP2's DTensors
-    par = Parallelism(world_size=case.world_size, strategy=case.strategy, offload=case.offload)
+    par = Parallelism(world_size=case.world_size, strategy=case.strategy, offload=case.offload,
+                      fsdp_version=2)  # the grid wraps with FSDP2 fully_shard
     dist = estimate_distributed(shape_from_config(config), spec, case.batch, case.seq, par)
     w = dist.worst
     return {"planned_peak_allocated_bytes": w.peak_allocated_bytes,

@@ -26,6 +26,18 @@ What each strategy keeps per rank (N = world size):
     logits; each GPU has its own CUDA context and cuBLAS workspaces.
 
 NCCL allocates its channel buffers outside torch's allocator, so they count in process memory only.
+
+Host memory under FSDP's parameter offload (``CPUOffload(offload_params=True)``, ``CPUOffloadPolicy``) is pinned,
+and pinned memory costs more than the shards it holds:
+
+- FSDP1 (``FullyShardedDataParallel``, what the HF Trainer and accelerate run unless told ``fsdp_version: 2``)
+  gives every flat parameter a pinned CPU gradient the size of its shard when it is wrapped
+  (``FlatParamHandle._init_flat_param_attributes``: ``_cpu_grad = zeros_like(_local_shard).pin_memory()``),
+  frozen ones too: the 4-bit base and the embeddings are held twice on the host.
+- torch's pinned-host caching allocator rounds every block up to the next power of two
+  (``CachingHostAllocator``: ``PowerOf2Ceil(size)`` before ``cudaHostAlloc``). FSDP1 pins one block per flat
+  parameter (a decoder layer's shard: 107 MB for Llama-3-70B over 4 ranks, pinned as 128 MiB); FSDP2 pins one per
+  parameter shard and its gradient (a non-blocking copy to the CPU lands in pinned memory).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramscope.planner.errors import PlanInputError
+from vramscope.planner.layer import lora_tensors
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
@@ -81,6 +94,9 @@ class Parallelism:
         zero3_prefetch_bucket_elements: ``stage3_prefetch_bucket_size``; None = 0.9 x hidden^2.
         zero3_persistence_threshold: ``stage3_param_persistence_threshold``; None = 10 x hidden.
         nccl_bytes: NCCL's buffers per rank; None = :data:`NCCL_BYTES_TWO_RANKS` / ``_MORE_RANKS``.
+        fsdp_version: 1 (``FullyShardedDataParallel`` with flat parameters: the HF Trainer's and accelerate's
+            default, and the published FSDP-QLoRA recipes) or 2 (``fully_shard``, per-parameter shards); it
+            decides only what parameter offload pins on the host.
     """
 
     world_size: int
@@ -91,6 +107,12 @@ class Parallelism:
     zero3_prefetch_bucket_elements: int | None = None
     zero3_persistence_threshold: int | None = None
     nccl_bytes: int | None = None
+    fsdp_version: int = 1
+
+    def __post_init__(self) -> None:
+        if self.fsdp_version not in (1, 2):
+            raise PlanInputError(f"fsdp_version is 1 (FullyShardedDataParallel) or 2 (fully_shard), "
+                                 f"got {self.fsdp_version!r}")
 
     @property
     def data_parallel(self) -> int:
@@ -286,6 +308,9 @@ def _shard_phase(par: Parallelism, shape: ModelShape, bd: Breakdown, phase: str,
                 gathered = unit_z3 + max(unit_z3, prefetch) + (sz.lm_head if phase in LOSS_PHASES else 0)
             else:
                 gathered = (1 + par.fsdp_prefetch_units) * sz.unit + sz.root_unquant
+                if par.offload == "params" and par.fsdp_version == 1:
+                    # FSDP1's pre_unshard copies the next unit's CPU shard to the GPU as the all-gather's input
+                    gathered += math.ceil(sz.unit / n)
             if phase not in LOSS_PHASES:  # the layers' backward
                 comm += math.ceil(lora_grads_all / sz.layers)  # one unit's unsharded gradients, reduce-scattered
     if par.offload == "optimizer":
@@ -307,6 +332,52 @@ def _shard_phase(par: Parallelism, shape: ModelShape, bd: Breakdown, phase: str,
     return p, host
 
 
+def _pow2_ceil(size: int) -> int:
+    return 1 << (size - 1).bit_length() if size > 1 else size
+
+
+def _root_blocks(sz: _Sizes) -> list[int]:
+    """Bytes of the root's parameters: embeddings, lm_head (untied), final norm."""
+    return [b for b in (sz.embedding, sz.lm_head, sz.root_unquant - sz.embedding - sz.lm_head) if b > 0]
+
+
+def _pinned_offload(shape: ModelShape, spec: QLoraSpec, bd: Breakdown, sz: _Sizes, par: Parallelism,
+                    host: dict[str, int]) -> dict[str, int]:
+    """What FSDP's parameter offload pins on one rank's host beyond the shards ``host`` already counts.
+
+    ``frozen_gradient_buffers``: FSDP1's ``_cpu_grad`` of every flat parameter, frozen ones too (the LoRA
+    gradients are already ``host["lora_gradients"]``). ``pinned_rounding``: each pinned block rounded up to a
+    power of two by torch's pinned-host allocator. FSDP1 pins one block per flat parameter: a decoder layer (its
+    4-bit weights and norms), the root, and each LoRA matrix (PEFT's ``fsdp_auto_wrap_policy`` wraps every
+    trainable leaf apart, as FSDP1 needs one ``requires_grad`` per flat parameter). FSDP2 pins every parameter's
+    shard, and the gradients of the trainable ones. The optimizer's states are not pinned (``zeros_like`` of a
+    pinned tensor is not).
+    """
+    n = par.world_size
+    L = sz.layers
+    elems = lora_tensors(shape, spec) if bd.lora_weights else []
+    per_elem = bd.lora_weights / sum(elems) if elems else 0.0
+    trainable = [math.ceil(e * per_elem / n) for e in elems]
+    if par.fsdp_version == 1:
+        layer_unit = (bd.quantized_weights + sz.layer_unquant) / L
+        frozen = [math.ceil(layer_unit / n)] * L + [math.ceil(sum(_root_blocks(sz)) / n)]
+        frozen_copies = 2  # the shard and its _cpu_grad
+    else:
+        sizes = [lin.in_features * lin.out_features for lin in shape.linears] if bd.quantized_weights else []
+        per_layer = [bd.quantized_weights / L * s / sum(sizes) for s in sizes]
+        norms = shape.norms_per_layer
+        per_layer += [sz.layer_norms / (L * norms)] * norms if norms else []
+        per_layer.append((sz.layer_unquant - sz.layer_norms) / L)  # biases, experts: one block, roughly
+        frozen = [math.ceil(b / n) for b in per_layer if b > 0] * L + [math.ceil(b / n) for b in _root_blocks(sz)]
+        frozen_copies = 1
+    rounding = (frozen_copies * sum(_pow2_ceil(b) - b for b in frozen)
+                + 2 * sum(_pow2_ceil(b) - b for b in trainable))
+    out = {"pinned_rounding": rounding}
+    if par.fsdp_version == 1:
+        out["frozen_gradient_buffers"] = host.get("quantized_weights", 0) + host.get("unquantized_params", 0)
+    return out
+
+
 def _totals(parts: dict[str, int], overhead: int, context: int, nccl: int, paged_in_process: int) -> tuple[int, ...]:
     allocated = sum(parts.get(name, 0) for name in ALLOCATED)
     reserved = allocated + overhead
@@ -314,7 +385,8 @@ def _totals(parts: dict[str, int], overhead: int, context: int, nccl: int, paged
     return allocated, reserved, process, process - paged_in_process
 
 
-def _data_parallel(shape: ModelShape, est: Estimate, par: Parallelism, hw: Hardware) -> RankEstimate:
+def _data_parallel(shape: ModelShape, spec: QLoraSpec, est: Estimate, par: Parallelism,
+                   hw: Hardware) -> RankEstimate:
     bd0 = est.breakdown
     sz = _sizes(shape, bd0)
     bytes_per_grad = bd0.lora_weights / est.trainable_params if est.trainable_params else 4.0
@@ -326,6 +398,8 @@ def _data_parallel(shape: ModelShape, est: Estimate, par: Parallelism, hw: Hardw
             best = (allocated, phase, parts, host)
     assert best is not None
     _, phase, parts, host = best
+    if par.strategy == "fsdp" and par.offload == "params":
+        host.update(_pinned_offload(shape, spec, bd0, sz, par, host))
     # The peak's calibration applies to the whole step; keep it beside the re-sharded parts.
     parts["calibration"] = bd0.calibration
     overhead = bd0.allocator_overhead
@@ -401,6 +475,10 @@ def sharding(par: Parallelism, bits: int = 4) -> dict[str, str]:
     elif off == "optimizer":
         out["optimizer states"] = f"host ({out['optimizer states']})"
         out["LoRA gradients"] = f"host ({out['LoRA gradients']})"
+    if s == "fsdp" and off == "params":
+        out["host, pinned"] = ("every shard and a gradient buffer for each, frozen too (FSDP1), "
+                               if par.fsdp_version == 1 else "every shard, the trainable ones' gradients (FSDP2), ")
+        out["host, pinned"] += "in power-of-two blocks"
     if s in ("fsdp", "zero3"):
         out["gathered"] = "one unit computing + one prefetched" + (", root (embeddings, lm_head) through fwd/bwd"
                                                                    if s == "fsdp" else ", lm_head for the loss")
@@ -425,7 +503,7 @@ def estimate_distributed(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
     if par.strategy == "split":
         ranks = _split(shape, spec, batch, seq, par, hw, est)
     else:
-        ranks = (_data_parallel(shape, est, par, hw),)
+        ranks = (_data_parallel(shape, spec, est, par, hw),)
     return DistributedEstimate(parallelism=par, batch_size=batch, seq_len=seq, ranks=ranks,
                                sharding=sharding(par, spec.bits))
 
