@@ -19,6 +19,7 @@ from vramscope.tune.phase_limit import (
     describe_eval,
     eval_batch_for,
     eval_follows_train,
+    eval_plan_check,
     limiting,
     phase_peaks,
 )
@@ -158,3 +159,15 @@ def test_a_command_that_does_not_evaluate_is_limited_by_its_step() -> None:
     out = tuned.to_dict()
     assert out["limiting_phase"] == "train" and out["limit"] is None and "eval" not in out["phase_peaks"]
     assert "limit:" not in format_command_result(out)
+
+
+def test_without_an_eval_pass_the_answer_is_checked_against_the_eval_plan() -> None:
+    parsed = parse_command(_hf("--eval_strategy", "steps", "--per_device_eval_batch_size", "16"))
+    loss = eval_plan_check(parsed, 4, 512, 80 * GIB, None)
+    assert loss.startswith("checked against the planner's eval plan instead: evaluation at "
+                           "per_device_eval_batch_size 16 (loss only) is planned at ") and loss.endswith("it fits")
+    # What the trial's Trainer recorded (logits kept, 2,000 eval examples) is what the plan is made for: 125 eval
+    # batches of [16, 512, 32000] fp32 logits held on the GPU do not fit 80 GiB.
+    kept = eval_plan_check(parsed, 4, 512, 80 * GIB, {"status": "failed", "logits": "kept", "eval_examples": 2000})
+    assert "(logits kept)" in kept and kept.endswith("it does not fit")
+    assert eval_plan_check(parse_command(_hf()), 4, 512, 80 * GIB, None) == ""  # no evaluation: nothing to check

@@ -32,7 +32,15 @@ from vramscope.planner.batching import split_batch
 from vramscope.run.inject import ENV_PACKAGE_PARENT, ENV_TRAINER_HOOKS, PACKAGE_PARENT, SITE_DIR
 from vramscope.tune.command_trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
 from vramscope.tune.groups import Stopped, end_group, held, stop_on_signals
-from vramscope.tune.phase_limit import Limit, PhasePeaks, eval_batch_for, eval_follows_train, limiting, phase_peaks
+from vramscope.tune.phase_limit import (
+    Limit,
+    PhasePeaks,
+    eval_batch_for,
+    eval_follows_train,
+    eval_plan_check,
+    limiting,
+    phase_peaks,
+)
 from vramscope.tune.search import NoSizeFitsError, Trial, TuneResult, search
 
 DEFAULT_TRIAL_STEPS = 2  # the first step creates the optimizer state; the second runs with it in place
@@ -326,7 +334,13 @@ def tune_command(
         sized = [(t.size, t.ok, t.limited()[1], o.phases) for t, o in zip(result.trials, done, strict=False)]
         phase_limit = limiting(sized, result.size, usable, step=multiple_of if max_seq_len else 1,
                                capped=result.capped)
-        notes.extend(eval_notes(done))
+        missing = eval_notes(done)
+        if missing:  # the trials could not evaluate: the planner's eval phase at the answer is the check
+            recorded = next((o.phases.eval for o in done if o.phases.eval), None)
+            check = eval_plan_check(parsed, fixed_batch if max_seq_len else result.size,
+                                    result.size if max_seq_len else length, result.capacity_bytes, recorded,
+                                    eval_follows_train(parsed))
+            notes.extend([*missing, check] if check else missing)
     keep: str | None = None
     if unit == "batch" and parsed.grad_accum > 1:
         effective = parsed.batch_size * parsed.grad_accum

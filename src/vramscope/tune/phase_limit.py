@@ -156,3 +156,44 @@ def limiting(sized: Sequence[tuple[int, bool, int | None, PhasePeaks]], answer: 
     own = [t for t in sized if t[0] == answer and t[1]]
     peaks = own[-1][3] if own else PhasePeaks(None, None)
     return Limit(peaks.phase, None if capped else answer + step, False, peaks.eval, measured=False)
+
+
+def eval_plan_check(parsed: ParsedCommand, batch: int, seq: int | None, capacity: int,
+                    trial_eval: Mapping[str, Any] | None, follows: bool = False) -> str:
+    """The planner's evaluation phase at the answer, for a command whose trials could not run an evaluation.
+
+    The logits kept (and the eval set's size) are the trial Trainer's when its record says them, else the command's
+    reading (loss only: a pasted command cannot say whether its script passes ``compute_metrics``; one eval batch
+    held). One sentence, for the answer's notes.
+    """
+    from dataclasses import replace
+
+    from vramscope.commands.phases import run_phases
+    from vramscope.planner import PlanInputError, plan
+
+    run = run_phases(parsed)
+    if run.eval_batch is None:
+        return ""
+    if follows:
+        run = replace(run, eval_batch=batch)
+    trial_logits = (trial_eval or {}).get("logits")
+    if trial_logits in ("kept", "preprocessed"):
+        run = replace(run, eval_logits="kept" if trial_logits == "kept" else "argmax")
+    examples = (trial_eval or {}).get("eval_examples")
+    if isinstance(examples, int) and examples > 0:
+        run = replace(run, eval_examples=examples)
+    model: Any = parsed.model_config if parsed.model_config is not None else parsed.model
+    if model is None or seq is None:
+        return "the planner cannot check the evaluation either (the command names no model or no length)"
+    try:
+        planned = plan(model, batch, seq, parsed.spec, gpu_memory=capacity, read_from_command=True, run=run)
+    except (PlanInputError, KeyError, ValueError) as exc:
+        return f"the planner cannot check the evaluation either ({exc})"
+    phases = planned.run.phases if planned.run is not None else {}
+    evaluation = phases.get("eval")
+    if evaluation is None:
+        return ""
+    verdict = "fits" if evaluation.peak_reserved_bytes <= capacity else "does not fit"
+    return (f"checked against the planner's eval plan instead: evaluation at per_device_eval_batch_size "
+            f"{run.eval_batch} ({_LOGITS_WORDS.get(run.eval_logits, run.eval_logits)}) is planned at "
+            f"{evaluation.peak_reserved_bytes / 2**30:.2f} GiB reserved of {capacity / 2**30:.2f} GiB: it {verdict}")
