@@ -21,10 +21,10 @@ PY = sys.executable
 SCRIPT = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
     out = Path(sys.argv[1])
-    metric_mode = sys.argv[2]  # "metric", "loss", "no_eval_set"
+    metric_mode = sys.argv[2]  # "metric", "loss", "no_eval_set", "oom_in_eval", "fails_in_eval"
     accumulate = None if sys.argv[3] == "none" else int(sys.argv[3])
     eval_rows = int(sys.argv[4])
     torch.manual_seed(0)
@@ -55,9 +55,18 @@ SCRIPT = textwrap.dedent("""
                              per_device_eval_batch_size=eval_rows, eval_strategy="steps", eval_steps=1,
                              eval_accumulation_steps=accumulate, max_steps=20, report_to="none", use_cpu=True,
                              save_strategy="no")
+    class FailInEval(TrainerCallback):  # an eval batch fails as a real OOM (or another error) would
+        def on_prediction_step(self, args, state, control, **kwargs):
+            self.seen = getattr(self, "seen", 0) + 1
+            if self.seen == 3 and metric_mode == "oom_in_eval":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+            if self.seen == 2 and metric_mode == "fails_in_eval":  # loss only: 2 batches
+                raise KeyError("a column the metric needs")
+
     trainer = Trainer(model=model, args=args, train_dataset=Rows(10),
                       eval_dataset=None if metric_mode == "no_eval_set" else Rows(45), data_collator=collate,
-                      compute_metrics=metric if metric_mode == "metric" else None)
+                      compute_metrics=metric if metric_mode in ("metric", "oom_in_eval") else None,
+                      callbacks=[FailInEval()])
     trainer.train()
     print("trained")
 """)
@@ -116,6 +125,30 @@ def test_loss_only_and_accumulated_evaluations_run_a_few_batches(tmp_path: Path,
 def test_a_trainer_without_an_eval_set_says_so(tmp_path: Path, script: Path) -> None:
     record = _trial(tmp_path, script, "no_eval_set")
     assert record["eval"]["status"] == "no_eval_dataset"
+
+
+@pytest.mark.slow
+def test_an_out_of_memory_error_in_evaluation_is_the_trials_attributed_to_evaluation(tmp_path: Path,
+                                                                                     script: Path) -> None:
+    request = TrialRequest(batch_size=3, seq_len=24, max_steps=2, record=str(tmp_path / "trial.json"),
+                           eval_batch_size=5)
+    outcome = run_trial_child([PY, str(script), str(tmp_path), "oom_in_eval", "none", "4"], request,
+                              log_path=str(tmp_path / "trial.log"), timeout_s=300)
+    record = json.loads((tmp_path / "trial.json").read_text())
+    assert not outcome.trial.ok and record["status"] == "oom" and record["phase"] == "eval"
+    assert outcome.trial.error == "in evaluation: cuda_allocator: CUDA out of memory. Tried to allocate 3.00 GiB"
+    assert len(record["steps"]) == 2  # both training steps ran; the evaluation after them did not end
+    assert outcome.phases.phase == "eval" and outcome.phases.eval is not None
+    assert (outcome.phases.eval["status"], outcome.phases.eval["batch_size"], outcome.phases.eval["logits"]) == \
+        ("oom", 5, "kept")
+    assert "trained" not in (tmp_path / "trial.log").read_text()
+
+
+@pytest.mark.slow
+def test_another_failure_in_evaluation_leaves_the_trial_with_its_training_steps(tmp_path: Path,
+                                                                              script: Path) -> None:
+    record = _trial(tmp_path, script, "fails_in_eval")
+    assert record["eval"]["status"] == "failed" and "KeyError" in record["eval"]["error"]
 
 
 def test_eval_batches_follow_what_the_evaluation_holds() -> None:

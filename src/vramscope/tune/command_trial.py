@@ -306,7 +306,12 @@ def _callback_class() -> type:
             assert self.request.eval_batch_size is not None
             self.eval_pass = EvalPass(self.request.eval_batch_size, self._cuda)
             self.record.write(status="evaluating", phase="eval")
-            self.record.data["eval"] = self.eval_pass.run(self.trainer)
+            try:
+                self.record.data["eval"] = self.eval_pass.run(self.trainer)
+            except BaseException:  # out of memory (re-raised by the pass): keep what it ran at, for the answer
+                self.record.data["eval"] = {**self.eval_pass.settings, "status": "oom",
+                                            "step_peaks": self.eval_pass.step_peaks}
+                raise
             self.record.data.pop("phase", None)
 
         def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -119,6 +119,7 @@ class EvalPass:
         self.step_reserved: list[int] = []
         self.shapes: list[list[int]] = []
         self.active = False
+        self.settings: dict[str, Any] = {"batch_size": rows}  # what it runs at, once read from the Trainer
 
     def step_done(self) -> None:
         """After each eval batch (``on_prediction_step``): its peaks, then a fresh peak for the next batch."""
@@ -153,6 +154,7 @@ class EvalPass:
             total = None
         run, held = eval_steps(mode, total, out["eval_accumulation_steps"])
         out.update(steps_total=total, steps_held=held, steps_run=run)
+        self.settings = dict(out)
         collator = trainer.data_collator
         saved = (getattr(args, "per_device_eval_batch_size", None), getattr(collator, "rows", None),
                  trainer.compute_metrics)
