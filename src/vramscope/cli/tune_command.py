@@ -48,7 +48,12 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         count[0] += 1
         t = outcome.trial
         if t.ok and t.peak_reserved_bytes is not None:
-            say(f"  trial {count[0]}: {noun} {size}: ok, peak reserved {gib(t.peak_reserved_bytes)} "
+            phases = outcome.phases
+            where = ""
+            if phases.eval_reserved is not None and phases.train_reserved is not None:
+                where = (f" (train {gib(phases.train_reserved)}, eval {gib(phases.eval_reserved)}: "
+                         f"{'evaluation' if phases.phase == 'eval' else 'the training step'} sets it)")
+            say(f"  trial {count[0]}: {noun} {size}: ok, peak reserved {gib(t.peak_reserved_bytes)}{where} "
                 f"({t.seconds:.0f} s, a fresh run of the command)")
         else:
             say(f"  trial {count[0]}: {noun} {size}: out of memory ({t.error}) ({t.seconds:.0f} s)")
@@ -75,6 +80,9 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except TrialFailed as exc:
         raise CommandError(str(exc)) from None
     except NoSizeFitsError as exc:
+        if "in evaluation" in str(exc):  # the evaluation pass ran out at every size: its own batch is the way out
+            raise CommandError(f"{exc}; lower per_device_eval_batch_size, or set eval_accumulation_steps (or "
+                               "preprocess_logits_for_metrics) so that the logits leave the GPU") from None
         raise CommandError(f"{exc}; lower the command's length or LoRA rank, or quantize the model") from None
     out: dict[str, Any] = result.to_dict()
     out["command"] = inputs.to_dict()
@@ -98,7 +106,23 @@ def format_command_result(out: dict[str, Any]) -> str:
     ]
     if out.get("keep_effective"):
         lines.append(f"  to keep {out['keep_effective']}")
+    lines += _phase_lines(out)
     lines.append(f"  {len(out['trials'])} trials ({out['ooms']} out of memory), each a fresh run of the command; "
                  f"margin kept {out['margin']:.0%}")
     lines += [f"  note: {n}" for n in out.get("notes", ())]
     return "\n".join(lines)
+
+
+def _phase_lines(out: dict[str, Any]) -> list[str]:
+    """The phase that limits the answer and the answer's per-phase peaks (when the command evaluates)."""
+    limit = out.get("limit")
+    if not limit:
+        return []
+    lines = [f"  limit: {limit['words']}"]
+    peaks = out.get("phase_peaks") or {}
+    shown = [f"{name} {gib(p['peak_reserved_bytes'])}" for name, p in
+             (("training step", peaks.get("train") or {}), ("evaluation", peaks.get("eval") or {}))
+             if p.get("peak_reserved_bytes") is not None]
+    if shown:
+        lines.append(f"  peak reserved at {out['size']}: " + ", ".join(shown))
+    return lines

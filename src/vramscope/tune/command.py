@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,15 @@ from vramscope.planner.batching import split_batch
 from vramscope.run.inject import ENV_PACKAGE_PARENT, ENV_TRAINER_HOOKS, PACKAGE_PARENT, SITE_DIR
 from vramscope.tune.command_trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
 from vramscope.tune.groups import Stopped, end_group, held, stop_on_signals
+from vramscope.tune.phase_limit import (
+    Limit,
+    PhasePeaks,
+    eval_batch_for,
+    eval_follows_train,
+    eval_plan_check,
+    limiting,
+    phase_peaks,
+)
 from vramscope.tune.search import NoSizeFitsError, Trial, TuneResult, search
 
 DEFAULT_TRIAL_STEPS = 2  # the first step creates the optimizer state; the second runs with it in place
@@ -51,6 +60,7 @@ class CommandTrial:
     capacity_bytes: int | None
     record: Mapping[str, Any]
     log_path: str
+    phases: PhasePeaks = field(default_factory=lambda: PhasePeaks(None, None))  # train and eval peaks
 
 
 def child_environment(request: TrialRequest, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -135,24 +145,24 @@ def run_trial_child(argv: Sequence[str], request: TrialRequest, *, log_path: str
     base = int(first.get("base_allocated_bytes") or 0)
     base_reserved = first.get("base_reserved_bytes")
     capacity = first.get("capacity_bytes")
+    phases = phase_peaks(records)
     if "oom" in statuses or (code == OOM_EXIT_CODE and "done" not in statuses):
         oom_error = next((str(r.get("error")) for r in records if r.get("status") == "oom"), "out of memory")
         trial = Trial(size=0, ok=False, base_bytes=base, peak_bytes=None, seconds=seconds, error=oom_error,
                       after_bytes=base, base_reserved_bytes=base_reserved, after_reserved_bytes=base_reserved)
-        return CommandTrial(trial, capacity, first, log_path)
+        if phases.oom_phase == "eval":
+            trial = replace(trial, error=f"in evaluation: {oom_error}")
+        return CommandTrial(trial, capacity, first, log_path, phases)
     if statuses != {"done"}:
         error = next((str(r.get("error")) for r in records if r.get("error")), None)
         raise TrialFailed(f"the trial at {_size(request)} failed: {error or _last_line(tail)} (exit {code}; "
                           f"output: {log_path})")
-    peaks = [s.get("peak_allocated_bytes") for r in records for s in r.get("steps", ())]
-    reserved = [s.get("peak_reserved_bytes") for r in records for s in r.get("steps", ())]
-    # Per device: the worst rank and the worst step (the first one also creates the optimizer state).
-    peak = max((int(p) for p in peaks if p is not None), default=None)
-    peak_reserved = max((int(p) for p in reserved if p is not None), default=None)
-    trial = Trial(size=0, ok=True, base_bytes=base, peak_bytes=peak, seconds=seconds, after_bytes=base,
-                  base_reserved_bytes=base_reserved, peak_reserved_bytes=peak_reserved,
+    # Per device: the worst rank and the worst step (the first one also creates the optimizer state), and the
+    # evaluation pass's peak where it ran: the trial's peak is the larger of the two phases.
+    trial = Trial(size=0, ok=True, base_bytes=base, peak_bytes=phases.peak_allocated, seconds=seconds,
+                  after_bytes=base, base_reserved_bytes=base_reserved, peak_reserved_bytes=phases.peak_reserved,
                   after_reserved_bytes=base_reserved)
-    return CommandTrial(trial, capacity, first, log_path)
+    return CommandTrial(trial, capacity, first, log_path, phases)
 
 
 def _size(request: TrialRequest) -> str:
@@ -171,11 +181,29 @@ class CommandTuneResult:
     keep_effective: str | None  # how to keep the command's effective batch, when it accumulates
     trials: tuple[CommandTrial, ...]
     notes: tuple[str, ...]
+    limit: Limit | None = None  # the phase that limits the answer (None: the command does not evaluate)
+    eval_follows: bool = False  # the eval batch is the batch tried (axolotl without eval_batch_size)
+
+    @property
+    def chosen_phases(self) -> PhasePeaks | None:
+        """The per-phase peaks of the trial at the answer."""
+        own = [t for t in self.trials if t.trial.ok and t.trial.size == self.result.size]
+        return own[-1].phases if own else None
 
     def to_dict(self) -> dict[str, Any]:
         out = self.result.to_dict()
         out.update(unit=self.unit, batch_size=self.batch_size, seq_len=self.seq_len, setting=self.setting,
                    keep_effective=self.keep_effective, logs=[t.log_path for t in self.trials])
+        chosen = self.chosen_phases
+        out["limiting_phase"] = self.limit.phase if self.limit is not None else "train"
+        out["limit"] = None if self.limit is None else {
+            "phase": self.limit.phase, "at_size": self.limit.at_size, "out_of_memory": self.limit.ran_out,
+            "words": self.limit.words(self.result.size, "length" if self.unit == "seq_len" else "batch",
+                                      self.eval_follows)}
+        out["phase_peaks"] = None if chosen is None else chosen.to_dict()
+        for row, outcome in zip(out["trials"], self.trials, strict=False):
+            row["phase"] = outcome.phases.phase
+            row["phase_peaks"] = outcome.phases.to_dict()
         out["notes"] = [*out.get("notes", []), *self.notes]
         return out
 
@@ -238,12 +266,14 @@ def tune_command(
 
         def run(size: int) -> Trial:
             n = len(done) + 1
+            rows = fixed_batch if max_seq_len else size
             request = TrialRequest(
-                batch_size=fixed_batch if max_seq_len else size,
+                batch_size=rows,
                 seq_len=size * multiple_of if max_seq_len else length,
                 max_steps=trial_steps,
                 record=str(Path(folder) / f"trial{n}.json"),
                 memory_limit_bytes=memory_limit_bytes,
+                eval_batch_size=eval_batch_for(parsed, rows),  # the command evaluates: so does each trial
             )
             outcome = run_trial_child(parsed.argv, request, log_path=str(Path(folder) / f"trial{n}.log"), cwd=cwd,
                                       environ=environ, timeout_s=timeout_s)
@@ -298,6 +328,19 @@ def tune_command(
         (f"{len(result.trials)} trials is the budget; with no margin the fitted line allows {result.predicted_max}"
          if n.startswith("stopped after") and result.predicted_max is not None else n) for n in result.notes))
     unit = "seq_len" if max_seq_len else "batch"
+    phase_limit: Limit | None = None
+    if parsed.eval.evaluates:
+        usable = result.capacity_bytes * (1.0 - margin)
+        sized = [(t.size, t.ok, t.limited()[1], o.phases) for t, o in zip(result.trials, done, strict=False)]
+        phase_limit = limiting(sized, result.size, usable, step=multiple_of if max_seq_len else 1,
+                               capped=result.capped)
+        missing = eval_notes(done)
+        if missing:  # the trials could not evaluate: the planner's eval phase at the answer is the check
+            recorded = next((o.phases.eval for o in done if o.phases.eval), None)
+            check = eval_plan_check(parsed, fixed_batch if max_seq_len else result.size,
+                                    result.size if max_seq_len else length, result.capacity_bytes, recorded,
+                                    eval_follows_train(parsed))
+            notes.extend([*missing, check] if check else missing)
     keep: str | None = None
     if unit == "batch" and parsed.grad_accum > 1:
         effective = parsed.batch_size * parsed.grad_accum
@@ -314,7 +357,29 @@ def tune_command(
         keep_effective=keep,
         trials=tuple(done),
         notes=tuple(notes),
+        limit=phase_limit,
+        eval_follows=eval_follows_train(parsed),
     )
+
+
+def eval_notes(done: Sequence[CommandTrial]) -> list[str]:
+    """What the trials could not measure of the evaluation (no eval set in the Trainer, a failed pass)."""
+    notes: list[str] = []
+    for outcome in done:
+        evaluation = outcome.phases.eval
+        if evaluation is None and outcome.trial.ok:
+            notes.append("the command evaluates but the trials' Trainer ran no evaluation pass: the answer is for "
+                         "the training step alone; check the evaluation with vramscope plan -- <command>")
+        elif evaluation is not None and evaluation.get("status") == "no_eval_dataset":
+            notes.append("the command evaluates but its Trainer got no eval_dataset in the trial: the answer is for "
+                         "the training step alone; check the evaluation with vramscope plan -- <command>")
+        elif evaluation is not None and evaluation.get("status") == "failed":
+            notes.append(f"the trial's evaluation pass failed ({evaluation.get('error')}): the answer is for the "
+                         "training step alone; check the evaluation with vramscope plan -- <command>")
+        else:
+            continue
+        break
+    return notes
 
 
 def _max_positions(parsed: ParsedCommand) -> int:

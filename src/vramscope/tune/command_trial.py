@@ -15,8 +15,10 @@ trainer are subclasses):
   resident host memory and the shape the model received, into
   the request's record file (``<record>.rank<k>.json`` for rank k > 0), and after the last step exits
   the process (``os._exit``): nothing after ``train()`` (saving, pushing) runs;
-* on an out-of-memory error writes ``status: "oom"`` and exits with :data:`OOM_EXIT_CODE`, so that the
-  OOM ends this child only.
+* with ``eval_batch_size``, after the last step runs the user's evaluation on a slice of its eval set at that
+  batch (:mod:`vramscope.tune.trial_eval`) and records its peaks as the record's ``eval``;
+* on an out-of-memory error writes ``status: "oom"`` (``phase``: ``train`` or ``eval``) and exits with
+  :data:`OOM_EXIT_CODE`, so that the OOM ends this child only.
 
 A command that never starts a Trainer leaves no record; the tuner says so. Nothing here runs unless the
 variable is set.
@@ -46,6 +48,7 @@ class TrialRequest:
     max_steps: int
     record: str  # absolute path of the JSON record to write
     memory_limit_bytes: int | None = None  # cap the allocator as on a smaller GPU
+    eval_batch_size: int | None = None  # run an evaluation pass at this eval batch after the last step; None: none
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -59,6 +62,7 @@ class TrialRequest:
             max_steps=int(data["max_steps"]),
             record=str(data["record"]),
             memory_limit_bytes=None if data.get("memory_limit_bytes") is None else int(data["memory_limit_bytes"]),
+            eval_batch_size=None if data.get("eval_batch_size") is None else int(data["eval_batch_size"]),
         )
 
 
@@ -220,6 +224,8 @@ def _callback_class() -> type:
 
         def __init__(self, request: TrialRequest, record: _Record) -> None:
             self.request, self.record = request, record
+            self.trainer: Any = None  # the Trainer this callback runs in, to evaluate from the last step
+            self.eval_pass: Any = None
             self.shapes: list[list[int]] = []
             self._cuda = False
             self._nvml: Any = None
@@ -287,9 +293,30 @@ def _callback_class() -> type:
                 step["rss_bytes"] = rss  # host memory: what CPU offload keeps there
             self.record.data["steps"].append(step)
             if state.global_step >= self.request.max_steps:
+                if self.request.eval_batch_size is not None and self.trainer is not None:
+                    self._evaluate()
                 self.record.write(status="done")
                 _exit(0)
             self.record.write()
+
+        def _evaluate(self) -> None:
+            """The evaluation pass where the run's first evaluation runs: after a step, its states in place."""
+            from vramscope.tune.trial_eval import EvalPass
+
+            assert self.request.eval_batch_size is not None
+            self.eval_pass = EvalPass(self.request.eval_batch_size, self._cuda)
+            self.record.write(status="evaluating", phase="eval")
+            try:
+                self.record.data["eval"] = self.eval_pass.run(self.trainer)
+            except BaseException:  # out of memory (re-raised by the pass): keep what it ran at, for the answer
+                self.record.data["eval"] = {**self.eval_pass.settings, "status": "oom",
+                                            "step_peaks": self.eval_pass.step_peaks}
+                raise
+            self.record.data.pop("phase", None)
+
+        def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.eval_pass is not None:
+                self.eval_pass.step_done()
 
     return TrialCallback
 
@@ -318,7 +345,9 @@ def install(trainer_module: Any, environ: dict[str, str] | None = None) -> None:
         override_arguments(self.args, request)  # the default arguments a Trainer made for itself
         self._train_batch_size = self.args.train_batch_size
         self.data_collator = _Shaped(self.data_collator, request.batch_size, request.seq_len)
-        self.callback_handler.callbacks.insert(0, callback_cls(request, record))
+        callback = callback_cls(request, record)
+        callback.trainer = self
+        self.callback_handler.callbacks.insert(0, callback)
 
     def train(self: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.pop("resume_from_checkpoint", None)
@@ -331,7 +360,7 @@ def install(trainer_module: Any, environ: dict[str, str] | None = None) -> None:
             kind = oom_kind(exc)
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             if kind is not None:
-                record.write(status="oom", error=f"{kind}: {first}")
+                record.write(status="oom", error=f"{kind}: {first}", phase=record.data.get("phase", "train"))
                 _exit(OOM_EXIT_CODE)
             record.write(status="error", error=f"{type(exc).__name__}: {first}")
             raise
