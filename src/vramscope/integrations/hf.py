@@ -55,7 +55,7 @@ _GUARD_CODE = _never_stops_training(lambda: None).__code__  # the guard's frames
 
 
 def prometheus_address(port: int | str | None) -> str | None:
-    """``9400`` -> ``"127.0.0.1:9400"``; an address with a host is kept as it is."""
+    """``19400`` -> ``"127.0.0.1:19400"``; an address with a host is kept as it is."""
     if port is None:
         return None
     text = str(port)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vramscope.exporters.relay import ENV_RELAY
 from vramscope.output.names import sibling
 
 SITE_DIR = str(Path(__file__).resolve().with_name("_sitecustomize"))
@@ -105,7 +106,10 @@ def _callback_options(env: Mapping[str, str]) -> dict[str, Any]:
         every = 1
     # `vramscope run --oom-snapshot DIR` asks for OOM post-mortems through this variable.
     oom_dir = env.get(ENV_OOM_SNAPSHOT) or None
-    return {"log": log_path, "every_n_steps": every, "oom_snapshot": oom_dir or False}
+    options: dict[str, Any] = {"log": log_path, "every_n_steps": every, "oom_snapshot": oom_dir or False}
+    if env.get(ENV_RELAY):  # `run --prometheus/--push`: the step series go to the run's exporters (h25export)
+        options["export"] = {"relay": env[ENV_RELAY]}
+    return options
 
 
 def attach_lightning(trainer: Any, environ: Mapping[str, str] | None = None) -> Any | None:
