@@ -135,7 +135,9 @@ def test_address_forms_bind_loopback_unless_a_host_is_given(text: str, expected:
     assert parse_address(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "abc", ":19400", "host:", "70000", "-1", "::1:19400", "[::1]19400", "19400/metrics"])
+@pytest.mark.parametrize(
+    "text", ["", "abc", ":19400", "host:", "70000", "-1", "::1:19400", "[::1]19400", "19400/metrics"]
+)
 def test_bad_addresses_say_what_to_write(text: str) -> None:
     with pytest.raises(PrometheusAddressError) as info:
         parse_address(text)
