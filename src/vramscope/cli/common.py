@@ -154,7 +154,8 @@ def open_exporters_from_args(args: argparse.Namespace, announce: bool = True, ru
 
     context = ExportContext()
     if run:
-        name = run_name(getattr(args, "log", None))
+        # `--push-label run=NAME` names the run for every exporter, so the scraped series say the same.
+        name = dict(options.get("push_labels") or []).get("run") or run_name(getattr(args, "log", None))
         context = ExportContext(labels={"run": name}, run=name)
     try:
         sinks = open_exporters(options, context)

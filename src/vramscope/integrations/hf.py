@@ -79,7 +79,8 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         log_to_trainer: add the figures to the Trainer's ``logs`` in ``on_log``.
         max_seq_length: the longest sequence the data can hold; with the batch size it sets the
             longest batch for the OOM warning (default: the longest batch seen so far).
-        **monitor_options: passed to :class:`MemoryMonitor` (``analyze_every``, ``capacity_bytes``, ...).
+        **monitor_options: passed to :class:`MemoryMonitor` (``analyze_every``, ``capacity_bytes``, ...), among
+            them ``export={"push": "http://gw:9091", ...}``: any exporter of ``vramscope.exporters.registry``.
 
     Raises:
         ImportError: transformers is not installed (with the install command).
