@@ -226,3 +226,24 @@ def test_bad_push_flags_are_one_line_and_exit_2(argv: list[str], message: str) -
         assert result.returncode == 2, (command, result.stderr)
         assert message in result.stderr, (command, result.stderr)
         assert len(result.stderr.strip().splitlines()) <= 2  # argparse's usage line at most, then the one line
+
+
+@pytest.mark.slow
+def test_run_push_carries_the_trainers_last_step(gateway: Gateway, tmp_path: Path) -> None:
+    """The zero-code path with --push: the injected callback's series reach the gateway, and the run's last push,
+    made after the command ended, has the Trainer's last step (the relay is drained before it)."""
+    pytest.importorskip("transformers")
+    from test_inject import TRAIN_SCRIPT
+
+    (tmp_path / "train.py").write_text(TRAIN_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "--push", gateway.url, "--push-interval", "60", "--quiet",
+         "--log", "hf.csv", "--push-job", "zero-code", "--", sys.executable, "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    group = {"job": "zero-code", "instance": HOST, "run": "hf"}
+    assert gateway.wait_for_value("vramscope_training_step", rank="0", **group) == 3
+    assert gateway.wait_for_value("vramscope_training_steps_total", rank="0", **group) == 3
+    assert gateway.values("vramscope_host_rss_peak_bytes", rank="0", **group)
+    assert gateway.values("vramscope_samples_total", **group)  # the run's own series beside them
