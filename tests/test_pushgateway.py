@@ -247,3 +247,20 @@ def test_run_push_carries_the_trainers_last_step(gateway: Gateway, tmp_path: Pat
     assert gateway.wait_for_value("vramscope_training_steps_total", rank="0", **group) == 3
     assert gateway.values("vramscope_host_rss_peak_bytes", rank="0", **group)
     assert gateway.values("vramscope_samples_total", **group)  # the run's own series beside them
+
+
+@pytest.mark.slow
+def test_run_push_carries_a_lightning_trainers_steps(gateway: Gateway, tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    from test_lightning import LIGHTNING_SCRIPT
+
+    (tmp_path / "train.py").write_text(LIGHTNING_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "--push", gateway.url, "--quiet", "--log", "pl.csv",
+         "--push-job", "zero-code-lightning", "--", sys.executable, "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    group = {"job": "zero-code-lightning", "instance": HOST, "run": "pl", "rank": "0"}
+    assert gateway.wait_for_value("vramscope_training_steps_total", **group) == 3
+    assert gateway.values("vramscope_host_rss_bytes", **group)
