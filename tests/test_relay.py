@@ -194,6 +194,19 @@ def test_the_injected_callback_relays_only_when_the_run_exports() -> None:
     assert _callback_options({ENV_RELAY: "/x/relay.sock"})["export"] == {"relay": "/x/relay.sock"}
 
 
+def test_the_users_own_callback_relays_too_and_keeps_the_rest(tmp_path: Path) -> None:
+    from test_inject import _tiny_trainer
+    from vramscope.integrations.hf import MemoryMonitorCallback
+    from vramscope.run.inject import attach
+
+    mine = MemoryMonitorCallback(log=str(tmp_path / "mine.csv"), warn=False, export={"prometheus": "127.0.0.1:0"})
+    trainer = _tiny_trainer(tmp_path, callbacks=[mine])
+    assert attach(trainer, environ={ENV_RELAY: "/x/relay.sock"}) is None  # still the user's own, alone
+    assert mine.monitor.export == {"prometheus": "127.0.0.1:0", "relay": "/x/relay.sock"}
+    assert mine.monitor.requested_log == str(tmp_path / "mine.csv")
+    assert attach(_tiny_trainer(tmp_path, callbacks=[MemoryMonitorCallback(warn=False)]), environ={}) is None
+
+
 # -- the whole path: a real HF Trainer under a real `vramscope run --prometheus` -------------------------------
 
 TRAIN_SCRIPT = textwrap.dedent(

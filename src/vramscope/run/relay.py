@@ -8,9 +8,10 @@ that ``run --prometheus`` / ``--push`` give the same series as the callback's ow
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
 
-from vramscope.exporters.relay import RelayReceiver
+from vramscope.exporters.relay import ENV_RELAY, RelayReceiver
 from vramscope.types import Sink
 
 log = logging.getLogger("vramscope.runner")
@@ -29,3 +30,22 @@ def with_relay(exporters: Sequence[Sink], env: MutableMapping[str, str]) -> list
         return list(exporters)
     env.update(receiver.env)
     return [receiver, *exporters]
+
+
+def relay_into(callback: Any, env: Mapping[str, str]) -> bool:
+    """Give a Trainer's own vramscope callback (the user's, which ``run`` leaves as it is) the relay too, so that
+    ``run --prometheus/--push`` carries its series as it carries the injected one's. Only adds a sink: the
+    callback's log, options and figures stay the user's. True when it was added."""
+    path = env.get(ENV_RELAY)
+    options = getattr(callback, "_monitor_options", None)
+    monitor = getattr(callback, "monitor", None)
+    if not path or not isinstance(options, dict) or monitor is None:
+        return False
+    export = dict(options.get("export") or {})
+    if export.get("relay"):
+        return False
+    export["relay"] = path
+    options["export"] = export  # a monitor made again (train() once more) has it too
+    if not monitor.started and not monitor.closed:
+        monitor.export["relay"] = path
+    return True
