@@ -217,6 +217,7 @@ def test_push_job_and_labels_name_the_group(gateway: Gateway, tmp_path: Path) ->
         (["--push", "http://gw:9091", "--push-label", "__x=1"], "label name '__x' is not valid"),
         (["--push", "http://gw:9091", "--push-label", "instance=a"], "--push-label instance=... is set by vramscope"),
         (["--push-job", "x"], "--push-job needs a Pushgateway to push to; add --push http://HOST:9091"),
+        (["--push", "http://gw:9091", "--push-interval", "0.01"], "the push interval must be from 0.05 to 86400 s"),
     ],
 )
 def test_bad_push_flags_are_one_line_and_exit_2(argv: list[str], message: str) -> None:

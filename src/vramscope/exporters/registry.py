@@ -34,6 +34,7 @@ from vramscope.types import Sample
 log = logging.getLogger("vramscope.exporters")  # one logger for every exporter
 
 Options = Mapping[str, Any]
+MIN_PUSH_INTERVAL_S = 0.05  # as the sampler's shortest interval: below it a gateway is only hammered
 MAX_PUSH_INTERVAL_S = 24 * 3600.0
 
 
@@ -93,7 +94,7 @@ class Exporter:
 
 
 def seconds(text: str) -> float:
-    """A push interval: a positive number of seconds, at most a day, in ASCII digits."""
+    """A push interval: seconds, from 0.05 to a day, in ASCII digits."""
     stripped = text.strip()
     try:
         if not stripped.isascii() or len(stripped) > 32:
@@ -101,13 +102,14 @@ def seconds(text: str) -> float:
         value = float(stripped)
     except ValueError:
         raise ValueError(f"the push interval must be a number of seconds such as 15, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)) or value > MAX_PUSH_INTERVAL_S:
-        raise ValueError(f"the push interval must be above 0 and at most {MAX_PUSH_INTERVAL_S:g} s, got {text!r}")
+    if not (math.isfinite(value) and MIN_PUSH_INTERVAL_S <= value <= MAX_PUSH_INTERVAL_S):
+        raise ValueError(f"the push interval must be from {MIN_PUSH_INTERVAL_S:g} to {MAX_PUSH_INTERVAL_S:g} s, "
+                         f"got {text!r}")
     return value
 
 
 def job_name(text: str) -> str:
-    """A Pushgateway job: any non-empty text without '/' (it is a part of the gateway's URL path)."""
+    """A Pushgateway job: any non-empty text up to 200 characters (prometheus_client encodes a '/' in it)."""
     name = text.strip()
     if not name or len(name) > 200:
         raise ValueError(f"--push-job takes a name such as llama-qlora, got {text!r}")
