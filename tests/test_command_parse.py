@@ -172,10 +172,10 @@ def test_axolotl_yaml_keys_defaults_and_cli_overrides(tmp_path: Path, model_dir:
 
 @pytest.mark.parametrize(("cmd", "needle"), [
     ("bash train.sh", "vramscope reads python, accelerate launch, torchrun"),
-    ("srun python train.py", "vramscope reads python"),
+    ("srun python train.py", "cannot read the model and shapes"),
     ("python train.py --steps 30 --batch-size 4", "cannot read the model and shapes"),
     ("python -c 'print(1)'", "python -c"),
-    ("trl dpo --model_name_or_path m", "trl sft"),
+    ("trl vllm-serve --model m", "trl sft|dpo|grpo"),
     ("axolotl train", "config file"),
     ("accelerate config", "accelerate launch"),
     ("python -m trl.scripts.sft --model_name_or_path m --use_peft --per_device_train_batch_size four", "not a number"),

@@ -9,12 +9,13 @@ prints what was read. The plan and tune modules call these and stay thin.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from vramscope.cli.common import UsageError
-from vramscope.commands import ParsedCommand, parse_command
+from vramscope.commands import ASSUMED_SHARDED_WORLD, ParsedCommand, parse_command
 from vramscope.planner.errors import PlanInputError
 from vramscope.recipe import QLoraSpec
 
@@ -134,14 +135,68 @@ def apply_to_plan_args(args: argparse.Namespace, inputs: CommandInputs) -> Comma
     if "framework" not in given and hasattr(args, "framework"):
         args.framework = inputs.spec.framework
     launch = parsed.launch
-    if hasattr(args, "gpus") and "gpus" not in given and launch.world_size is not None and launch.world_size > 1:
+    world = launch.world_size
+    if world is None and launch.strategy in SHARDED:
+        world = ASSUMED_SHARDED_WORLD  # said in parsed.assumed: sharding over "every visible GPU"
+    if hasattr(args, "gpus") and "gpus" not in given and world is not None and world > 1:
         # Several processes: the per-GPU plan under the command's strategy (`plan --gpus N --strategy S`).
-        args.gpus = launch.world_size
+        args.gpus = world
         if launch.strategy is not None and "strategy" not in given:
             args.strategy = launch.strategy
             if launch.offload and "offload" not in given:
                 args.offload = "params" if launch.strategy == "fsdp" else "optimizer"
     return replace(inputs, overrides=(*extra, *inputs.overrides))
+
+
+SHARDED = ("fsdp", "zero2", "zero3")
+
+
+def first_lines(inputs: CommandInputs) -> list[str]:
+    """What the plan must say before anything else: each guess it made and each setting it does not model."""
+    p = inputs.parsed
+    given = " ".join(inputs.overrides)
+    assumed = [a for a in p.assumed if not _overridden(a, given)]
+    lines = []
+    if assumed:
+        lines.append("ASSUMED: " + "; ".join(assumed))
+    if p.unsupported:
+        lines.append("NOT MODELLED: " + "; ".join(p.unsupported))
+    return lines
+
+
+def _overridden(assumption: str, given: str) -> bool:
+    """A guess that a vramscope flag replaced (``--bits 4`` answers the 16-bit guess) is no longer one."""
+    return ("bit" in assumption and "--bits" in given) or ("rank" in assumption and "--lora-r" in given) or (
+        "processes" in assumption and "--gpus" in given) or ("length" in assumption and "--seq-len" in given)
+
+
+def json_fields(inputs: CommandInputs) -> dict[str, Any]:
+    """``plan --json``'s top-level ``assumed`` and ``unsupported`` (a short string each)."""
+    given = " ".join(inputs.overrides)
+    return {"assumed": [a for a in inputs.parsed.assumed if not _overridden(a, given)],
+            "unsupported": list(inputs.parsed.unsupported)}
+
+
+def alternative_plans(inputs: CommandInputs, args: argparse.Namespace, model: Any, plan_one: Any,
+                      plan_many: Any) -> list[tuple[str, Any, int | None]]:
+    """The other readings worth showing beside the plan: ``(label, plan or per-GPU bytes, world size)`` each.
+
+    ``plan_one(spec, seq_len)`` plans one GPU with a recipe (and a length; None: the command's);
+    ``plan_many(spec, gpus)`` returns the worst GPU's bytes under the command's strategy. Guesses that a
+    vramscope flag answered are left out.
+    """
+    given = explicit(args)
+    out: list[tuple[str, Any, int | None]] = []
+    for alt in inputs.parsed.alternatives:
+        if alt.world_size is not None:
+            if "gpus" in given:
+                continue
+            out.append((alt.label, plan_many(inputs.spec, alt.world_size), alt.world_size))
+            continue
+        if any(name in given for name in alt.spec) or (alt.seq_len is not None and "seq_len" in given):
+            continue
+        out.append((alt.label, plan_one(inputs.spec.with_(**alt.spec), alt.seq_len), None))
+    return out
 
 
 def _flag(name: str) -> str:
@@ -164,7 +219,9 @@ def format_command(inputs: CommandInputs) -> str:
         "es" if launch.world_size != 1 else "")
     strategy = f", {launch.strategy}" + (" with offload" if launch.offload else "") if launch.strategy else ""
     lines = [
-        f"read from the command ({_program_name(p)}; framework {inputs.spec.framework}):",
+        *first_lines(inputs),
+        f"read from the command ({_program_name(p)}; framework {inputs.spec.framework}"
+        f"{'' if p.program == 'trl' else '; trainer ' + p.trainer.kind}):",
         f"  model {p.model or '(none)'}, batch {p.batch_size} per device x {p.grad_accum} accumulation, "
         f"{p.seq_len if p.seq_len is not None else 'no'} max tokens; {launch.launcher}, {world}{strategy}",
     ]
@@ -187,4 +244,60 @@ def _read_item(key: str, value: str) -> str:
 
 
 def _program_name(p: ParsedCommand) -> str:
-    return {"trl": "TRL sft", "qlora": "qlora.py", "hf": "HF Trainer script", "axolotl": "axolotl"}[p.program]
+    from vramscope.commands.dispatch import PROGRAMS
+
+    if p.program == "trl":
+        return f"TRL {p.trainer.kind}"
+    return PROGRAMS[p.program].title
+
+
+def _needs(result: Any, capacity: int | None) -> tuple[int, bool | None]:
+    """What must fit on one GPU (the planner's device bytes) and whether it does."""
+    if isinstance(result, int):
+        return result, None if capacity is None else result <= capacity
+    return int(result.process_bytes), result.fits
+
+
+def format_alternatives(alternatives: list[tuple[str, Any, int | None]], capacity: int | None) -> str:
+    """``also, if the script loads the model in 4-bit: needs 9.80 GiB on the GPU (fits in 24.00 GiB)``."""
+    from vramscope.units import gib
+
+    lines = []
+    for label, result, world in alternatives:
+        need, fits = _needs(result, capacity)
+        where = f" per GPU of {world}" if world else " on the GPU"
+        verdict = "" if fits is None or capacity is None else (
+            f" ({'fits' if fits else 'does NOT fit'} in {gib(capacity)})")
+        lines.append(f"also, {label}: needs {gib(need)}{where}{verdict}")
+    return "\n".join(lines)
+
+
+def alternatives_json(alternatives: list[tuple[str, Any, int | None]], capacity: int | None) -> list[dict[str, Any]]:
+    """``plan --json``'s ``alternatives``: each other reading's label, process count, bytes and verdict."""
+    out = []
+    for label, result, world in alternatives:
+        need, fits = _needs(result, capacity)
+        out.append({"label": label, "world_size": world, "device_bytes": need, "fits": fits})
+    return out
+
+
+def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None:
+    """``plan --dataset`` from the local data the command names, where the flags did not give one.
+
+    Returns the path taken (None when the command names no local data, or ``--dataset`` was given). The
+    dataset's own reading says in one line when it cannot read it, and the plan falls back to batch x max_length.
+    """
+    if getattr(args, "dataset", None) or not hasattr(args, "dataset"):
+        return None
+    parsed = inputs.parsed
+    found = next((p for p in (*parsed.dataset.paths, *parsed.dataset.data_files) if os.path.exists(p)), None)
+    if found is None:
+        return None
+    args.dataset = found
+    if getattr(args, "dataset_field", None) is None and parsed.dataset.text_field:
+        args.dataset_field = parsed.dataset.text_field
+    if parsed.memory.packing and hasattr(args, "packing"):
+        args.packing = True
+    if getattr(args, "trainer", None) is None and parsed.trainer.kind in ("dpo", "grpo"):
+        args.trainer = parsed.trainer.kind  # the dataset is tokenized the way that trainer does (pairs, prompts)
+    return found

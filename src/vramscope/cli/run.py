@@ -2,13 +2,15 @@
 
 What it prints: the command's own output, untouched; warnings on stderr; and, when the command has
 ended, the summary: for people on stderr, or with ``--json`` one JSON object on stdout (its last
-line; ``schema_version`` 1) instead. Whatever happens to vramscope's own stdout or stderr (a closed
-pipe, a full disk), it exits the way the command did.
+line; ``schema_version`` 1) instead. ``--json`` is the only thing vramscope ever writes to stdout:
+with stderr closed (``2>&-``) its messages are dropped, never sent to stdout. Whatever happens to
+vramscope's own stdout or stderr (a closed pipe, a full disk), it exits the way the command did.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import importlib
 import json
@@ -30,7 +32,7 @@ from vramscope.cli.common import (
 from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
 from vramscope.output.names import sibling
 from vramscope.run.relay import with_relay
-from vramscope.run.runner import ProgramNotFoundError, RunResult, exit_like, run_monitored
+from vramscope.run.runner import ProgramNotFoundError, RunResult, exit_like, inherited_fds, run_monitored
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S
 from vramscope.units import gib
 
@@ -60,6 +62,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    inherited = inherited_fds()  # before vramscope opens anything of its own
+    _fill_closed_std_streams()
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -74,9 +78,13 @@ def run(args: argparse.Namespace) -> int:
         env.update(_injection_env(args))
     # Before the command starts: a port in use must not cost a run (and leaves no OOM folder behind).
     exporters = open_exporters_from_args(args, announce=False, run=True)
+    oom_dir: str | None = None
+    oom_dir_is_ours = False  # created by this run: removed afterwards if nothing was written into it
     if args.oom_snapshot is not None:  # read by the child (HF injection, OomRecorder.from_env)
-        from vramscope.oom import snapshot_env
+        from vramscope.oom import ENV_VAR, snapshot_env
 
+        existing = _oom_folder(args.oom_snapshot, args.log)
+        oom_dir_is_ours = not os.path.lexists(existing)
         try:
             snapshot = snapshot_env(args.oom_snapshot, args.log)
         except ValueError as exc:
@@ -84,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                 sink.close()
             raise UsageError(str(exc)) from None
         env.update(snapshot)
+        oom_dir = snapshot[ENV_VAR]
     if not args.quiet:
         for sink in exporters:
             _say(f"vramscope: {getattr(sink, 'where', type(sink).__name__)}", sys.stderr)
@@ -93,17 +102,60 @@ def run(args: argparse.Namespace) -> int:
         # run_monitored closes the exporters, within its bounded clean-up time.
         result = run_monitored(command, log_path=args.log, interval=args.interval, gpus=args.gpus, env=env,
                                fsync=args.fsync, extra_sinks=exporters, max_log_bytes=args.max_log_bytes,
-                               overwrite=args.overwrite)
+                               overwrite=args.overwrite, pass_fds=inherited)
     except ProgramNotFoundError as exc:
-        raise CommandError(str(exc), exit_code=127) from None
+        _remove_if_empty(oom_dir, oom_dir_is_ours)
+        raise CommandError(str(exc), exit_code=exc.exit_code) from None
     except LogPathError as exc:
+        _remove_if_empty(oom_dir, oom_dir_is_ours)
         raise UsageError(str(exc)) from None
-    files = files_written(result, started, args.oom_snapshot)
+    _remove_if_empty(oom_dir, oom_dir_is_ours)
+    files = files_written(result, started, oom_dir)
     if args.json:
         _say(json.dumps(summary_json(result, files), separators=(",", ":")), sys.stdout)
     elif not args.quiet:
         _say(format_summary(result, files), sys.stderr)
     return exit_like(result)
+
+
+def _fill_closed_std_streams() -> None:
+    """Give a closed stdin, stdout or stderr (``2>&-``) a /dev/null of vramscope's own.
+
+    Python leaves ``sys.stderr`` None when descriptor 2 was closed, and ``print(file=None)`` writes to
+    stdout: the summary would land in the user's ``> out.txt``. And the first file vramscope opened
+    would take the free number 2 and receive whatever is written to "stderr". The /dev/null taken
+    here is close-on-exec, so the command still starts with the descriptor closed, as without vramscope.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one (lower ones are open)
+            if opened != fd:
+                os.dup2(opened, fd, inheritable=False)
+                os.close(opened)
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (for the life of the process)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+
+
+def _oom_folder(given: str, log: str | None) -> str:
+    """The folder ``--oom-snapshot`` names, as :func:`vramscope.oom.snapshot_env` resolves it."""
+    from vramscope.oom import DEFAULT_DIR
+
+    return os.path.abspath(given or (sibling(log, suffix=".oom") if log else DEFAULT_DIR))
+
+
+def _remove_if_empty(folder: str | None, ours: bool) -> None:
+    """Remove the OOM folder this run created when nothing was written into it (no OOM, no GPU)."""
+    if folder is None or not ours:
+        return
+    with contextlib.suppress(OSError):  # not empty, or gone: leave it as it is
+        os.rmdir(folder)
 
 
 def _refuse_existing_logs(log: str, steps: bool) -> None:
@@ -170,9 +222,17 @@ def files_written(result: RunResult, started: float, oom_dir: str | None = None)
                     files.append(os.path.relpath(path) if not os.path.isabs(result.log_path) else path)
             except OSError:
                 continue
-    if oom_dir and os.path.isdir(oom_dir):
+    if oom_dir and _has_entries(oom_dir):
         files.append(oom_dir)
     return files
+
+
+def _has_entries(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
 
 
 def _used_gpus(result: RunResult) -> list[Any]:
@@ -231,7 +291,11 @@ def format_summary(result: RunResult, files: list[str] | None = None) -> str:
         lines.append(f"  all GPUs together: peak {gib(peaks.tree_gpu_bytes)}")
     lines.append(f"  host RSS peak (process tree): {gib(peaks.host_rss_bytes)}")
     written = files if files is not None else result.log_files
-    lines.append(f"  samples: {peaks.samples}" + (f", log: {result.log_path}" if result.log_path else ""))
+    if result.log_path:
+        lines.append(f"  samples: {peaks.samples}, log: {result.log_path}")
+    else:  # the peaks above are all that is left: say so, and how to keep the samples next time
+        lines.append(f"  samples: {peaks.samples}, none kept (no --log); to keep them: "
+                     "vramscope run --log mem.csv -- ...")
     if written:
         lines.append("  wrote: " + ", ".join(written))
     if result.still_running:

@@ -87,6 +87,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="with a command: optimizer steps per trial child (default 2)")
     parser.add_argument("--trial-timeout", type=positive_int, default=900, metavar="S",
                         help="with a command: seconds a trial child may run (default 900)")
+    parser.add_argument("--gpus", type=positive_int, metavar="N",
+                        help="with a launcher command: rehearse it as rank 0 of N GPUs on this one (fake process "
+                             "group) and find the micro-batch per GPU")
+    parser.add_argument("--gpu-memory", type=_size, metavar="SIZE",
+                        help="with --gpus: the memory of each of the N GPUs (e.g. 24GiB); NCCL's share is held back")
     parser.add_argument("--device", type=index, default=0, metavar="I", help="CUDA device index (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_recipe_arguments(parser)
@@ -147,6 +152,13 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     argv = command_argv(args)
+    if args.gpus is not None or args.gpu_memory is not None:
+        if argv is None or args.gpus is None:
+            raise UsageError("--gpus N (and --gpu-memory) rehearse a launcher command: vramscope tune --gpus 2 "
+                             "-- accelerate launch ... (--gpu-memory needs --gpus)")
+        from vramscope.cli.tune_rehearse import run_rehearsal
+
+        return run_rehearsal(args, argv)
     if argv is not None:
         from vramscope.cli.tune_command import run_command
 

@@ -17,28 +17,35 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.commands.argv import Option, Reader, options_from_mapping, shown, split_options
-from vramscope.commands.axolotl import config_path, read_axolotl
+from vramscope.commands.axolotl import config_path
+from vramscope.commands.common import model_name_facts, trainer_gaps
+from vramscope.commands.dispatch import PROGRAMS, identify
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
-from vramscope.commands.files import load_yaml, script_text
-from vramscope.commands.launchers import ACCELERATE_BOOL, ACCELERATE_VALUED, apply_accelerate, split_launcher
-from vramscope.commands.programs import (
-    IGNORED,
-    Reading,
-    looks_like_hf,
-    looks_like_trl_sft,
-    model_type_of,
-    read_hf,
-    read_qlora,
-    read_trl,
+from vramscope.commands.files import load_json, load_yaml, script_text
+from vramscope.commands.launchers import ACCELERATE_BOOL, ACCELERATE_VALUED, Target, apply_accelerate, split_launcher
+from vramscope.commands.programs import IGNORED, model_type_of
+from vramscope.commands.reading import Context, Reading
+from vramscope.commands.scripts import ScriptFacts, read_script
+from vramscope.commands.types import (
+    STRATEGIES,
+    Alternative,
+    DatasetRef,
+    EvalSettings,
+    Launch,
+    MemorySettings,
+    ParsedCommand,
+    Strategy,
+    TrainerSettings,
 )
-from vramscope.commands.types import STRATEGIES, Launch, ParsedCommand, Strategy
 from vramscope.planner.errors import PlanInputError
 from vramscope.recipe import QLoraSpec
 
-__all__ = ["STRATEGIES", "CommandReadError", "Launch", "ParsedCommand", "Strategy", "parse_command"]
+__all__ = ["ASSUMED_SHARDED_WORLD", "STRATEGIES", "CommandReadError", "Launch", "ParsedCommand", "Strategy",
+           "parse_command"]
 
-_TRL_SCRIPT = ("trl/scripts/sft.py",)
 _SCRIPT_TEXT_LIMIT = 1 << 20
+_SHARDED = ("fsdp", "zero3", "zero2")
+ASSUMED_SHARDED_WORLD = 2
 
 
 def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None,
@@ -59,26 +66,11 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
     env = os.environ if environ is None else environ
     state, target = split_launcher(argv, env, folder)
     options, positionals = split_options(target.args)
-    config_options: list[Option] = []
-    config_file: str | None = None
-    yaml_cfg: dict[str, Any] = {}
-
-    program = _program(target, folder)
-    config_option = next((o for o in options if o.name == "config"), None) if program == "trl" else None
-    if config_option is not None:  # TrlParser's --config file.yaml: its keys are defaults, the flags win
-        if not config_option.values:
-            raise CommandReadError("--config needs a YAML file (TRL's --config sft.yaml)")
-        config_file = config_option.values[0]
-        yaml_cfg = load_yaml(_under(config_file, folder), "TRL config")
-        yaml_cfg.pop("env", None)
-        config_options = options_from_mapping(yaml_cfg, Path(config_file).name)
-        options = [o for o in options if o.name != "config"]
-    if program == "axolotl":
-        path = config_path(positionals, folder)
-        config_file = str(path)
-        yaml_cfg = load_yaml(path, "axolotl config")
-        config_options = options_from_mapping(yaml_cfg, path.name)
-        positionals = [p for p in positionals if _under(p, folder) != path]
+    facts = read_script(_script_text(target, folder))
+    name, kind = identify(target, options, positionals, facts)
+    program = PROGRAMS[name]
+    options, positionals, config_options, config_file, cfg = _config(program.config, name, options, positionals,
+                                                                     folder)
     reader = Reader([*config_options, *options])
     models: dict[str | None, str | None] = {}
 
@@ -89,21 +81,17 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
                 models[model] = _registry_type(model)
         return models[model]
 
-    if program == "trl":
-        reading = read_trl(reader, state, model_type_of_name)
-    elif program == "qlora":
-        reading = read_qlora(reader, state)
-    elif program == "axolotl":
-        reading = read_axolotl(reader, state, model_type_of_name, yaml_cfg, folder)
-    else:
-        text = _script_text(target, folder)
-        if not looks_like_hf(reader, text):
-            raise CommandReadError(
-                f"cannot read the model and shapes from '{' '.join(argv[:4])}{' ...' if len(argv) > 4 else ''}': "
-                f"it is not a TRL, HfArgumentParser / HF Trainer or axolotl command; {HOW_INSTEAD}")
-        reading = read_hf(reader, state)
+    ctx = Context(reader, state, model_type_of_name, cfg, folder, target, facts, kind)
+    if name == "hf" and not _looks_like_hf(reader, facts):
+        raise CommandReadError(
+            f"cannot read the model and shapes from '{' '.join(argv[:4])}{' ...' if len(argv) > 4 else ''}': "
+            f"it is not a command of a tool vramscope reads (TRL, an HfArgumentParser / HF Trainer script, axolotl, "
+            f"LLaMA-Factory, ms-swift, Unsloth ...); {HOW_INSTEAD}")
+    reading = program.read(ctx)
+    model_name_facts(reading)
+    trainer_gaps(reading)
     reader.ignore(IGNORED)
-    leftovers = reader.unused()
+    leftovers = [o for o in reader.unused() if not o.written.endswith(("default)", "code)"))]
     if state.launcher == "trl":
         # `trl sft` hands the flags its parser does not know to accelerate launch.
         launch_like = [o for o in leftovers if o.name in ACCELERATE_BOOL or o.name in ACCELERATE_VALUED]
@@ -113,34 +101,51 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
     return _assemble(argv, target.name, reading, state, reader, leftovers, positionals, model_config, config_file)
 
 
-def _program(target: Any, folder: Path) -> str:
-    if target.kind == "trl":
-        if target.name != "sft":
-            raise CommandReadError(f"vramscope reads 'trl sft', not 'trl {target.name}'; {HOW_INSTEAD}")
-        return "trl"
-    if target.kind == "axolotl":
-        return "axolotl"
-    if target.kind == "module":
-        if target.name == "trl.scripts.sft":
-            return "trl"
-        if target.name in ("axolotl.cli.train",):
-            return "axolotl"
-        if target.name.startswith(("trl.", "axolotl.")):
-            raise CommandReadError(f"vramscope reads trl.scripts.sft and axolotl.cli.train, not {target.name}; "
-                                   f"{HOW_INSTEAD}")
-        return "hf"
-    path = target.name.replace("\\", "/")
-    if path.endswith(_TRL_SCRIPT):
-        return "trl"
-    if os.path.basename(path) == "qlora.py":
-        return "qlora"
-    if looks_like_trl_sft(_script_text(target, folder)):
-        return "trl"
-    return "hf"
+def _config(source: str, name: str, options: list[Option], positionals: list[str], folder: Path
+            ) -> tuple[list[Option], list[str], list[Option], str | None, dict[str, Any]]:
+    """The program's config file into options (below the command line's), by where the program keeps it."""
+    path: Path | None = None
+    what = f"{PROGRAMS[name].title} config"
+    flag = next((o for o in options if o.name == "config"), None) if source in ("trl", "flag") else None
+    if flag is not None:
+        if not flag.values:
+            raise CommandReadError(f"--config needs a YAML file ({what})")
+        if source == "trl" or flag.values[0].endswith((".yaml", ".yml", ".json")):
+            path = _under(flag.values[0], folder)
+            options = [o for o in options if o is not flag]
+    if path is None and source in ("trl", "positional"):
+        yaml_words = [p for p in positionals if p.endswith((".yaml", ".yml"))
+                      or (name == "llamafactory" and p.endswith(".json"))]
+        if yaml_words:
+            path = _under(yaml_words[0], folder)
+            positionals = [p for p in positionals if p != yaml_words[0]]
+        elif name == "axolotl":
+            config_path(positionals, folder)  # raises the one-line error
+        elif name == "llamafactory":
+            raise CommandReadError(f"llamafactory-cli train needs its config file (llamafactory-cli train "
+                                   f"examples/train_lora/x.yaml); {HOW_INSTEAD}")
+    if path is None:
+        return options, positionals, [], None, {}
+    cfg = load_json(path, what) if path.suffix == ".json" else load_yaml(path, what)
+    cfg.pop("env", None)
+    config_options = options_from_mapping(cfg, path.name)
+    if name == "llamafactory":  # key=value words after the config override it (LLaMA-Factory's CLI)
+        pairs = [p for p in positionals if "=" in p and not p.startswith("-")]
+        config_options += [Option(k.replace("-", "_"), [v], k) for k, v in (p.split("=", 1) for p in pairs)]
+        positionals = [p for p in positionals if p not in pairs]
+    return options, positionals, config_options, str(path), cfg
 
 
-def _script_text(target: Any, folder: Path) -> str:
-    if target.kind != "script":
+def _looks_like_hf(reader: Reader, facts: ScriptFacts) -> bool:
+    """A script whose flags or source say it is an HfArgumentParser / Trainer script."""
+    markers = ("per_device_train_batch_size", "gradient_accumulation_steps", "model_name_or_path")
+    parsers = {"HfArgumentParser", "TrlParser", "TrainingArguments"}
+    return reader.has(*markers) or facts.parser is not None or bool(facts.trainers) or bool(
+        parsers & facts.imported_names)
+
+
+def _script_text(target: Target, folder: Path) -> str:
+    if target.kind != "script" or "://" in target.name:
         return ""
     return script_text(_under(target.name, folder), _SCRIPT_TEXT_LIMIT)  # bounded; a FIFO is refused, not read
 
@@ -187,6 +192,23 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
     for what, value in (("batch size", reading.batch_size), ("gradient accumulation", reading.grad_accum)):
         if value <= 0:
             raise CommandReadError(f"the command's {what} is {value}; it must be positive")
+    launch = state.freeze()
+    assumed = [*state.assumed, *reading.assumed]
+    alternatives = list(reading.alternatives)
+    if launch.world_size is None and launch.strategy in _SHARDED:
+        # Sharding over an unknown count: one GPU would be wrong, so plan the smallest sharded run and show 8.
+        assumed.append(f"processes: every visible GPU ({launch.strategy}); planned for {ASSUMED_SHARDED_WORLD} "
+                       f"(pass --gpus N before '--')")
+        alternatives.append(Alternative("on 8 GPUs", world_size=8))
+    elif launch.world_size is None:
+        state.notes.append("every visible GPU holds the whole model (ddp): the per-GPU plan is the same for any "
+                           "count")
+    storage = reading.memory.get("quant_storage")
+    if launch.strategy == "fsdp" and reading.spec.get("bits") == 4 and storage in (None, "uint8"):
+        # FSDP flattens parameters of one dtype: uint8 4-bit weights beside bf16 ones do not shard.
+        reading.unsupported.append("FSDP over 4-bit weights stored as uint8 (bnb_4bit_quant_storage unset): FSDP "
+                                   "needs bfloat16 storage to shard them; planned as sharded")
+    fields = {**reading.trainer}
     return ParsedCommand(
         argv=tuple(argv),
         program=reading.program,  # type: ignore[arg-type]
@@ -199,12 +221,24 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
         seq_len=reading.seq_len,
         grad_accum=reading.grad_accum,
         max_steps=reading.max_steps,
-        launch=state.freeze(),
+        launch=launch,
         read=read,
         defaults=dict(reading.defaults),
         unknown=tuple(unknown),
         notes=tuple([*state.notes, *reading.notes]),
-        batch_flag="micro_batch_size" if reading.program == "axolotl" else "--per_device_train_batch_size",
+        batch_flag="micro_batch_size" if reading.program == "axolotl" else reading.batch_flag,
         seq_flag=reading.seq_flag,
         config_path=config_file,
+        trainer=TrainerSettings(**fields),
+        eval=EvalSettings(**reading.eval),
+        dataset=DatasetRef(**_frozen(reading.dataset)),
+        memory=MemorySettings(**_frozen(reading.memory)),
+        assumed=tuple(assumed),
+        unsupported=tuple(dict.fromkeys(reading.unsupported)),
+        alternatives=tuple(alternatives),
     )
+
+
+def _frozen(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A reader's mutable fields as a frozen dataclass takes them (lists as tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}

@@ -98,7 +98,15 @@ class Reader:
         for option in options:
             self._options[option.name] = option
         self._taken: set[str] = set()
+        self._defaults: set[str] = set()  # names added by add_defaults: below every alias the command gives
         self.read: dict[str, str] = {}
+
+    def add_defaults(self, options: Iterable[Option]) -> None:
+        """Options below everything given so far (a script's own defaults): added only where none is."""
+        for option in options:
+            if option.name not in self._options and f"no_{option.name}" not in self._options:
+                self._options[option.name] = option
+                self._defaults.add(option.name)
 
     def has(self, *names: str) -> bool:
         return any(n in self._options or f"no_{n}" in self._options for n in names)
@@ -106,6 +114,8 @@ class Reader:
     def _find(self, names: Sequence[str]) -> Option | None:
         # The last one written wins among aliases too; dict order is insertion order.
         found = [self._options[n] for n in names if n in self._options]
+        given = [o for o in found if o.name not in self._defaults]  # a flag beats another alias's default
+        found = given or found
         return found[-1] if found else None
 
     def _take(self, option: Option, value: str) -> None:
@@ -192,6 +202,21 @@ class Reader:
         value = option.values[0] if option.values else "true"
         self._take(option, value)
         return value
+
+    def silent(self, *names: str) -> str | None:
+        """A value that does not shape the plan (the eval batch, the dataset): taken, but not listed in ``read``."""
+        option = self._find(names)
+        if option is None:
+            return None
+        self._taken.add(option.name)
+        return " ".join(option.values) if option.values else "true"
+
+    def silent_words(self, *names: str) -> list[str]:
+        option = self._find(names)
+        if option is None:
+            return []
+        self._taken.add(option.name)
+        return list(option.values)
 
     def ignore(self, names: Iterable[str]) -> None:
         """Options known to the program that do not change memory: neither read nor unknown."""

@@ -10,15 +10,26 @@ axolotl's CLI does.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from vramscope.commands.argv import Reader, to_bool
+from vramscope.commands.common import (
+    add_dataset_entries,
+    model_name_facts,
+    read_trainer_lengths,
+    set_dora,
+    set_liger,
+    set_modules_to_save,
+    set_quant_method,
+)
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json_or_text
 from vramscope.commands.launchers import LaunchState
-from vramscope.commands.programs import ModelTypeOf, Reading, attention, default_targets, optimizer
+from vramscope.commands.programs import attention, deepspeed_by_name, default_targets, optimizer
+from vramscope.commands.reading import Context, Reading
+from vramscope.commands.types import Alternative
 
 # Keys that do not change a step's memory.
 IGNORED = frozenset("""
@@ -30,9 +41,9 @@ pad_to_sequence_len eval_sample_packing hub_model_id is_llama_derived_model is_m
 is_qwen_derived_model trust_remote_code tokenizer_config base_model_config max_grad_norm lora_fan_in_fan_out
 save_total_limit eval_table_size eval_max_new_tokens auto_resume_from_checkpoints shuffle_merged_datasets
 dataset_processes plugins liger_rope liger_rms_norm liger_glu_activation liger_layer_norm
-liger_fused_linear_cross_entropy lora_modules_to_save loss_watchdog_threshold loss_watchdog_patience
+ loss_watchdog_threshold loss_watchdog_patience
 save_safetensors save_strategy eval_strategy max_steps use_tensorboard push_dataset_to_hub hf_use_auth_token
-dataloader_num_workers dataloader_pin_memory dataloader_prefetch_factor gptq peft_use_dora peft_use_rslora
+dataloader_num_workers dataloader_pin_memory dataloader_prefetch_factor lora_model_dir peft_use_rslora
 """.split())  # noqa: SIM905 (a word list reads best as words)
 
 
@@ -44,8 +55,13 @@ def config_path(positionals: list[str], cwd: Path) -> Path:
     raise CommandReadError(f"axolotl train needs its config file (axolotl train config.yml); {HOW_INSTEAD}")
 
 
-def read_axolotl(reader: Reader, state: LaunchState, model_type_of_name: ModelTypeOf, cfg: Mapping[str, Any],
-                 cwd: Path) -> Reading:
+_RL = {"dpo": "dpo", "ipo": "dpo", "simpo": "orpo", "orpo": "orpo", "kto": "kto", "grpo": "grpo"}
+
+
+def read_axolotl(ctx: Context) -> Reading:
+    """An axolotl YAML (and ``--key value`` overrides after it), with axolotl's schema defaults."""
+    reader, state, cfg, cwd = ctx.reader, ctx.state, ctx.cfg, ctx.folder
+    model_type_of_name = ctx.model_type_of
     model = reader.text("base_model")
     if model is None:
         raise CommandReadError(f"the axolotl config has no base_model; add it, or {HOW_INSTEAD}")
@@ -60,10 +76,31 @@ def read_axolotl(reader: Reader, state: LaunchState, model_type_of_name: ModelTy
         raise CommandReadError(f"axolotl adapter {adapter!r} is not planned (lora and qlora are); {HOW_INSTEAD}")
     four, eight = reader.boolean("load_in_4bit"), reader.boolean("load_in_8bit")
     out.spec["bits"] = 4 if four else 8 if eight else 16
-    if adapter == "qlora" and not four:
-        out.notes.append("adapter: qlora without load_in_4bit: axolotl asks for load_in_4bit; planned as 16-bit")
+    if four or eight:
+        out.memory["quant_method"] = "bnb"
+    if reader.boolean("gptq"):
+        out.spec["bits"] = 4
+        set_quant_method(out, "gptq")
+    elif adapter == "qlora" and not four:
+        out.assumed.append("adapter: qlora without load_in_4bit: axolotl asks for load_in_4bit; planned as 16-bit")
+        out.alternatives.append(Alternative("if it loads in 4-bit", {"bits": 4}))
     out.spec["double_quant"] = True  # fixed in axolotl's loader, with nf4
     out.spec["quant_type"] = "nf4"
+    if out.spec["bits"] == 4 and out.memory.get("quant_method") == "bnb":
+        out.memory["quant_storage"] = "bf16"  # axolotl's loader stores 4-bit weights as bfloat16
+    rl = reader.text("rl")
+    if rl is not None and rl.lower() not in ("none", "null", "false"):
+        kind = _RL.get(rl.lower())
+        if kind is None:
+            raise CommandReadError(f"axolotl rl: {rl} is not planned (dpo, ipo, orpo, simpo, kto, grpo are); "
+                                   f"{HOW_INSTEAD}")
+        out.trainer["kind"] = kind
+    elif reader.boolean("reward_model"):
+        out.trainer["kind"] = "reward"
+    read_trainer_lengths(reader, out)
+    if out.trainer["kind"] in ("dpo", "orpo", "kto", "grpo", "reward"):
+        out.unsupported.append(f"{out.trainer['kind'].upper()} (rl: {rl}): its pair, reference or generation "
+                               "passes are not modelled; planned as SFT of one row, which is low")
     b = reader.integer("micro_batch_size")
     out.batch_size = 1 if b is None else b
     if b is None:
@@ -80,6 +117,7 @@ def read_axolotl(reader: Reader, state: LaunchState, model_type_of_name: ModelTy
         out.defaults["gradient_checkpointing"] = "false"
     elif gc.lower() in ("offload", "offload_disk"):
         out.spec["gradient_checkpointing"] = True
+        out.memory["checkpoint_offload"] = True
         out.notes.append(f"gradient_checkpointing: {gc} keeps the checkpoints off the GPU; planned as on-GPU "
                          "checkpointing, which errs high")
     else:
@@ -121,12 +159,38 @@ def read_axolotl(reader: Reader, state: LaunchState, model_type_of_name: ModelTy
     out.spec["attn"] = attention(attn, out.notes)
     if reader.boolean("sample_packing"):
         out.notes.append("sample_packing: rows are packed to sequence_len tokens, so the plan's length is the real one")
-    ds = reader.text("deepspeed")
-    if ds is not None:
-        path = Path(ds).expanduser()
-        state.deepspeed(load_json_or_text(ds if ds.lstrip().startswith("{") or path.is_absolute()
-                                          else str(cwd / path), "axolotl deepspeed config"), "deepspeed")
-        state.config_file = ds
+    if reader.boolean("activation_offloading"):
+        out.memory["checkpoint_offload"] = True
+        out.unsupported.append("activation_offloading: activations kept in host memory; planned on the GPU "
+                               "(errs high)")
+    quant = cfg.get("model_quantization_config")
+    if isinstance(quant, str):
+        reader.silent("model_quantization_config")
+        kwargs = cfg.get("model_quantization_config_kwargs")
+        reader.silent("model_quantization_config_kwargs")
+        if isinstance(kwargs, Mapping) and to_bool(str(kwargs.get("dequantize", False))):
+            out.defaults["bits"] = f"16 ({quant} with dequantize: true loads bf16 weights)"
+        elif out.spec["bits"] == 16:
+            out.spec["bits"] = 4
+            set_quant_method(out, quant.lower().removesuffix("config"))
+    if reader.boolean("use_kernels"):
+        out.unsupported.append("use_kernels: the hub's kernels (MoE, attention) are not modelled")
+    if reader.boolean("peft_use_dora"):
+        set_dora(out)
+    saved = reader.words("lora_modules_to_save")
+    if saved:
+        set_modules_to_save(out, saved)
+    if reader.boolean("liger_fused_linear_cross_entropy", "cut_cross_entropy"):
+        set_liger(out)
+    _deepspeed(reader, state, cwd)
+    eval_batch = reader.silent("eval_batch_size")
+    if eval_batch is not None and eval_batch.isdigit():
+        out.eval["per_device_eval_batch_size"] = int(eval_batch)
+    val = reader.silent("val_set_size")
+    if reader.has("test_datasets") or (val is not None and val not in ("0", "0.0", "none")):
+        out.eval["eval_strategy"] = reader.silent("eval_strategy") or "steps"
+    add_dataset_entries(out, cfg.get("datasets"), cwd)
+    reader.silent("datasets")
     fsdp_config = cfg.get("fsdp_config")
     fsdp = reader.words("fsdp")
     reader.ignore(["fsdp_config", "fsdp_version"])
@@ -137,4 +201,20 @@ def read_axolotl(reader: Reader, state: LaunchState, model_type_of_name: ModelTy
         if to_bool(str(offload)) or (fsdp and any("offload" in f for f in fsdp)):
             state.offload = True
     reader.ignore(IGNORED)
+    model_name_facts(out)
     return out
+
+
+def _deepspeed(reader: Reader, state: LaunchState, cwd: Path) -> None:
+    """axolotl's ``deepspeed:`` JSON; a missing local file is a warning with the stage its name says."""
+    ds = reader.text("deepspeed")
+    if ds is None:
+        return
+    path = Path(ds).expanduser()
+    full = path if path.is_absolute() else cwd / path
+    if not ds.lstrip().startswith("{") and not os.path.lexists(full):  # a FIFO or device there is refused
+        deepspeed_by_name(state, ds)
+        return
+    state.deepspeed(load_json_or_text(ds if ds.lstrip().startswith("{") else str(full),
+                                      "axolotl deepspeed config"), "deepspeed")
+    state.config_file = ds

@@ -65,8 +65,10 @@ class LaunchState:
     offload: bool = False
     zero_stage: int | None = None
     config_file: str | None = None
+    visible: int | None = None  # CUDA_VISIBLE_DEVICES' count, when the command sets it
     read: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)  # guesses about processes and strategy (see ParsedCommand)
     cwd: Path = field(default_factory=Path.cwd)  # relative config paths are read from here
 
     def deepspeed(self, config: Mapping[str, Any], source: str) -> None:
@@ -103,8 +105,8 @@ class LaunchState:
     def freeze(self) -> Launch:
         world = self.total if self.total is not None else None if self.per_node is None else self.per_node * self.nodes
         strategy = self.strategy
-        if strategy is None and world is not None and world > 1:
-            strategy = "ddp"
+        if strategy is None and (world is None or world > 1):
+            strategy = "ddp"  # several processes and nothing sharded: each holds the whole model
         return Launch(launcher=self.launcher, world_size=world, strategy=strategy, offload=self.offload,
                       zero_stage=self.zero_stage, config_file=self.config_file, nodes=self.nodes)
 
@@ -324,12 +326,15 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
     """
     tokens = list(argv)
     state = LaunchState(cwd=cwd)
+    env: dict[str, str] = {}
     while tokens and (_ENV_ASSIGNMENT.match(tokens[0]) or tokens[0] == "env"):
         if tokens[0] != "env":
-            state.read[tokens[0].split("=", 1)[0]] = tokens[0].split("=", 1)[1]
+            key, value = tokens[0].split("=", 1)
+            state.read[key] = value
+            env[key] = value
         tokens.pop(0)
-    if len(tokens) > 2 and tokens[0] in ("uv", "poetry", "pipenv", "pdm") and tokens[1] == "run":
-        tokens = tokens[2:]  # an environment manager in front: what it runs is the command
+    tokens = _peel_runners(tokens, state)
+    _environment(state, env)
     if not tokens:
         raise CommandReadError(f"no training command after '--'; {HOW_INSTEAD}")
     head = os.path.basename(tokens[0])
@@ -356,15 +361,135 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
         if len(tokens) < 2 or tokens[1] != "train":
             raise CommandReadError(f"vramscope reads 'axolotl train config.yml', not 'axolotl "
                                    f"{' '.join(tokens[1:2])}'; {HOW_INSTEAD}")
-        state.launcher = "axolotl"
-        state.per_node = None
-        state.notes.append("axolotl train starts accelerate launch: one process per visible GPU unless its "
-                           "accelerate config says otherwise")
-        return state, Target("axolotl", "axolotl.cli.train", tokens[2:])
+        return state, _axolotl(tokens[2:], state)
+    if head in ("llamafactory-cli", "lmf"):
+        if len(tokens) < 2 or tokens[1] != "train":
+            raise CommandReadError(f"vramscope reads 'llamafactory-cli train config.yaml', not "
+                                   f"'{head} {' '.join(tokens[1:2])}'; {HOW_INSTEAD}")
+        _llamafactory_launch(state, env, environ)
+        return state, Target("llamafactory", "llamafactory-cli train", tokens[2:])
+    if head == "swift":
+        if len(tokens) < 2 or tokens[1] not in ("sft", "rlhf", "pt"):
+            raise CommandReadError(f"vramscope reads 'swift sft', 'swift rlhf' and 'swift pt', not "
+                                   f"'swift {' '.join(tokens[1:2])}'; {HOW_INSTEAD}")
+        state.launcher = "swift"
+        if "NPROC_PER_NODE" not in env:
+            state.per_node = 1  # swift runs one process unless NPROC_PER_NODE says (it then runs torchrun)
+        return state, Target("swift", tokens[1], tokens[2:])
     if head.endswith(".py"):
         return state, Target("script", tokens[0], tokens[1:])
     raise CommandReadError(f"cannot read the command '{tokens[0]}': vramscope reads python, accelerate launch, "
                            f"torchrun, deepspeed, trl sft and axolotl train commands; {HOW_INSTEAD}")
+
+
+def _peel_runners(tokens: list[str], state: LaunchState) -> list[str]:
+    """What an environment manager or job runner in front runs: ``uv run [flags]``, ``hf jobs uv run [flags]``,
+    ``poetry run``, ``srun [flags]``."""
+    while tokens:
+        if tokens[:3] == ["hf", "jobs", "uv"] and tokens[3:4] == ["run"]:
+            state.notes.append("hf jobs uv run: the job runs on one GPU of its --flavor")
+            tokens = _skip_flags(tokens[4:], {"flavor", "timeout", "secrets", "env", "e", "s", "namespace",
+                                              "with", "image", "python", "token"})
+        elif len(tokens) > 1 and tokens[0] in ("uv", "poetry", "pipenv", "pdm") and tokens[1] == "run":
+            tokens = _skip_flags(tokens[2:], {"with", "python", "p", "env_file", "extra", "group", "index",
+                                              "project", "directory", "package"})
+        elif tokens[0] == "srun":
+            state.notes.append("srun: the processes per node are what the command after it starts")
+            tokens = _skip_flags(tokens[1:], None)
+        else:
+            return tokens
+    return tokens
+
+
+def _skip_flags(tokens: list[str], valued: set[str] | None) -> list[str]:
+    """``tokens`` after the runner's own flags (``--flag value`` for the valued ones, ``--flag=value``)."""
+    i = 0
+    while i < len(tokens) and tokens[i].startswith("-"):
+        flag = tokens[i]
+        i += 1
+        if "=" in flag:
+            continue
+        name = normalise(flag)
+        takes_value = valued is None or name in valued
+        if takes_value and i < len(tokens) and not tokens[i].startswith("-") and (
+                valued is not None or not tokens[i].startswith(("python", "torchrun", "accelerate"))):
+            i += 1
+    return tokens[i:]
+
+
+def _environment(state: LaunchState, env: Mapping[str, str]) -> None:
+    """Environment variables in front of the command that say how processes start or share the model."""
+    if env.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        state.strategy = "fsdp"
+        if env.get("FSDP_OFFLOAD_PARAMS", "").lower() in ("1", "true", "yes"):
+            state.offload = True
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes") and state.strategy is None:
+        state.set_zero(int(env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2") or 2), "ACCELERATE_USE_DEEPSPEED")
+    count = env.get("NPROC_PER_NODE")
+    if count is not None and count.isdigit() and int(count) > 0:
+        state.per_node = int(count)
+    nodes = env.get("NNODES")
+    if nodes is not None and nodes.isdigit() and int(nodes) > 0:
+        state.nodes = int(nodes)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        state.visible = len([g for g in visible.split(",") if g.strip()])
+
+
+def _llamafactory_launch(state: LaunchState, env: Mapping[str, str], environ: Mapping[str, str]) -> None:
+    """llamafactory-cli train: torchrun over NPROC_PER_NODE (default every visible GPU) when FORCE_TORCHRUN
+    is set or more than one GPU is visible; one process otherwise."""
+    state.launcher = "llamafactory-cli"
+    force = env.get("FORCE_TORCHRUN", environ.get("FORCE_TORCHRUN", "")).lower() in ("1", "true", "yes")
+    if "NPROC_PER_NODE" in env:
+        if force or state.per_node != 1:
+            state.launcher = "llamafactory-cli (torchrun)"
+        return
+    if state.visible is not None:
+        state.per_node = state.visible
+        if state.visible > 1 or force:
+            state.launcher = "llamafactory-cli (torchrun)"
+        return
+    state.per_node = None
+    state.notes.append("llamafactory-cli train runs torchrun over every visible GPU when there are several "
+                       "(NPROC_PER_NODE or CUDA_VISIBLE_DEVICES would say how many)")
+
+
+def _axolotl(args: list[str], state: LaunchState) -> Target:
+    """``axolotl train cfg.yml [--launcher accelerate|torchrun] [-- launcher args]``."""
+    state.launcher = "axolotl"
+    state.per_node = None
+    launcher = "accelerate"
+    rest: list[str] = []
+    launcher_args: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            launcher_args = args[i + 1:]
+            break
+        if word.startswith("--launcher"):
+            if "=" in word:
+                launcher = word.split("=", 1)[1]
+            elif i + 1 < len(args):
+                launcher = args[i + 1]
+                i += 1
+        else:
+            rest.append(word)
+        i += 1
+    if launcher_args:
+        options, _ = _flag_options(launcher_args, 0, _TORCHRUN_BOOL | ACCELERATE_BOOL)
+        if launcher == "torchrun":
+            _torchrun(state, options)
+        else:
+            for o in options:
+                if o.name == "num_processes":
+                    state.total = _int(o, "processes")
+                    _record(state, o)
+    if state.per_node is None and state.total is None:
+        state.notes.append(f"axolotl train starts {launcher}: one process per visible GPU unless told otherwise")
+    state.launcher = f"axolotl ({launcher})"
+    return Target("axolotl", "axolotl.cli.train", rest)
 
 
 def _after_python(tokens: list[str], state: LaunchState, environ: Mapping[str, str],
@@ -407,3 +532,11 @@ def _torchrun_target(tokens: list[str], start: int, state: LaunchState) -> tuple
     state.launcher = "torchrun"
     _torchrun(state, options)
     return state, _program(tokens, i, any(o.name == "module" for o in options), "torchrun")
+
+
+def launcher_options(tokens: Sequence[str], start: int, launcher: str) -> tuple[list[Option], int]:
+    """The flags of ``launcher`` (``accelerate``, ``torchrun``, ``deepspeed``) in ``tokens[start:]`` and the index
+    of the program after them, read as :func:`split_launcher` reads them (the rehearsal rebuilds their
+    environment from these)."""
+    bools = {"accelerate": ACCELERATE_BOOL, "torchrun": _TORCHRUN_BOOL, "deepspeed": _DEEPSPEED_BOOL}[launcher]
+    return _flag_options(tokens, start, bools, ACCELERATE_VALUED if launcher == "accelerate" else None)

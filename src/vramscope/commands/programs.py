@@ -8,8 +8,8 @@ dataclasses) and a generic script built on ``HfArgumentParser`` / ``TrainingArgu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from vramscope.commands.argv import Reader
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json_or_text
 from vramscope.commands.launchers import LaunchState
+from vramscope.commands.reading import Context, Reading
 
 # peft 0.21's default LoRA targets per model_type (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), used
 # when TRL's --lora_target_modules is not given. phi3 has none: peft then asks for target_modules.
@@ -67,27 +68,10 @@ dataset dataset_format train_on_source mmlu_split mmlu_dataset do_mmlu_eval max_
 max_memory_MB max_new_tokens min_new_tokens do_sample num_beams num_beam_groups penalty_alpha use_cache temperature
 top_k top_p typical_p diversity_penalty repetition_penalty length_penalty no_repeat_ngram_size predict_with_generate
 generation_max_length generation_num_beams sortish_sampler completion_only_loss assistant_only_loss loss_type
-truncation_mode packing_strategy eval_packing model_init_kwargs lora_task_type lora_modules_to_save use_rslora
-bnb_4bit_quant_storage torch_empty_cache_steps average_tokens_across_devices optim_args skip_memory_metrics
-ddp_bucket_cap_mb adam8bit
+truncation_mode packing_strategy eval_packing model_init_kwargs lora_task_type use_rslora
+torch_empty_cache_steps average_tokens_across_devices optim_args skip_memory_metrics
+ddp_bucket_cap_mb adam8bit chat_template trackio_project_name trackio_run_name log_completions use_auth
 """.split())  # noqa: SIM905 (a word list reads best as words)
-
-
-@dataclass
-class Reading:
-    """What a program reader found; merged into a :class:`~.types.ParsedCommand` by the caller."""
-
-    program: str
-    framework: str
-    model: str | None
-    spec: dict[str, Any]
-    batch_size: int
-    seq_len: int | None
-    grad_accum: int
-    max_steps: int | None
-    seq_flag: str | None
-    defaults: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 def optimizer(name: str, notes: list[str]) -> str:
@@ -121,28 +105,44 @@ def default_targets(model_type: str | None, notes: list[str]) -> tuple[str, ...]
     return None
 
 
-def _targets(words: list[str] | None) -> tuple[str, ...] | None:
+def targets_of(words: list[str] | None) -> tuple[str, ...] | None:
     if not words or words in (["all-linear"], ["all_linear"]):
         return None
     return tuple(words)
 
 
-def _distributed(reader: Reader, state: LaunchState) -> None:
+def distributed(reader: Reader, state: LaunchState, *, deepspeed: bool = True) -> None:
     """TrainingArguments' --fsdp and --deepspeed, which override the launcher's reading."""
     fsdp = reader.text("fsdp")
     if fsdp is not None and fsdp.strip().lower() not in ("", "false", "none", "no"):
         state.strategy = "fsdp"
         if "offload" in fsdp:
             state.offload = True
-    ds = reader.text("deepspeed")
+    ds = reader.text("deepspeed") if deepspeed else None
     if ds is not None:
         inline = ds.lstrip().startswith("{")
         source = ds if inline or Path(ds).is_absolute() else str(state.cwd / ds)
+        # Only a path that is not there at all is read by its name; a FIFO or a device there is refused when read.
+        if not inline and not os.path.lexists(source):
+            deepspeed_by_name(state, ds)
+            return
         state.deepspeed(load_json_or_text(source, "--deepspeed config"), "--deepspeed")
         state.config_file = ds if not ds.lstrip().startswith("{") else state.config_file
 
 
-def _training(reader: Reader, out: Reading, *, batch: int, accum: int, checkpointing: bool, optim: str,
+def deepspeed_by_name(state: LaunchState, name: str) -> None:
+    """A DeepSpeed config that is not here (another machine's path, a shell variable): the stage its name says,
+    ZeRO-2 when it says none, named in ``assumed`` rather than refused."""
+    low = name.lower()
+    stage = 3 if "zero3" in low or "z3" in low or "stage3" in low else 1 if "zero1" in low or "z1" in low else 2
+    state.set_zero(stage, "--deepspeed")
+    state.offload = state.offload or "offload" in low
+    state.config_file = name
+    state.assumed.append(f"deepspeed: {name} is not here; planned as ZeRO stage {stage}"
+                         f"{' with offload' if state.offload else ''}, as its name says")
+
+
+def training(reader: Reader, out: Reading, *, batch: int, accum: int, checkpointing: bool, optim: str,
               bf16: bool, max_steps: int | None) -> tuple[bool, bool]:
     """TrainingArguments' memory fields into ``out``; returns (bf16, fp16) as the run will use them."""
     b = reader.integer("per_device_train_batch_size", "per_gpu_train_batch_size")
@@ -168,85 +168,23 @@ def _training(reader: Reader, out: Reading, *, batch: int, accum: int, checkpoin
     kwargs = reader.text("gradient_checkpointing_kwargs")
     if kwargs is not None and "use_reentrant" in kwargs:
         out.notes.append(f"gradient_checkpointing_kwargs {kwargs} read but not modelled")
-    for flag in ("torch_compile", "use_liger_kernel", "activation_offloading"):
-        if reader.boolean(flag):
-            out.notes.append(f"--{flag} changes memory in ways the plan does not model")
+    if reader.boolean("torch_compile"):
+        out.unsupported.append("torch_compile: compiled kernels change the activations kept; not modelled")
+    if reader.boolean("activation_offloading"):
+        out.memory["checkpoint_offload"] = True
+        out.unsupported.append("activation_offloading: activations kept in host memory; planned on the GPU "
+                               "(errs high)")
+    if reader.boolean("use_unsloth"):
+        out.unsupported.append("use_unsloth: Unsloth's kernels use less memory than planned (errs high)")
     return use_bf16, fp16
 
 
-def _dtype_word(word: str | None) -> str | None:
+def dtype_word(word: str | None) -> str | None:
     if word is None:
         return None
     w = word.lower().replace("torch.", "")
     return {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
             "float32": "fp32", "fp32": "fp32", "float": "fp32", "auto": "auto"}.get(w, w)
-
-
-ModelTypeOf = Callable[[str | None], "str | None"]
-"""The architecture (config.json ``model_type``) of the model the command names, when it can be known."""
-
-
-def read_trl(reader: Reader, state: LaunchState, model_type_of_name: ModelTypeOf) -> Reading:
-    """TRL's sft script (``python -m trl.scripts.sft`` / ``trl sft``), TRL 1.16 defaults."""
-    out = Reading("trl", "trl", reader.text("model_name_or_path"), {}, 8, None, 1, None, "--max_length")
-    use_bf16, fp16 = _training(reader, out, batch=8, accum=1, checkpointing=True, optim="adamw_torch_fused",
-                               bf16=True, max_steps=None)
-    use_peft = reader.boolean("use_peft")
-    if not use_peft:
-        raise CommandReadError("the command trains every parameter (TRL without --use_peft); vramscope plans LoRA "
-                               f"and QLoRA runs: add --use_peft, or {HOW_INSTEAD}")
-    four, eight = reader.boolean("load_in_4bit"), reader.boolean("load_in_8bit")
-    out.spec["bits"] = 4 if four else 8 if eight else 16
-    out.spec["quant_type"] = reader.text("bnb_4bit_quant_type") or "nf4"
-    nested = reader.boolean("use_bnb_nested_quant")
-    out.spec["double_quant"] = bool(nested)
-    if four and nested is None:
-        out.defaults["use_bnb_nested_quant"] = "false"
-    dtype = _dtype_word(reader.text("dtype", "torch_dtype"))
-    if dtype is None:
-        out.defaults["dtype"] = "float32"
-        dtype = "fp32"
-    if dtype == "auto":
-        out.notes.append("TRL loads the model in its checkpoint's dtype (--dtype auto); the plan assumes bf16, which "
-                         "is low for a float32 checkpoint: pass --dtype bfloat16 to the command to match")
-    # trl.scripts.sft hands its --dtype to bitsandbytes as the compute dtype too: its float32 default keeps the
-    # embeddings, norms and lm_head in fp32 and computes in fp32 (the planner's trl framework models that).
-    if dtype == "fp32":
-        out.spec["compute_dtype"] = "fp32"
-    else:
-        out.spec["compute_dtype"] = "fp16" if dtype == "fp16" or (dtype == "auto" and fp16 and not use_bf16) else "bf16"
-    r = reader.integer("lora_r")
-    out.spec["lora_r"] = 16 if r is None else r
-    a = reader.number("lora_alpha")
-    out.spec["lora_alpha"] = 32 if a is None else round(a)
-    d = reader.number("lora_dropout")
-    out.spec["lora_dropout"] = 0.05 if d is None else d
-    if r is None:
-        out.defaults.update(lora_r="16", lora_alpha="32" if a is None else str(out.spec["lora_alpha"]))
-    targets = reader.words("lora_target_modules")
-    if targets is None:
-        out.spec["lora_targets"] = default_targets(model_type_of_name(out.model), out.notes)
-        out.defaults["lora_target_modules"] = "peft's default: " + ",".join(out.spec["lora_targets"] or ("all-linear",))
-    else:
-        out.spec["lora_targets"] = _targets(targets)
-    if reader.boolean("use_dora"):
-        out.notes.append("DoRA (--use_dora) adds a weight-norm pass the plan does not model")
-    out.spec["attn"] = attention(reader.text("attn_implementation"), out.notes)
-    length = reader.text("max_length", "max_seq_length")
-    if length is None:
-        out.seq_len = 1024
-        out.defaults["max_length"] = "1024"
-    elif length.lower() in ("none", "null"):
-        out.seq_len = None
-        out.notes.append("--max_length None: TRL does not truncate, so the longest example sets the length")
-    else:
-        out.seq_len = reader_int(length, "--max_length")
-    if reader.boolean("packing"):
-        out.notes.append("packing: every row is filled to max_length tokens, so the plan's length is the real one")
-    if reader.boolean("padding_free"):
-        out.notes.append("padding_free: a batch is one row of its real tokens (at most batch x max_length)")
-    _distributed(reader, state)
-    return out
 
 
 def reader_int(text: str, flag: str) -> int:
@@ -259,14 +197,15 @@ def reader_int(text: str, flag: str) -> int:
     return value
 
 
-def read_qlora(reader: Reader, state: LaunchState) -> Reading:
+def read_qlora(ctx: Context) -> Reading:
     """The QLoRA reference ``qlora.py`` (artidoro/qlora), with its dataclasses' defaults."""
+    reader, state = ctx.reader, ctx.state
     model = reader.text("model_name_or_path")
     out = Reading("qlora", "hf", model or "EleutherAI/pythia-12b", {}, 1, None, 16, None, "--source_max_len")
     if model is None:
         out.defaults["model_name_or_path"] = "EleutherAI/pythia-12b"
-    use_bf16, fp16 = _training(reader, out, batch=1, accum=16, checkpointing=True, optim="paged_adamw_32bit",
-                               bf16=False, max_steps=10000)
+    use_bf16, fp16 = training(reader, out, batch=1, accum=16, checkpointing=True, optim="paged_adamw_32bit",
+                              bf16=False, max_steps=10000)
     if reader.boolean("full_finetune"):
         raise CommandReadError(f"qlora.py --full_finetune trains every parameter; vramscope plans LoRA and QLoRA "
                                f"runs: drop it, or {HOW_INSTEAD}")
@@ -277,14 +216,22 @@ def read_qlora(reader: Reader, state: LaunchState) -> Reading:
     if bits not in (4, 8, 16, 32):
         raise CommandReadError(f"--bits {bits}: qlora.py takes 4, 8, 16 or 32")
     if bits == 32:
-        out.notes.append("--bits 32 (an fp32 base) is planned as 16-bit, which is low")
+        out.unsupported.append("--bits 32 (an fp32 base) is planned as 16-bit, which is low")
     out.spec["bits"] = min(bits, 16)
+    if bits in (4, 8):
+        out.memory["quant_method"] = "bnb"
     dq = reader.boolean("double_quant")
     out.spec["double_quant"] = True if dq is None else dq
     out.spec["quant_type"] = reader.text("quant_type") or "nf4"
-    if not use_bf16 and not fp16:
-        out.notes.append("qlora.py without --bf16 or --fp16 computes in fp32; planned as bf16, which is low")
-    out.spec["compute_dtype"] = "fp16" if fp16 and not use_bf16 else "bf16"
+    # qlora.py: compute_dtype = fp16 if --fp16 else bf16 if --bf16 else fp32 (and the non-4-bit weights with it).
+    if fp16 and not use_bf16:
+        out.spec["compute_dtype"] = "fp16"
+    elif use_bf16:
+        out.spec["compute_dtype"] = "bf16"
+    else:
+        out.spec["compute_dtype"] = "fp32"
+        out.defaults["compute dtype"] = "fp32 (no --bf16 or --fp16)"
+        out.notes.append("qlora.py without --bf16 or --fp16 computes in fp32: planned in fp32")
     r = reader.integer("lora_r")
     out.spec["lora_r"] = 64 if r is None else r
     a = reader.number("lora_alpha")
@@ -302,7 +249,12 @@ def read_qlora(reader: Reader, state: LaunchState) -> Reading:
     if target is None:
         out.defaults["target_max_len"] = "256"
     out.seq_len = (source if source is not None else 1024) + (target if target is not None else 256)
-    _distributed(reader, state)
+    reader.silent("lora_modules")  # qlora.py always targets find_all_linear_names' layers
+    from vramscope.commands.common import read_dataset, read_eval
+
+    read_eval(reader, out)
+    read_dataset(reader, out, ctx.folder)
+    distributed(reader, state)
     return out
 
 
@@ -310,52 +262,6 @@ MODEL_FLAGS = ("model_name_or_path", "model", "model_name", "model_id", "base_mo
                "model_path", "model_dir")
 SEQ_FLAGS = ("max_seq_length", "max_length", "block_size", "model_max_length", "max_seq_len", "seq_len",
              "sequence_len", "cutoff_len", "max_len")
-
-
-def read_hf(reader: Reader, state: LaunchState) -> Reading:
-    """A script built on ``HfArgumentParser`` / ``TrainingArguments``: TrainingArguments' defaults for the rest."""
-    out = Reading("hf", "hf", reader.text(*MODEL_FLAGS), {}, 8, None, 1, None, None)
-    use_bf16, fp16 = _training(reader, out, batch=8, accum=1, checkpointing=False, optim="adamw_torch_fused",
-                               bf16=False, max_steps=None)
-    if reader.boolean("use_peft") is False or reader.boolean("full_finetune"):
-        raise CommandReadError(f"the command trains every parameter; vramscope plans LoRA and QLoRA runs; "
-                               f"{HOW_INSTEAD}")
-    bits = reader.integer("bits")
-    four = reader.boolean("load_in_4bit", "use_4bit")
-    eight = reader.boolean("load_in_8bit", "use_8bit")
-    if bits is None:
-        bits = 4 if four else 8 if eight else None
-    if bits is None:
-        out.notes.append("the command does not say how the script loads the model; planned as 16-bit LoRA "
-                         "(pass --bits 4 before '--' if it loads in 4-bit)")
-        bits = 16
-    out.spec["bits"] = min(bits, 16) if bits in (4, 8, 16, 32) else 16
-    out.spec["quant_type"] = reader.text("bnb_4bit_quant_type", "quant_type") or "nf4"
-    dq = reader.boolean("double_quant", "use_nested_quant", "use_bnb_nested_quant", "bnb_4bit_use_double_quant")
-    out.spec["double_quant"] = True if dq is None else dq
-    dtype = _dtype_word(reader.text("dtype", "torch_dtype", "bnb_4bit_compute_dtype"))
-    out.spec["compute_dtype"] = "fp16" if dtype == "fp16" or (fp16 and not use_bf16) else "bf16"
-    if dtype in (None, "fp32") and not use_bf16 and not fp16:
-        out.notes.append("no --bf16/--fp16: the script may compute in fp32; planned as bf16, which may be low")
-    lora = reader.has("lora_r", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "target_modules")
-    r = reader.integer("lora_r", "lora_rank")
-    out.spec["lora_r"] = 64 if r is None else r
-    a = reader.number("lora_alpha")
-    out.spec["lora_alpha"] = 16 if a is None else round(a)
-    d = reader.number("lora_dropout")
-    out.spec["lora_dropout"] = 0.05 if d is None else d
-    out.spec["lora_targets"] = _targets(reader.words("lora_target_modules", "target_modules"))
-    if not lora:
-        out.notes.append("no LoRA flags: planned with the QLoRA reference's LoRA (r=64 on every linear layer)")
-    out.spec["attn"] = attention(reader.text("attn_implementation", "attn"), out.notes)
-    for flag in SEQ_FLAGS:
-        if reader.has(flag):
-            value = reader.integer(flag)
-            out.seq_len = value if value is not None and value > 0 else None
-            out.seq_flag = f"--{flag}"
-            break
-    _distributed(reader, state)
-    return out
 
 
 def looks_like_hf(reader: Reader, script_text: str) -> bool:

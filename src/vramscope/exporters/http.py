@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import socket
 import urllib.parse
@@ -57,6 +58,31 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def binds_every_interface(host: str) -> bool:
+    """True when listening on ``host`` means every interface: the unspecified address in any spelling.
+
+    Read as the socket layer reads it, not as a string: ``0``, ``0.0``, ``0x0`` and ``000.0.0.0`` are
+    IPv4's 0.0.0.0 to ``inet_aton`` (which getaddrinfo uses for numeric hosts), ``::0`` and ``0:0::`` are
+    IPv6's ``::``. A name that resolves to it counts too.
+    """
+    text = host.strip().strip("[]").partition("%")[0]  # an IPv6 zone (fe80::1%eth0) does not change the address
+    if not text:
+        return True
+    try:
+        return ipaddress.ip_address(text).is_unspecified
+    except ValueError:
+        pass
+    try:
+        return socket.inet_aton(text) == bytes(4)  # the short and old forms ipaddress refuses
+    except OSError:
+        pass
+    try:
+        found = socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    return any(ipaddress.ip_address(str(info[4][0]).partition("%")[0]).is_unspecified for info in found)
+
+
 class PrometheusSink(ExporterBase):
     """Serves ``/metrics`` over HTTP for Prometheus to scrape, from the latest sample.
 
@@ -97,8 +123,9 @@ class PrometheusSink(ExporterBase):
 
     @property
     def every_interface(self) -> bool:
-        """True when bound to every interface (0.0.0.0 or ::): reachable from the network."""
-        return self.host in ("0.0.0.0", "::", "")
+        """True when bound to every interface (``0.0.0.0``, ``0``, ``0.0``, ``::``, ``[::0]``...): reachable
+        from the network."""
+        return binds_every_interface(self.host)
 
     @property
     def exposure(self) -> str:

@@ -7,6 +7,10 @@ start-up hook (``_sitecustomize/sitecustomize.py``) that adds :class:`MemoryMoni
 :func:`attach_lightning`). The callback writes the step-aligned log beside the run's log:
 ``mem.steps.csv`` (rank *k* > 0: ``mem.steps.rank<k>.csv``). No script is edited.
 
+The child sees nothing of vramscope's but the hook's folder on ``PYTHONPATH`` (one file) and the
+``VRAMSCOPE_*`` variables: vramscope's own folder (for an installed copy, its whole site-packages)
+is never put on the child's ``sys.path``.
+
 The hook is harmless elsewhere: a child that is not Python ignores the variables; a Python child
 that never imports transformers pays one dictionary miss per import; an existing ``sitecustomize``
 still runs (the hook imports it first); ``python -I`` / ``-E`` ignore ``PYTHONPATH`` and so the hook.
@@ -31,6 +35,12 @@ ENV_STEP_LOG = "VRAMSCOPE_STEP_LOG"
 ENV_EVERY = "VRAMSCOPE_EVERY_N_STEPS"
 ENV_PACKAGE_PARENT = "VRAMSCOPE_PACKAGE_PARENT"
 ENV_OOM_SNAPSHOT = "VRAMSCOPE_OOM_SNAPSHOT"  # set by `vramscope run --oom-snapshot DIR` (vramscope.oom)
+# "module:function,...": called by the start-up hook with the transformers.trainer module once it is loaded
+# (`vramscope tune -- CMD` runs its trial through one); run/ names no caller of its own.
+ENV_TRAINER_HOOKS = "VRAMSCOPE_TRAINER_HOOKS"
+# The folder that holds this copy's `vramscope` package: the hook imports vramscope from it (and nothing
+# else from it) when the child's interpreter has none.
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 _trainers = itertools.count(1)
 
@@ -68,7 +78,7 @@ def child_env(log_path: str | None, environ: Mapping[str, str] | None = None) ->
         "PYTHONPATH": python_path,
         ENV_INJECT: "1",
         # Lets a child interpreter without vramscope installed import this copy of it.
-        ENV_PACKAGE_PARENT: str(Path(__file__).resolve().parents[2]),
+        ENV_PACKAGE_PARENT: PACKAGE_PARENT,
     }
     if log_path is not None:
         env[ENV_STEP_LOG] = steps_log_path(log_path)

@@ -8,8 +8,13 @@ The command is the user's, and vramscope stands beside it the way ``time`` or ``
 
 * it runs in vramscope's own process group, so the terminal's Ctrl-C, Ctrl-Z and job control reach it
   (and its workers) directly, and a pipeline (``vramscope run -- seq 1 9 | less``) keeps the terminal;
-  a signal sent to vramscope from elsewhere (``kill``) is forwarded to the command's process tree;
-* when the command stops for job control, vramscope stops too, so that the shell gets its prompt back;
+  a signal sent to vramscope from elsewhere (``kill``) is passed on to the command itself, once, as if
+  vramscope had exec'd it (a launcher forwards to its workers itself);
+* vramscope follows the command's job-control state: it stops when the command stops (so that the shell
+  gets its prompt back) and not otherwise (a command that ignores Ctrl-Z keeps its monitor);
+* the command gets what it would have had without vramscope: the caller's ignored signals, every
+  inherited file descriptor, its ``argv[0]`` as typed, and the shell's exit codes for exec errors
+  (126: not executable, a directory; 127: not found, a bad ``#!`` interpreter; no ``#!``: ``/bin/sh``);
 * vramscope ends the way the command did: its exit code, or death by the same signal (see
   :func:`exit_like`);
 * nothing holds vramscope up once the command has ended: a sink that blocks (a FIFO nobody reads, a
@@ -25,37 +30,31 @@ import contextlib
 import logging
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.sinks import CsvSink, JsonlSink, log_sink
+from vramscope.run.signals import forward_signals, wait_for_command
+from vramscope.run.spawn import ProgramNotFoundError, inherited_fds, resolve_program, spawn
 from vramscope.sampling.peaks import PeakTracker
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S, Collector, Sampler
 from vramscope.types import Sink
 
+__all__ = ["CLEANUP_LIMIT_S", "ENV_RUN_ID", "ProgramNotFoundError", "RunResult", "exit_like", "inherited_fds",
+           "resolve_program", "run_monitored"]
+
 log = logging.getLogger("vramscope.runner")  # the logger name users filter on, kept from before the move
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-# Signals a terminal sends to its whole foreground process group: the command, in our group, has them.
-TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP)
-# Stops that mean "the terminal is not yours now": vramscope stops with the command, as a job does.
-JOB_CONTROL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 CLEANUP_LIMIT_S = 3.0  # the most vramscope waits for its sinks once the command has ended
 ENV_RUN_ID = "VRAMSCOPE_RUN_ID"  # marks every process the command starts, daemons included
-
-
-class ProgramNotFoundError(FileNotFoundError):
-    """The command to run does not exist or is not executable."""
 
 
 @dataclass
@@ -71,20 +70,6 @@ class RunResult:
     log_files: list[str] = field(default_factory=list)  # the log's files (more than one once rotated)
     still_running: list[tuple[int, str]] = field(default_factory=list)  # (pid, name) it left running
     left_behind: list[str] = field(default_factory=list)  # sinks still blocked when vramscope gave up on them
-
-
-def resolve_program(program: str) -> str:
-    """The full path of ``program``, or a :class:`ProgramNotFoundError` that says what to check."""
-    if os.sep in program:
-        if os.path.isfile(program) and os.access(program, os.X_OK):
-            return program
-        if os.path.exists(program):
-            raise ProgramNotFoundError(f"{program} is not an executable file; check its permissions (chmod +x)")
-        raise ProgramNotFoundError(f"{program} does not exist; check the path")
-    found = shutil.which(program)
-    if found is None:
-        raise ProgramNotFoundError(f"command not found: {program}; check the name or give its full path")
-    return found
 
 
 def run_monitored(
@@ -103,6 +88,7 @@ def run_monitored(
     cleanup_limit_s: float = CLEANUP_LIMIT_S,
     collector: Callable[[int, NvmlBackend], Collector] | None = None,
     fast: bool = False,
+    pass_fds: Sequence[int] | None = None,
 ) -> RunResult:
     """Start ``command``, sample it until it ends, and return its exit code and peaks.
 
@@ -116,6 +102,7 @@ def run_monitored(
         collector: builds the collector from the command's pid and the NVML backend (soak tests inject
             a clock and host readings here).
         fast: allow intervals below the minimum (compressed-time soaks only).
+        pass_fds: descriptors above 2 the command inherits (default: :func:`inherited_fds` now).
 
     Raises:
         ProgramNotFoundError: the command does not exist (nothing was started).
@@ -124,6 +111,7 @@ def run_monitored(
     """
     if not command:
         raise ProgramNotFoundError("no command given; put it after '--', e.g. vramscope run -- python train.py")
+    keep_fds = inherited_fds() if pass_fds is None else tuple(pass_fds)
     program = resolve_program(command[0])
     sinks: list[Sink] = []
     log_file: CsvSink | JsonlSink | None = None
@@ -145,12 +133,13 @@ def run_monitored(
     backend = nvml if nvml is not None else NvmlBackend(gpus=gpus)
     # Signals are caught before the child exists, so that one arriving during start-up is not lost:
     # it is delivered to the child as soon as there is one.
-    with _forward_signals() as forwarder:
+    with forward_signals() as (forwarder, handlers):
         try:
-            child = subprocess.Popen([program, *command[1:]], env=child_env)
+            child = spawn(program, list(command), child_env, keep_fds)
         except BaseException:
             _close_quickly(sinks, cleanup_limit_s)
             raise
+        handlers.install(ignored=True)  # the command started with them ignored; from now on, passed on
         forwarder.attach(child.pid)
         reader = collector(child.pid, backend) if collector else Collector(nvml=backend, host=HostBackend(child.pid))
         sampler = Sampler(reader, sinks, interval=interval, fast=fast)
@@ -159,7 +148,7 @@ def run_monitored(
         sampler.start()
         if on_start is not None:
             on_start(child)
-        status = _wait(child, forwarder)
+        status = wait_for_command(child, forwarder)
         forwarder.child_ended()
         still_running = _processes_marked(run_id)
         left_behind = _close_sampler(sampler, cleanup_limit_s, forwarder.abandon)
@@ -212,144 +201,6 @@ def _log_files(sink: CsvSink | JsonlSink | None) -> list[str]:
     from vramscope.logs.sinks import part_path
 
     return [part_path(sink.path, part) for part in range(sink.parts)]
-
-
-def _wait(child: subprocess.Popen[bytes], forwarder: _Forwarder) -> int:
-    """Wait for the command to end; returns its status as Popen does (-N: killed by signal N).
-
-    A command stopped for job control (Ctrl-Z, or reading the terminal from the background) stops
-    vramscope too, so the shell sees its whole job stopped and gives the prompt back; on ``fg`` or
-    ``bg`` both continue.
-    """
-    while True:
-        try:
-            pid, status = os.waitpid(child.pid, os.WUNTRACED)
-        except ChildProcessError:  # reaped elsewhere: Popen knows
-            return child.wait()
-        if pid != child.pid:
-            continue
-        if os.WIFSTOPPED(status):
-            # Still stopped? A Ctrl-Z stops vramscope by its own handler, and after `fg` the report of
-            # the command's stop may come late, when it runs again: then there is nothing to follow.
-            if os.WSTOPSIG(status) in JOB_CONTROL_STOPS and not forwarder.stopping and _is_stopped(child.pid):
-                forwarder.stop_with_the_command()
-            continue
-        code = os.waitstatus_to_exitcode(status)
-        child.returncode = code
-        return code
-
-
-def _is_stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rpartition(b")")[2].split()[:1] == [b"T"]
-    except OSError:
-        return False
-
-
-class _Forwarder:
-    """Sends the signals vramscope receives from elsewhere to the command's process tree.
-
-    Signals from the terminal (Ctrl-C, Ctrl-\\, Ctrl-Z) already reached the command, which is in the
-    terminal's foreground process group with vramscope: forwarding them would deliver them twice.
-    """
-
-    def __init__(self) -> None:
-        self.pid: int | None = None
-        self.pending: list[int] = []
-        self.ended = False
-        self.abandon = threading.Event()  # set by a signal once the command has ended
-        self.stopping = False
-        self._tty: int | None = None
-        with contextlib.suppress(OSError):
-            self._tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.ended:  # the command is gone: a signal now means "stop waiting for the sinks"
-            self.abandon.set()
-            if signum == signal.SIGTSTP:
-                self._stop_self()
-            return
-        if self.pid is None:
-            self.pending.append(signum)
-            return
-        if not (signum in TERMINAL_SIGNALS and self._in_terminal_foreground()):
-            self._send(signum)
-        if signum == signal.SIGTSTP:
-            self._stop_self()
-        elif signum == signal.SIGCONT:
-            pass  # sent on to the command by _send; vramscope itself was continued by the kernel
-
-    def _send(self, signum: int) -> None:
-        assert self.pid is not None
-        for pid in [self.pid, *_descendants(self.pid)]:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signum)
-
-    def _in_terminal_foreground(self) -> bool:
-        if self._tty is None:
-            return False
-        try:
-            return os.tcgetpgrp(self._tty) == os.getpgrp()
-        except OSError:
-            return False
-
-    def stop_with_the_command(self) -> None:
-        """The command stopped for job control: stop vramscope too, then continue the command with it."""
-        self._stop_self()
-        if self.pid is not None:
-            self._send(signal.SIGCONT)
-
-    def _stop_self(self) -> None:
-        self.stopping = True
-        try:
-            os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued (fg, bg, kill -CONT)
-        finally:
-            self.stopping = False
-
-    def attach(self, pid: int) -> None:
-        self.pid = pid
-        for signum in self.pending:
-            self(signum, None)
-        self.pending.clear()
-
-    def child_ended(self) -> None:
-        self.ended = True
-
-    def close(self) -> None:
-        if self._tty is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._tty)
-            self._tty = None
-
-
-@contextlib.contextmanager
-def _forward_signals() -> Iterator[_Forwarder]:
-    forwarder = _Forwarder()
-    previous = {}
-    for sig in (*FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIGCONT):
-        try:
-            if signal.getsignal(sig) == signal.SIG_IGN:
-                # Ignored when we started (`nohup`, `cmd &` in a script): the command inherits that, as
-                # it would without vramscope; a handler here would be reset to the default at exec.
-                continue
-            previous[sig] = signal.signal(sig, forwarder)
-        except (ValueError, OSError):  # not the main thread: leave signals alone
-            pass
-    try:
-        yield forwarder
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        forwarder.close()
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (workers, dataloader forks), children first."""
-    try:
-        return sorted(HostBackend(pid, include_root=False, tree_refresh_s=0.0).tree_pids())
-    except Exception:  # the tree is gone or unreadable: the command itself still gets the signal
-        return []
 
 
 def _close_sampler(sampler: Sampler, limit_s: float, abandon: threading.Event) -> list[str]:

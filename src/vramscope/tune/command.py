@@ -29,7 +29,7 @@ from typing import Any
 from vramscope.commands import ParsedCommand
 from vramscope.output.names import sibling
 from vramscope.planner.batching import split_batch
-from vramscope.run.inject import ENV_PACKAGE_PARENT, SITE_DIR
+from vramscope.run.inject import ENV_PACKAGE_PARENT, ENV_TRAINER_HOOKS, PACKAGE_PARENT, SITE_DIR
 from vramscope.tune.command_trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
 from vramscope.tune.groups import Stopped, end_group, held, stop_on_signals
 from vramscope.tune.search import NoSizeFitsError, Trial, TuneResult, search
@@ -58,8 +58,9 @@ def child_environment(request: TrialRequest, environ: Mapping[str, str] | None =
     env = dict(os.environ if environ is None else environ)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *paths])
-    env[ENV_PACKAGE_PARENT] = str(Path(__file__).resolve().parents[1])
+    env[ENV_PACKAGE_PARENT] = PACKAGE_PARENT
     env[ENV_TRIAL] = request.to_env()
+    env[ENV_TRAINER_HOOKS] = "vramscope.tune.command_trial:install"  # the start-up hook runs the trial
     env.pop("VRAMSCOPE_INJECT", None)  # a trial measures the step alone, without the monitor's callback
     return env
 

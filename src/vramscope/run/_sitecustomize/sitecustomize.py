@@ -4,15 +4,25 @@
 this file at start-up. It does three small things and nothing else:
 
 1. runs the ``sitecustomize`` this file shadows, if there is one (a distribution's, a virtualenv's,
-   one on the user's own ``PYTHONPATH``), so that nothing the user had is lost;
+   one on the user's own ``PYTHONPATH``), so that nothing the user had is lost: every change it makes to
+   ``sys.path`` (EasyBuild's ``site.addsitedir`` per prefix) is kept;
 2. adds an import hook that waits for ``transformers.trainer`` (and Lightning's trainer module); a
    program that imports neither pays one dictionary miss per import and nothing else;
 3. when that module is loaded, wraps ``Trainer.__init__`` so that every Trainer (and subclass, such
    as TRL's) gets vramscope's memory callback, via ``vramscope.run.inject.attach``
-   (``attach_lightning`` for a Lightning Trainer); in a trial child of ``vramscope tune -- CMD``
-   (``VRAMSCOPE_TRIAL`` set) it hands the HF Trainer class to ``vramscope.tune.command_trial.install``.
+   (``attach_lightning`` for a Lightning Trainer); and it calls each "trainer hook" that
+   ``VRAMSCOPE_TRAINER_HOOKS`` names (``module:function,...``) with the ``transformers.trainer`` module
+   (``vramscope tune -- CMD`` names its trial there: this hook knows nothing of the tuner).
 
-Standard library only, and every failure is one line on stderr: a monitor must never stop a training.
+vramscope itself is imported from the copy that started the program only when the program's own
+interpreter has none, and then through a finder that answers for the ``vramscope`` package alone:
+the folder it lives in (for an installed copy, a whole site-packages) never goes on ``sys.path``.
+
+Before all of it, it calls the start-up hooks ``VRAMSCOPE_START_HOOKS`` names (``module:function,...``),
+before the program's own code runs (``vramscope tune --gpus N`` installs its fake process group there).
+
+Standard library only, and every failure is one line on stderr (dropped when stderr is closed): a
+monitor must never stop a training.
 """
 
 from __future__ import annotations
@@ -37,17 +47,33 @@ _TARGETS = {
 
 
 def _say(message: str) -> None:
+    stream = sys.stderr
+    if stream is None:  # stderr closed (2>&-): print(file=None) would write to the program's stdout
+        return
     try:
-        print(f"vramscope: {message}", file=sys.stderr)
-    except Exception:  # stderr closed: stay silent
+        print(f"vramscope: {message}", file=stream)
+    except Exception:  # stderr broken: stay silent
         pass
 
 
+def _is_here(entry: str) -> bool:
+    try:
+        return os.path.abspath(entry or os.curdir) == _HERE
+    except Exception:  # a path entry that is not a string
+        return False
+
+
 def _run_shadowed_sitecustomize() -> None:
-    """Import the next ``sitecustomize`` on sys.path, as Python would have without this folder."""
+    """Import the next ``sitecustomize`` on sys.path, as Python would have without this folder.
+
+    What it does to ``sys.path`` stays (an EasyBuild-style ``site.addsitedir`` for each prefix);
+    this folder goes back where it was, before the entry that followed it.
+    """
     ours = sys.modules.pop("sitecustomize", None)
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    where = [i for i, p in enumerate(sys.path) if _is_here(p)]
+    spelled = sys.path[where[0]] if where else _HERE
+    after = sys.path[where[0] + 1] if where and where[0] + 1 < len(sys.path) else None
+    sys.path[:] = [p for p in sys.path if not _is_here(p)]
     try:
         import sitecustomize  # noqa: F401  (the shadowed one, if any)
     except ImportError as exc:
@@ -56,9 +82,51 @@ def _run_shadowed_sitecustomize() -> None:
     except Exception as exc:  # site.py would report it the same way and go on
         _say(f"the sitecustomize module this one wraps failed: {type(exc).__name__}: {exc}")
     finally:
-        sys.path[:] = saved
+        path = sys.path  # the shadowed one may have bound a new list
+        if where and not any(_is_here(p) for p in path):
+            at = path.index(after) if after is not None and after in path else min(where[0], len(path))
+            path.insert(at, spelled)
         if ours is not None and "sitecustomize" not in sys.modules:
             sys.modules["sitecustomize"] = ours
+
+
+class _OnePackageFinder(importlib.abc.MetaPathFinder):
+    """Finds the top-level ``vramscope`` package in one folder, and nothing else from that folder.
+
+    Its modules are then found through the package's own ``__path__``; the folder is never on
+    ``sys.path``, so the program's other imports (torch, numpy) come from its own interpreter.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self._folder = folder
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "vramscope":
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, [self._folder])
+
+
+def _import_vramscope(name: str, prefer_ours: bool = False) -> ModuleType:
+    """Import ``name`` (a module of vramscope): the program's own vramscope if it has one, else ours.
+
+    ``prefer_ours``: the copy that started this process first, when the program has not imported
+    vramscope yet (a protocol between the two, as a tune trial's, must be one version).
+    """
+    folder = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
+    if not prefer_ours or "vramscope" in sys.modules or not folder:
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            if exc.name != "vramscope" or not folder:
+                raise
+    assert folder is not None
+    finder = _OnePackageFinder(folder)
+    sys.meta_path.insert(0, finder)
+    try:
+        return importlib.import_module(name)
+    finally:  # vramscope is in sys.modules now (or could not be loaded): the finder has done its work
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
 
 
 def _attach_to_trainers(module: ModuleType, attach_name: str = "attach") -> None:
@@ -87,17 +155,10 @@ def _attach_to_trainers(module: ModuleType, attach_name: str = "attach") -> None
 
 def _load_attach(name: str = "attach") -> Any:
     try:
-        from vramscope.run import inject
-    except ImportError:
-        # The program's interpreter may not have vramscope installed: use the copy that started it.
-        parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
-        if parent and parent not in sys.path:
-            sys.path.append(parent)
-        try:
-            from vramscope.run import inject
-        except Exception as exc:
-            _say(f"not attaching the memory callback: vramscope cannot be imported here ({exc})")
-            return None
+        inject = _import_vramscope("vramscope.run.inject")
+    except Exception as exc:
+        _say(f"not attaching the memory callback: vramscope cannot be imported here ({exc})")
+        return None
     attach = getattr(inject, name, None)
     if attach is None:  # an older vramscope on the child's path: it has no such hook
         _say(f"not attaching the memory callback: this vramscope has no {name}()")
@@ -123,7 +184,7 @@ class _Loader(importlib.abc.Loader):
         except Exception as exc:
             _say(f"could not hook {module.__name__}.Trainer: {type(exc).__name__}: {exc}")
         if module.__name__ == _TARGET:
-            _install_trial(module)
+            _run_trainer_hooks(module)
 
     def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
         return getattr(self._real, name)
@@ -152,26 +213,50 @@ class _Finder(importlib.abc.MetaPathFinder):
             self._busy = False
 
 
-def _install_trial(module: ModuleType) -> None:
-    """`vramscope tune -- CMD`: this process is a trial child (vramscope.tune.command_trial)."""
-    if os.environ.get("VRAMSCOPE_TRIAL"):
-        try:
-            # The trial protocol is the tuner's own: use the copy of vramscope that started this child.
-            parent = os.environ.get("VRAMSCOPE_PACKAGE_PARENT")
-            if parent and "vramscope" not in sys.modules and parent not in sys.path:
-                sys.path.insert(0, parent)
-            from vramscope.tune.command_trial import install
+def _trainer_hooks() -> list[str]:
+    return [h.strip() for h in os.environ.get("VRAMSCOPE_TRAINER_HOOKS", "").split(",") if h.strip()]
 
-            install(module)
+
+def _run_trainer_hooks(module: ModuleType) -> None:
+    """Call each ``module:function`` of ``VRAMSCOPE_TRAINER_HOOKS`` with ``transformers.trainer``.
+
+    A hook is the protocol of whoever set the variable (``vramscope tune`` runs its trial through one):
+    a child that cannot run it must not go on to run the whole training instead, so it exits with 4.
+    """
+    for hook in _trainer_hooks():
+        module_name, _, function_name = hook.partition(":")
+        try:
+            function = getattr(_import_vramscope(module_name, prefer_ours=True), function_name or "install")
+            function(module)
         except Exception as exc:
-            # A trial child that cannot run the trial must not go on to run the whole training instead.
-            _say(f"could not set up the tuning trial: {type(exc).__name__}: {exc}")
-            sys.stderr.flush()
+            _say(f"could not run the trainer hook {hook}: {type(exc).__name__}: {exc}")
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            os._exit(4)
+
+
+def _run_start_hooks() -> None:
+    """Call each ``module:function`` of ``VRAMSCOPE_START_HOOKS`` now, before the program's own code runs
+    (``vramscope tune --gpus N`` names its fake process group there: this hook knows nothing of the tuner).
+
+    The caller's protocol, so the copy of vramscope that set the variable; a child that cannot run a hook
+    must not go on without it (a rehearsal would wait for ranks that never come), so it exits with 4.
+    """
+    hooks = [h.strip() for h in os.environ.get("VRAMSCOPE_START_HOOKS", "").split(",") if h.strip()]
+    for hook in hooks:
+        module_name, _, function_name = hook.partition(":")
+        try:
+            getattr(_import_vramscope(module_name, prefer_ours=True), function_name or "install")()
+        except Exception as exc:
+            _say(f"could not run the start-up hook {hook}: {type(exc).__name__}: {exc}")
+            if sys.stderr is not None:
+                sys.stderr.flush()
             os._exit(4)
 
 
 def _install() -> None:
-    if os.environ.get("VRAMSCOPE_INJECT") != "1" and not os.environ.get("VRAMSCOPE_TRIAL"):
+    _run_start_hooks()
+    if os.environ.get("VRAMSCOPE_INJECT") != "1" and not _trainer_hooks():
         return
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
@@ -181,7 +266,7 @@ def _install() -> None:
             if os.environ.get("VRAMSCOPE_INJECT") == "1":
                 _attach_to_trainers(already, attach_name)
             if name == _TARGET:
-                _install_trial(already)
+                _run_trainer_hooks(already)
 
 
 _run_shadowed_sitecustomize()
