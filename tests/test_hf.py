@@ -112,8 +112,8 @@ def test_without_transformers_the_error_names_the_install_command(monkeypatch: p
 
 
 def test_prometheus_port_or_address() -> None:
-    assert prometheus_address(9400) == "127.0.0.1:9400"
-    assert prometheus_address("0.0.0.0:9400") == "0.0.0.0:9400"
+    assert prometheus_address(19400) == "127.0.0.1:19400"
+    assert prometheus_address("0.0.0.0:19400") == "0.0.0.0:19400"
     assert prometheus_address(None) is None
 
 

@@ -285,7 +285,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "tui": frozenset({"logs", "output", "types", "units"}),
     "training": frozenset({"analysis", "backends", "exporters", "logs", "oom", "output", "sampling", "types", "units"}),
     "integrations": frozenset({"training"}),
-    "run": frozenset({"backends", "integrations", "logs", "output", "sampling", "types"}),
+    "run": frozenset({"backends", "exporters", "integrations", "logs", "output", "sampling", "types"}),
     "tune": frozenset({"backends", "commands", "oom", "output", "planner", "recipe", "run", "sampling", "training",
                        "units"}),
     "cli": frozenset({"advice", "backends", "commands", "dataset", "exporters", "logs", "oom", "output", "planner",

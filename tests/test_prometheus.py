@@ -124,9 +124,9 @@ def free_port() -> int:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("9400", ("127.0.0.1", 9400)),
-        (" 9400 ", ("127.0.0.1", 9400)),
-        ("0.0.0.0:9400", ("0.0.0.0", 9400)),
+        ("19400", ("127.0.0.1", 19400)),
+        (" 19400 ", ("127.0.0.1", 19400)),
+        ("0.0.0.0:19400", ("0.0.0.0", 19400)),
         ("localhost:0", ("localhost", 0)),
         ("[::1]:9401", ("::1", 9401)),
     ],
@@ -135,13 +135,15 @@ def test_address_forms_bind_loopback_unless_a_host_is_given(text: str, expected:
     assert parse_address(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "abc", ":9400", "host:", "70000", "-1", "::1:9400", "[::1]9400", "9400/metrics"])
+@pytest.mark.parametrize(
+    "text", ["", "abc", ":19400", "host:", "70000", "-1", "::1:19400", "[::1]19400", "19400/metrics"]
+)
 def test_bad_addresses_say_what_to_write(text: str) -> None:
     with pytest.raises(PrometheusAddressError) as info:
         parse_address(text)
     message = str(info.value)
     assert "\n" not in message
-    assert "9400" in message  # every message shows an example to copy
+    assert "19400" in message  # every message shows an example to copy
 
 
 # -- the endpoint -----------------------------------------------------------------------------------------
@@ -370,7 +372,7 @@ def test_importing_the_module_does_not_import_prometheus_client() -> None:
     # So that `vramscope run --help` and address parsing work without the extra.
     code = (
         "import sys, vramscope.exporters as p, vramscope.cli.run, vramscope.cli.watch\n"
-        "p.parse_address('9400')\n"
+        "p.parse_address('19400')\n"
         "assert 'prometheus_client' not in sys.modules, 'imported'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -398,11 +400,11 @@ def test_run_with_port_in_use_exits_2_without_starting_the_command(
     ("argv", "says"),
     [
         (["run", "--prometheus", "nine", "--", "true"], "cannot read 'nine' as [HOST:]PORT"),
-        (["run", "--prometheus", ":9400", "--", "true"], "0.0.0.0:PORT for every interface"),
+        (["run", "--prometheus", ":19400", "--", "true"], "0.0.0.0:PORT for every interface"),
         (["run", "--push", "pushgateway:9091", "--", "true"], "give the Pushgateway as http(s)://HOST[:PORT]"),
         (["run", "--push-interval", "5", "--", "true"], "add --push http://HOST:9091"),
         (["watch", "--push", "http://gw:notaport"], "the port is not a number"),
-        (["watch", "--once", "--prometheus", "9400"], "drop --once or use --push"),
+        (["watch", "--once", "--prometheus", "19400"], "drop --once or use --push"),
     ],
 )
 def test_bad_exporter_flags_exit_2_with_one_line(

@@ -70,7 +70,7 @@ def test_dashboard_is_grafana_json_with_the_panels_people_need() -> None:
         assert len(refs) == len(set(refs)), panel["title"]
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
-    assert {"host", "rank", "gpu"} <= set(variables)
+    assert {"job", "host", "run", "rank", "gpu"} <= set(variables)
     # What the issue asks the dashboard to show, each by the metric that carries it.
     queries = " ".join(expr for _, expr in dashboard_queries())
     for needed in (
@@ -81,9 +81,24 @@ def test_dashboard_is_grafana_json_with_the_panels_people_need() -> None:
         "vramscope_allocator_inactive_split_bytes",  # fragmentation
         "vramscope_leak_slope_bytes_per_step",
         "vramscope_forecast_steps_to_oom",
-        "max by (rank) (vramscope_allocator_peak_allocated_bytes",  # per-rank peaks
+        "max by (host, instance, run, rank) (vramscope_allocator_peak_allocated_bytes",  # per-rank peaks
     ):
         assert needed in queries, needed
+
+
+def test_peaks_per_rank_never_merge_hosts_or_runs() -> None:
+    """Issue 25: "Peak per rank" took the max over every host and run with the same rank number."""
+    panels = {panel["title"]: panel for panel in load_dashboard()["panels"]}
+    for target in panels["Peak per rank"]["targets"]:
+        grouping = re.match(r"max by \(([^)]*)\)", target["expr"])
+        assert grouping is not None, target["expr"]
+        assert {"host", "instance", "run", "rank"} <= {g.strip() for g in grouping.group(1).split(",")}
+    for target in panels["Peak imbalance across ranks"]["targets"]:
+        assert "max by (job, run)" in target["expr"] and "min by (job, run)" in target["expr"]
+    # Every selector can be narrowed to one job and one run.
+    for where, expr in dashboard_queries():
+        for selector in re.findall(r"vramscope_[a-z_]+\{([^}]*)\}", expr):
+            assert 'job=~"$job"' in selector and 'run=~"$run"' in selector, (where, expr)
 
 
 RATE_OF = re.compile(r"\b(?:rate|irate|increase)\(\s*(vramscope_[a-z0-9_]+)")

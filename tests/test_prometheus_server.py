@@ -369,7 +369,7 @@ def test_every_dashboard_query_runs_and_returns_data(prometheus: PrometheusServe
 
     host = "dashboard-test-host"
     port, _slot = prometheus.claim()
-    sink = PrometheusSink(f"127.0.0.1:{port}", labels={"host": host})
+    sink = PrometheusSink(f"127.0.0.1:{port}", labels={"host": host, "run": "dashboard-run"})
     stop = threading.Event()
 
     def training() -> None:
@@ -389,6 +389,8 @@ def test_every_dashboard_query_runs_and_returns_data(prometheus: PrometheusServe
             # Grafana's variables, as the "All" choice sends them; this host only.
             promql = (
                 expr.replace("$host", host)
+                .replace("$job", ".*")
+                .replace("$run", "dashboard-run")  # one run picked: every panel must still have data
                 .replace("$rank", ".*")
                 .replace("$gpu", ".*")
                 .replace("$__rate_interval", "1m")

@@ -8,6 +8,7 @@ distinct ``job`` names so that their groups never meet. Every wait is bounded.
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -148,7 +149,119 @@ def test_vramscope_run_pushes_while_the_command_runs_and_at_its_end(gateway: Gat
         release.touch()
         _out, err = run.communicate(timeout=30)
     assert run.returncode == 0, err
-    assert f"vramscope: pushing metrics to {gateway.url} every 0.2 s (job 'vramscope')" in err
+    # Its own group: no log, so the run is named host-pid-start (two such runs never share one).
+    assert re.search(rf"vramscope: pushing metrics to {re.escape(gateway.url)} every 0\.2 s "
+                     rf"\(job 'vramscope', run '{re.escape(HOST)}-\d+-\d{{8}}T\d{{6}}'\)", err), err
     # The last push, at the end of the run, carries the final sample count, which the summary also prints.
     samples = int(err.split("samples: ")[1].split()[0].rstrip(","))
     assert gateway.wait_for_value("vramscope_samples_total", **group) == samples
+
+
+HOLD = (
+    "import os, sys, time\n"
+    "held = b'x' * (int(sys.argv[1]) * 1024 * 1024)\n"
+    "deadline = time.monotonic() + 30\n"
+    "while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def test_two_runs_on_one_host_push_to_two_groups(gateway: Gateway, tmp_path: Path) -> None:
+    """Two `run --push` jobs at once on one host: each keeps its own group (the log's stem is its `run`),
+    where before they shared one and a value flipped between the two runs' figures."""
+    release = tmp_path / "release"
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "vramscope", "run", "--push", gateway.url, "--push-interval", "0.2",
+             "--interval", "0.1", "--no-inject", "--log", str(tmp_path / f"{name}.csv"), "--push-job", "pair",
+             "--", sys.executable, "-c", HOLD, str(mib), str(release)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for name, mib in (("small", 16), ("large", 160))
+    ]
+    try:
+        def both() -> dict[str, float] | None:
+            found = {run: max(gateway.values("vramscope_host_rss_bytes", job="pair", instance=HOST, run=run),
+                              default=0.0) for run in ("small", "large")}
+            return found if found["large"] > 160 * 1024**2 and found["small"] > 16 * 1024**2 else None
+
+        held = wait_for(both, "both runs' groups on the gateway")
+        assert held["small"] < 160 * 1024**2 < held["large"]  # each group holds its own run's memory
+    finally:
+        release.touch()
+        errors = [run.communicate(timeout=30)[1] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], errors
+    assert "(job 'pair', run 'small')" in errors[0]
+    groups = {dict(labels).get("run") for (name, labels) in gateway.series() if name == "push_time_seconds"
+              and dict(labels).get("job") == "pair"}
+    assert groups == {"small", "large"}
+
+
+def test_push_job_and_labels_name_the_group(gateway: Gateway, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "--push", gateway.url, "--push-job", "llama-qlora",
+         "--push-label", "team=nlp", "--push-label", "run=nightly", "--no-inject", "--quiet", "--",
+         sys.executable, "-c", "pass"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    group = {"job": "llama-qlora", "instance": HOST, "team": "nlp", "run": "nightly"}  # the label wins over the run
+    assert gateway.wait_for_value("push_time_seconds", **group) > 0
+    assert gateway.values("vramscope_samples_total", **group)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--push-label", "team"], "--push-label takes NAME=VALUE such as team=nlp"),
+        (["--push", "http://gw:9091", "--push-label", "__x=1"], "label name '__x' is not valid"),
+        (["--push", "http://gw:9091", "--push-label", "instance=a"], "--push-label instance=... is set by vramscope"),
+        (["--push-job", "x"], "--push-job needs a Pushgateway to push to; add --push http://HOST:9091"),
+        (["--push", "http://gw:9091", "--push-interval", "0.01"], "the push interval must be from 0.05 to 86400 s"),
+    ],
+)
+def test_bad_push_flags_are_one_line_and_exit_2(argv: list[str], message: str) -> None:
+    for command in (["run", *argv, "--", "true"], ["watch", "--count", "2", *argv]):
+        result = subprocess.run([sys.executable, "-m", "vramscope", *command], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2, (command, result.stderr)
+        assert message in result.stderr, (command, result.stderr)
+        assert len(result.stderr.strip().splitlines()) <= 2  # argparse's usage line at most, then the one line
+
+
+@pytest.mark.slow
+def test_run_push_carries_the_trainers_last_step(gateway: Gateway, tmp_path: Path) -> None:
+    """The zero-code path with --push: the injected callback's series reach the gateway, and the run's last push,
+    made after the command ended, has the Trainer's last step (the relay is drained before it)."""
+    pytest.importorskip("transformers")
+    from test_inject import TRAIN_SCRIPT
+
+    (tmp_path / "train.py").write_text(TRAIN_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "--push", gateway.url, "--push-interval", "60", "--quiet",
+         "--log", "hf.csv", "--push-job", "zero-code", "--", sys.executable, "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    group = {"job": "zero-code", "instance": HOST, "run": "hf"}
+    assert gateway.wait_for_value("vramscope_training_step", rank="0", **group) == 3
+    assert gateway.wait_for_value("vramscope_training_steps_total", rank="0", **group) == 3
+    assert gateway.values("vramscope_host_rss_peak_bytes", rank="0", **group)
+    assert gateway.values("vramscope_samples_total", **group)  # the run's own series beside them
+
+
+@pytest.mark.slow
+def test_run_push_carries_a_lightning_trainers_steps(gateway: Gateway, tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    from test_lightning import LIGHTNING_SCRIPT
+
+    (tmp_path / "train.py").write_text(LIGHTNING_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "--push", gateway.url, "--quiet", "--log", "pl.csv",
+         "--push-job", "zero-code-lightning", "--", sys.executable, "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    group = {"job": "zero-code-lightning", "instance": HOST, "run": "pl", "rank": "0"}
+    assert gateway.wait_for_value("vramscope_training_steps_total", **group) == 3
+    assert gateway.values("vramscope_host_rss_bytes", **group)

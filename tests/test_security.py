@@ -110,7 +110,9 @@ def test_every_server_in_src_is_one_this_file_checks() -> None:
                 name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
                 if name in SERVER_CALLS:
                     servers.add(str(path.relative_to(SRC)))
-    assert servers == {"exporters/server.py"}  # the Prometheus exporter's server
+    # The Prometheus exporter's server, and `vramscope run`'s relay: a unix datagram socket in a folder only its
+    # user can enter (tests/test_relay.py: test_the_relay_socket_is_the_users_alone).
+    assert servers == {"exporters/server.py", "exporters/relay.py"}
 
 
 def listening(pid: int) -> list[tuple[str, int]]:
@@ -182,8 +184,8 @@ def test_training_integrations_bind_loopback(tmp_path: Path) -> None:
         assert mine and all(ip == "127.0.0.1" for ip, _ in mine), mine
         mon.step(1)
     hf = pytest.importorskip("vramscope.integrations.hf")
-    assert hf.prometheus_address(9400) == "127.0.0.1:9400"
-    assert hf.prometheus_address("9400") == "127.0.0.1:9400"
+    assert hf.prometheus_address(19400) == "127.0.0.1:19400"
+    assert hf.prometheus_address("19400") == "127.0.0.1:19400"
 
 
 # -- text from processes, shown in a terminal ---------------------------------------------------------------

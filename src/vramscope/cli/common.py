@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from vramscope.sampling.sampler import MAX_INTERVAL_S, MIN_INTERVAL_S
 from vramscope.types import Sink
@@ -108,21 +109,59 @@ def index(text: str) -> int:
     return value
 
 
-def open_exporters_from_args(args: argparse.Namespace, announce: bool = True) -> list[Sink]:
-    """The Prometheus endpoint and Pushgateway pusher that ``--prometheus`` and ``--push`` ask for.
+def add_exporter_flags(parser: argparse.ArgumentParser) -> None:
+    """Every exporter's flags, from the one table (``vramscope.exporters.registry.EXPORTERS``)."""
+    from vramscope.exporters.registry import flags
+
+    for flag in flags():
+        options: dict[str, object] = {"dest": flag.dest, "metavar": flag.metavar, "help": flag.help}
+        if flag.parse is not None:
+            options["type"] = _argument_type(flag.parse)
+        if flag.repeat:
+            options["action"] = "append"
+        parser.add_argument(flag.name, **options)  # type: ignore[arg-type]
+
+
+def _argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An exporter's option parser as an argparse type: its ValueError's line becomes the usage error."""
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def open_exporters_from_args(args: argparse.Namespace, announce: bool = True, run: bool = False) -> list[Sink]:
+    """The exporters the flags of :func:`add_exporter_flags` ask for (``--prometheus``, ``--push``, ...).
 
     Opened before any work starts, so that a port already in use is a usage error (exit 2), not a lost run.
-    """
-    if args.prometheus is None and args.push is None and args.push_interval is None:
-        return []
-    from vramscope.exporters import PrometheusSinkError, open_exporters
 
+    Args:
+        run: this is ``vramscope run``: its series carry a ``run`` label (the log's stem, else
+            host-pid-start), which is also part of its Pushgateway group, so two runs never share one.
+    """
+    from vramscope.exporters.registry import asked_for, flags
+
+    options = {flag.dest: getattr(args, flag.dest, None) for flag in flags()}
+    if not asked_for(options):
+        return []
+    from vramscope.exporters import PrometheusSinkError
+    from vramscope.exporters.registry import ExportContext, open_exporters, run_name
+
+    context = ExportContext()
+    if run:
+        # `--push-label run=NAME` names the run for every exporter, so the scraped series say the same.
+        name = dict(options.get("push_labels") or []).get("run") or run_name(getattr(args, "log", None))
+        context = ExportContext(labels={"run": name}, run=name)
     try:
-        sinks = open_exporters(args.prometheus, args.push, args.push_interval)
+        sinks = open_exporters(options, context)
     except PrometheusSinkError as exc:
         raise UsageError(str(exc)) from None
     if announce:
         for sink in sinks:
             print(f"vramscope: {sink.where}", file=sys.stderr)
     return [*sinks]
-

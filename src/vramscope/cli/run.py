@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from vramscope.cli.common import (
     CommandError,
     UsageError,
+    add_exporter_flags,
     gpu_list,
     interval,
     log_megabytes,
@@ -30,6 +31,7 @@ from vramscope.cli.common import (
 )
 from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
 from vramscope.output.names import sibling
+from vramscope.run.relay import with_relay
 from vramscope.run.runner import ProgramNotFoundError, RunResult, exit_like, inherited_fds, run_monitored
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S
 from vramscope.units import gib
@@ -55,10 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oom-snapshot", metavar="DIR", nargs="?", const="",
                         help="on a CUDA OOM in the command, write an allocator snapshot and a report into DIR "
                              "(default: beside --log, or ./vramscope-oom)")
-    parser.add_argument("--prometheus", metavar="[HOST:]PORT",
-                        help="serve /metrics for Prometheus while the command runs (binds 127.0.0.1 unless HOST)")
-    parser.add_argument("--push", metavar="URL", help="push metrics to this Prometheus Pushgateway on a timer")
-    parser.add_argument("--push-interval", type=interval, metavar="S", help="seconds between pushes (default 15)")
+    add_exporter_flags(parser)  # --prometheus, --push, --push-interval, --push-job, --push-label (exporters/registry)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the command to run")
 
 
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.inject:
         env.update(_injection_env(args))
     # Before the command starts: a port in use must not cost a run (and leaves no OOM folder behind).
-    exporters = open_exporters_from_args(args, announce=False)
+    exporters = open_exporters_from_args(args, announce=False, run=True)
     oom_dir: str | None = None
     oom_dir_is_ours = False  # created by this run: removed afterwards if nothing was written into it
     if args.oom_snapshot is not None:  # read by the child (HF injection, OomRecorder.from_env)
@@ -97,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for sink in exporters:
             _say(f"vramscope: {getattr(sink, 'where', type(sink).__name__)}", sys.stderr)
+    exporters = with_relay(exporters, env) if args.inject else exporters  # the Trainers' step series (run/relay.py)
     started = time.time()
     try:
         # run_monitored closes the exporters, within its bounded clean-up time.

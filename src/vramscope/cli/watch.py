@@ -11,6 +11,7 @@ from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.cli.common import (
     UsageError,
+    add_exporter_flags,
     gpu_list,
     interval,
     log_megabytes,
@@ -40,13 +41,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N readings")
     parser.add_argument("--json", action="store_true",
                         help="print each reading as one JSON object on one line (with --once: one object)")
-    parser.add_argument(
-        "--prometheus",
-        metavar="[HOST:]PORT",
-        help="also serve /metrics for Prometheus while watching (binds 127.0.0.1 unless HOST)",
-    )
-    parser.add_argument("--push", metavar="URL", help="also push metrics to this Prometheus Pushgateway on a timer")
-    parser.add_argument("--push-interval", type=interval, metavar="S", help="seconds between pushes (default 15)")
+    add_exporter_flags(parser)  # --prometheus, --push, --push-interval, --push-job, --push-label (exporters/registry)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,9 @@
 * :mod:`~vramscope.exporters.http`: :class:`PrometheusSink`, on the bounded one-thread server of
   :mod:`~vramscope.exporters.server`.
 * :mod:`~vramscope.exporters.push`: :class:`PushgatewaySink`.
-* :mod:`~vramscope.exporters.sinks`: :func:`open_exporters` / :func:`close_all`, what the CLI flags ask for.
+* :mod:`~vramscope.exporters.relay`: the training processes' series, relayed to ``vramscope run``'s exporters.
+* :mod:`~vramscope.exporters.registry`: :data:`EXPORTERS`, the one table of exporters (flags, opening, ``where``),
+  and :func:`open_exporters` / :func:`close_all` over it, for the CLI, the monitor and the callbacks.
 
 Every series carries ``host`` and, when known, ``rank``; GPU series add ``gpu`` (NVML's index) and
 ``uuid``; per-process series add ``pid``. Units live in the names (``_bytes``, ``_seconds``, ``_ratio``);
@@ -41,7 +43,7 @@ from vramscope.exporters.collector import (
 )
 from vramscope.exporters.http import PrometheusSink, parse_address
 from vramscope.exporters.push import PushgatewaySink, check_push_url
-from vramscope.exporters.sinks import close_all, open_exporters
+from vramscope.exporters.registry import EXPORTERS, ExportContext, close_all, open_exporters
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -49,9 +51,11 @@ __all__ = [
     "DEFAULT_JOB",
     "DEFAULT_PUSH_INTERVAL_S",
     "DEFAULT_PUSH_TIMEOUT_S",
+    "EXPORTERS",
     "INSTALL_HINT",
     "METRICS",
     "SERIES_LABELS",
+    "ExportContext",
     "PrometheusAddressError",
     "PrometheusBindError",
     "PrometheusLabelError",

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import CollectorRegistry
 
-DEFAULT_ADDRESS = "127.0.0.1:9400"
+DEFAULT_ADDRESS = "127.0.0.1:19400"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PUSH_INTERVAL_S = 15.0
 DEFAULT_PUSH_TIMEOUT_S = 5.0
@@ -55,7 +55,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "vramscope_allocator_peak_reserved_bytes": ("gauge", "Peak reserved memory since the exporter started."),
     "vramscope_allocator_alloc_retries_total": ("counter", "Allocations retried after freeing the cache."),
     "vramscope_allocator_ooms_total": ("counter", "Out-of-memory errors the allocator raised."),
-    "vramscope_host_rss_bytes": ("gauge", "Resident host memory of the watched process tree."),
+    "vramscope_host_rss_bytes": ("gauge", "Resident host memory of the watched process tree (with rank: that rank's)."),
+    "vramscope_host_rss_peak_bytes": ("gauge", "Peak of vramscope_host_rss_bytes since the exporter started."),
     "vramscope_host_memory_used_bytes": ("gauge", "Host memory in use on the machine."),
     "vramscope_host_memory_total_bytes": ("gauge", "Host memory of the machine."),
     "vramscope_training_step": ("gauge", "Training step of the latest sample (kept for old dashboards)."),
@@ -103,7 +104,8 @@ def load_prometheus_client() -> Any:
     return prometheus_client
 
 
-def _check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """The labels as strings, or PrometheusLabelError for a name Prometheus cannot take or vramscope sets."""
     checked: dict[str, str] = {}
     for key, value in (labels or {}).items():
         if not _LABEL_NAME.match(key) or key.startswith("__"):
@@ -128,7 +130,7 @@ class SampleCollector:
     """
 
     def __init__(self, labels: Mapping[str, str] | None = None, host: str | None = None) -> None:
-        self._labels = _check_labels(labels)
+        self._labels = check_labels(labels)
         self._labels.setdefault("host", host or socket.gethostname())
         self._lock = threading.Lock()
         self._sample: Sample | None = None
@@ -139,7 +141,11 @@ class SampleCollector:
         # Keyed by torch's device and UUID; the latest reading is kept to find its NVML GPU by at each scrape.
         self._allocator_peaks: dict[tuple[int, str | None], tuple[AllocatorReading, int | None, int | None]] = {}
         self._watched_peaks: dict[int, tuple[str | None, int]] = {}
+        self._rss_peak: int | None = None
         self._analysis: dict[int | None, tuple[float | None, float | None]] = {}
+        # The training processes' own series, relayed to this exporter by rank (``vramscope run``: the Trainers
+        # in the command send them through exporters/relay.py), beside this process's own sample.
+        self._ranks: dict[str, _RankState] = {}
 
     @property
     def version(self) -> int:
@@ -165,12 +171,8 @@ class SampleCollector:
             self._sample = sample
             self._samples += 1
             self._version += 1
-            for reading in sample.allocator:
-                key = (reading.device, reading.uuid)
-                _, old_alloc, old_res = self._allocator_peaks.get(key, (reading, None, None))
-                alloc = _first(reading.peak_allocated_bytes, reading.allocated_bytes)
-                res = _first(reading.peak_reserved_bytes, reading.reserved_bytes)
-                self._allocator_peaks[key] = (reading, _max(old_alloc, alloc), _max(old_res, res))
+            _fold_allocator_peaks(self._allocator_peaks, sample)
+            self._rss_peak = _max(self._rss_peak, sample.host.rss_bytes)
             for index, uuid, used in watched:
                 if used is not None:
                     old = self._watched_peaks.get(index)
@@ -188,6 +190,25 @@ class SampleCollector:
             else:
                 self._analysis[gpu] = (_finite(leak_slope_bytes_per_step), _finite(steps_to_oom))
 
+    def update_rank(self, rank: str, sample: Sample) -> None:
+        """Take a training process's own sample, relayed here: its step, phase, allocator and host memory are
+        exported with its ``rank`` label, beside this process's series (the GPU-wide ones stay this process's)."""
+        with self._lock:
+            self._version += 1
+            state = self._ranks.setdefault(rank, _RankState())
+            state.sample = sample
+            if sample.step is not None:  # a sample between steps keeps the last step known
+                state.step = sample.step
+            _fold_allocator_peaks(state.allocator_peaks, sample)
+            state.rss_peak = _max(state.rss_peak, sample.host.rss_bytes)
+
+    def set_rank_analysis(self, rank: str, analysis: Mapping[int | None, tuple[float | None, float | None]]) -> None:
+        """Replace a relayed rank's leak slopes and OOM forecasts (per GPU, None: the whole run) with ``analysis``."""
+        with self._lock:
+            self._version += 1
+            state = self._ranks.setdefault(rank, _RankState())
+            state.analysis = {gpu: (_finite(slope), _finite(steps)) for gpu, (slope, steps) in analysis.items()}
+
     def collect(self) -> Iterator[Metric]:
         """Build the metric families from the latest state (called per scrape or push)."""
         with self._lock:
@@ -195,17 +216,72 @@ class SampleCollector:
             samples = self._samples
             allocator_peaks = dict(self._allocator_peaks)
             watched_peaks = dict(self._watched_peaks)
+            rss_peak = self._rss_peak
             analysis = dict(self._analysis)
+            ranks = {rank: state.copy() for rank, state in self._ranks.items()}
         base = self._base_labels(sample)
         families = _Families(base)
         if sample is not None:
             _add_sample(families, sample, allocator_peaks, watched_peaks)
+            families.gauge("vramscope_host_rss_peak_bytes", {}, rss_peak)
         families.counter("vramscope_samples_total", {}, samples)
-        for gpu, (slope, steps) in analysis.items():
-            gpu_label = {"gpu": "" if gpu is None else str(gpu)}
-            families.gauge("vramscope_leak_slope_bytes_per_step", gpu_label, slope)
-            families.gauge("vramscope_forecast_steps_to_oom", gpu_label, steps)
+        _add_analysis(families, analysis, {})
+        for rank, state in sorted(ranks.items()):
+            _add_rank(families, {"rank": rank}, state)
         yield from families.done()
+
+
+class _RankState:
+    """What the exporter keeps of one relayed rank: its latest sample, last step, running peaks and analysis."""
+
+    def __init__(self) -> None:
+        self.sample: Sample | None = None
+        self.step: int | None = None
+        self.allocator_peaks: dict[tuple[int, str | None], tuple[AllocatorReading, int | None, int | None]] = {}
+        self.rss_peak: int | None = None
+        self.analysis: dict[int | None, tuple[float | None, float | None]] = {}
+
+    def copy(self) -> _RankState:
+        other = _RankState()
+        other.sample, other.step, other.rss_peak = self.sample, self.step, self.rss_peak
+        other.allocator_peaks = dict(self.allocator_peaks)
+        other.analysis = dict(self.analysis)
+        return other
+
+
+def _fold_allocator_peaks(
+    peaks: dict[tuple[int, str | None], tuple[AllocatorReading, int | None, int | None]], sample: Sample
+) -> None:
+    for reading in sample.allocator:
+        key = (reading.device, reading.uuid)
+        _, old_alloc, old_res = peaks.get(key, (reading, None, None))
+        alloc = _first(reading.peak_allocated_bytes, reading.allocated_bytes)
+        res = _first(reading.peak_reserved_bytes, reading.reserved_bytes)
+        peaks[key] = (reading, _max(old_alloc, alloc), _max(old_res, res))
+
+
+def _add_analysis(
+    families: _Families, analysis: Mapping[int | None, tuple[float | None, float | None]], labels: dict[str, str]
+) -> None:
+    for gpu, (slope, steps) in analysis.items():
+        gpu_label = {**labels, "gpu": "" if gpu is None else str(gpu)}
+        families.gauge("vramscope_leak_slope_bytes_per_step", gpu_label, slope)
+        families.gauge("vramscope_forecast_steps_to_oom", gpu_label, steps)
+
+
+def _add_rank(families: _Families, rank: dict[str, str], state: _RankState) -> None:
+    """A relayed rank's series: what its own process knows (steps, phase, allocator, its RSS, its analysis)."""
+    sample = state.sample
+    if sample is not None:
+        families.gauge("vramscope_last_sample_timestamp_seconds", rank, sample.time)
+        families.gauge("vramscope_training_step", rank, state.step)
+        families.counter("vramscope_training_steps_total", rank, state.step)
+        if sample.phase:
+            families.gauge("vramscope_training_phase_info", {**rank, "phase": sample.phase}, 1)
+        families.gauge("vramscope_host_rss_bytes", rank, sample.host.rss_bytes)
+        families.gauge("vramscope_host_rss_peak_bytes", rank, state.rss_peak)
+        _add_allocator(families, sample, state.allocator_peaks, rank)
+    _add_analysis(families, state.analysis, rank)
 
 
 class _Families:
@@ -266,13 +342,22 @@ def _add_sample(
     for index, (uuid, peak) in sorted(watched_peaks.items()):
         families.gauge("vramscope_watched_gpu_memory_peak_bytes", {"gpu": str(index), "uuid": uuid or ""}, peak)
 
+    _add_allocator(families, sample, allocator_peaks, {})
+
+
+def _add_allocator(
+    families: _Families,
+    sample: Sample,
+    allocator_peaks: dict[tuple[int, str | None], tuple[AllocatorReading, int | None, int | None]],
+    labels: dict[str, str],
+) -> None:
     def ids_of(reading: AllocatorReading) -> dict[str, str]:
         # The ``gpu`` label is NVML's index, as on the GPU series, where the one GPU-to-allocator rule
-        # (sampling.devices) finds the reading's GPU in this sample; torch's index where it finds none
+        # (types.gpu_of) finds the reading's GPU in this sample; torch's index where it finds none
         # (no NVML, or a GPU this sample does not list), which is the same unless CUDA_VISIBLE_DEVICES
         # reorders the devices.
         gpu = gpu_of(reading, sample.gpus)
-        return {"gpu": str(reading.device if gpu is None else gpu.index), "uuid": reading.uuid or ""}
+        return {**labels, "gpu": str(reading.device if gpu is None else gpu.index), "uuid": reading.uuid or ""}
 
     for reading in sample.allocator:
         ids = ids_of(reading)

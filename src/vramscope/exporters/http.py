@@ -28,7 +28,7 @@ log = logging.getLogger("vramscope.exporters")  # one logger for every exporter
 def parse_address(text: str) -> tuple[str, int]:
     """Read ``"[HOST:]PORT"`` into ``(host, port)``; the host defaults to 127.0.0.1.
 
-    ``"9400"`` -> ``("127.0.0.1", 9400)``, ``"0.0.0.0:9400"`` -> all interfaces, ``"[::1]:9400"`` -> IPv6.
+    ``"19400"`` -> ``("127.0.0.1", 19400)``, ``"0.0.0.0:19400"`` -> all interfaces, ``"[::1]:19400"`` -> IPv6.
     Port 0 asks the system for a free port (see :attr:`PrometheusSink.port`).
 
     Raises:
@@ -40,21 +40,21 @@ def parse_address(text: str) -> tuple[str, int]:
     if raw.startswith("["):  # [IPv6]:PORT
         end = raw.find("]")
         if end < 0 or raw[end + 1 : end + 2] != ":":
-            raise PrometheusAddressError(f"cannot read {text!r} as an address; write an IPv6 one as [::1]:9400")
+            raise PrometheusAddressError(f"cannot read {text!r} as an address; write an IPv6 one as [::1]:19400")
         host, port_text = raw[1:end], raw[end + 2 :]
     elif ":" in raw:
         host, _, port_text = raw.rpartition(":")
         if ":" in host:
-            raise PrometheusAddressError(f"cannot read {text!r} as an address; write an IPv6 one as [::1]:9400")
+            raise PrometheusAddressError(f"cannot read {text!r} as an address; write an IPv6 one as [::1]:19400")
     if not host:
-        # Prometheus reads ":9400" as "every interface"; we never widen exposure without an explicit host.
+        # Prometheus reads ":19400" as "every interface"; we never widen exposure without an explicit host.
         raise PrometheusAddressError(
             f"no host before ':' in {text!r}; give just the port (binds 127.0.0.1) or 0.0.0.0:PORT for every interface"
         )
     # ASCII digits only, as every number vramscope reads ("٩٤٠٠".isdigit() is true too), and short.
     if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5) or int(port_text) > 65535:
         shown = repr(text) if len(text) <= 60 else f"{text[:60]!r}... ({len(text)} characters)"
-        raise PrometheusAddressError(f"cannot read {shown} as [HOST:]PORT; write e.g. 9400 or 0.0.0.0:9400")
+        raise PrometheusAddressError(f"cannot read {shown} as [HOST:]PORT; write e.g. 19400 or 0.0.0.0:19400")
     return host, int(port_text)
 
 
@@ -89,7 +89,7 @@ class PrometheusSink(ExporterBase):
     The server starts at construction, on daemon threads, and stops at :meth:`close`.
 
     Args:
-        address: ``"[HOST:]PORT"``; binds 127.0.0.1 unless a host is given (``0.0.0.0:9400`` for every
+        address: ``"[HOST:]PORT"``; binds 127.0.0.1 unless a host is given (``0.0.0.0:19400`` for every
             interface). Port 0 picks a free port, readable as :attr:`port`.
         labels: constant labels on every series, e.g. ``{"rank": "0", "run": "llama-qlora"}``.
         registry: a ``prometheus_client.CollectorRegistry`` to register into and serve (so that your own
@@ -145,7 +145,7 @@ class PrometheusSink(ExporterBase):
 
     @property
     def url(self) -> str:
-        """Where the metrics are, e.g. ``http://127.0.0.1:9400/metrics``."""
+        """Where the metrics are, e.g. ``http://127.0.0.1:19400/metrics``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 

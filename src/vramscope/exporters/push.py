@@ -12,7 +12,9 @@ from vramscope.exporters.collector import (
     DEFAULT_PUSH_INTERVAL_S,
     DEFAULT_PUSH_TIMEOUT_S,
     ExporterBase,
+    PrometheusLabelError,
     PushgatewayURLError,
+    check_labels,
     load_prometheus_client,
 )
 
@@ -50,9 +52,9 @@ class PushgatewaySink(ExporterBase):
     push is logged once (per cause) and retried at the next tick: a gateway that is down never stops
     training.
 
-    The group is ``job`` plus ``instance`` (the host) and, when known, ``rank``: several ranks on one host
-    push to separate groups. Two runs on one host with no rank overwrite each other's group unless you
-    give them different ``job`` names.
+    The group is ``job`` plus ``instance`` (the host), the ``grouping`` labels (``vramscope run`` adds
+    ``run``: the log's stem, else host-pid-start, so two runs on one host never share a group) and, when
+    known, ``rank``: several ranks on one host push to separate groups.
 
     Args:
         url: the gateway, ``http(s)://HOST[:PORT][/PATH]``.
@@ -62,6 +64,8 @@ class PushgatewaySink(ExporterBase):
         timeout: seconds one push may take before it is given up.
         registry: a registry to register into and push (your own metrics ride along).
         delete_on_close: remove the group from the gateway at :meth:`close` instead of a last push.
+        grouping: more labels of the group (``{"run": "llama-qlora"}``); ``job`` and ``instance`` are not
+            among them.
 
     Raises:
         PushgatewayURLError: ``url`` is not an http(s) URL.
@@ -78,8 +82,13 @@ class PushgatewaySink(ExporterBase):
         timeout: float = DEFAULT_PUSH_TIMEOUT_S,
         registry: CollectorRegistry | None = None,
         delete_on_close: bool = False,
+        grouping: dict[str, str] | None = None,
     ) -> None:
         self.url = check_push_url(url)
+        self._extra_grouping = check_labels(grouping)
+        for reserved in ("job", "instance"):
+            if reserved in self._extra_grouping:
+                raise PrometheusLabelError(f"the group's {reserved!r} is set by vramscope; choose another label")
         if not interval > 0:
             raise ValueError(f"push interval must be positive, got {interval}")
         super().__init__(labels, registry)
@@ -100,15 +109,16 @@ class PushgatewaySink(ExporterBase):
         """The group's labels besides ``job``: fixed at the first push, so a group never moves."""
         if self._grouping is None:
             base = self.collector.base_labels()
-            self._grouping = {"instance": base["host"]}
-            if "rank" in base:
+            self._grouping = {"instance": base["host"], **self._extra_grouping}
+            if "rank" in base and "rank" not in self._grouping:
                 self._grouping["rank"] = base["rank"]
         return self._grouping
 
     @property
     def where(self) -> str:
         """One line for people: where the metrics go."""
-        return f"pushing metrics to {self.url} every {self.interval:g} s (job {self.job!r})"
+        group = "".join(f", {k} {v!r}" for k, v in self._extra_grouping.items())
+        return f"pushing metrics to {self.url} every {self.interval:g} s (job {self.job!r}{group})"
 
     def push_now(self) -> bool:
         """Push the current state now if it changed since the last push; True when the gateway has it."""

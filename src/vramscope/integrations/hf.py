@@ -55,7 +55,7 @@ _GUARD_CODE = _never_stops_training(lambda: None).__code__  # the guard's frames
 
 
 def prometheus_address(port: int | str | None) -> str | None:
-    """``9400`` -> ``"127.0.0.1:9400"``; an address with a host is kept as it is."""
+    """``19400`` -> ``"127.0.0.1:19400"``; an address with a host is kept as it is."""
     if port is None:
         return None
     text = str(port)
@@ -79,7 +79,8 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         log_to_trainer: add the figures to the Trainer's ``logs`` in ``on_log``.
         max_seq_length: the longest sequence the data can hold; with the batch size it sets the
             longest batch for the OOM warning (default: the longest batch seen so far).
-        **monitor_options: passed to :class:`MemoryMonitor` (``analyze_every``, ``capacity_bytes``, ...).
+        **monitor_options: passed to :class:`MemoryMonitor` (``analyze_every``, ``capacity_bytes``, ...), among
+            them ``export={"push": "http://gw:9091", ...}``: any exporter of ``vramscope.exporters.registry``.
 
     Raises:
         ImportError: transformers is not installed (with the install command).

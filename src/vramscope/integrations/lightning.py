@@ -93,7 +93,8 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         prometheus: ``"[HOST:]PORT"`` to serve the samples and the analysis to Prometheus.
         warn: print throttled leak / OOM warnings while training.
         log_to_trainer: write the figures to the Trainer's loggers on the steps Lightning logs.
-        **monitor_options: passed to :class:`MemoryMonitor`.
+        **monitor_options: passed to :class:`MemoryMonitor`, among them ``export={"push": "http://gw:9091", ...}``:
+            any exporter of ``vramscope.exporters.registry``.
 
     Raises:
         ImportError: lightning is not installed (with the install command).

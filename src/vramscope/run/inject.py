@@ -25,7 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vramscope.exporters.relay import ENV_RELAY
 from vramscope.output.names import sibling
+from vramscope.run.relay import relay_into
 
 SITE_DIR = str(Path(__file__).resolve().with_name("_sitecustomize"))
 ENV_INJECT = "VRAMSCOPE_INJECT"
@@ -96,7 +98,9 @@ def attach(trainer: Any, environ: Mapping[str, str] | None = None) -> Any | None
     callbacks = getattr(handler, "callbacks", None)
     if not isinstance(callbacks, list):
         return None
-    if any(isinstance(cb, MemoryMonitorCallback) for cb in callbacks):
+    theirs = [cb for cb in callbacks if isinstance(cb, MemoryMonitorCallback)]
+    if theirs:  # the user's own stays, and relays to `run --prometheus/--push` too (h25export)
+        relay_into(theirs[0], env)
         return None
     callback = MemoryMonitorCallback(**_callback_options(env))
     callbacks.insert(0, callback)
@@ -115,7 +119,10 @@ def _callback_options(env: Mapping[str, str]) -> dict[str, Any]:
         every = 1
     # `vramscope run --oom-snapshot DIR` asks for OOM post-mortems through this variable.
     oom_dir = env.get(ENV_OOM_SNAPSHOT) or None
-    return {"log": log_path, "every_n_steps": every, "oom_snapshot": oom_dir or False}
+    options: dict[str, Any] = {"log": log_path, "every_n_steps": every, "oom_snapshot": oom_dir or False}
+    if env.get(ENV_RELAY):  # `run --prometheus/--push`: the step series go to the run's exporters (h25export)
+        options["export"] = {"relay": env[ENV_RELAY]}
+    return options
 
 
 def attach_lightning(trainer: Any, environ: Mapping[str, str] | None = None) -> Any | None:
@@ -127,9 +134,13 @@ def attach_lightning(trainer: Any, environ: Mapping[str, str] | None = None) -> 
     from vramscope.integrations.lightning import MemoryMonitorCallback
 
     callbacks = getattr(trainer, "callbacks", None)
-    if not isinstance(callbacks, list) or any(isinstance(cb, MemoryMonitorCallback) for cb in callbacks):
-        return None
     env = os.environ if environ is None else environ
+    if not isinstance(callbacks, list):
+        return None
+    theirs = [cb for cb in callbacks if isinstance(cb, MemoryMonitorCallback)]
+    if theirs:  # the user's own stays, and relays to `run --prometheus/--push` too (h25export)
+        relay_into(theirs[0], env)
+        return None
     callback = MemoryMonitorCallback(**_callback_options(env))
     callbacks.insert(0, callback)
     return callback

@@ -43,7 +43,7 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TextIO
 
@@ -86,7 +86,7 @@ class MemoryMonitor:
             memory (``vramscope.oom.OomRecorder``), into ``<log stem>.oom/`` (or into this folder
             when a path is given). Without CUDA it is off, with a warning.
         prometheus: ``"[HOST:]PORT"`` to serve the samples and the analysis to Prometheus (a port in use
-            gives one warning and no exporter, not an error).
+            gives one warning and no exporter, not an error); the same as ``export={"prometheus": ...}``.
         sinks: more sinks that receive every sample.
         warn: print throttled one-line warnings while training (always saved beside the log).
         analyze_every: run the leak test and the forecast every this many logged rows.
@@ -104,6 +104,9 @@ class MemoryMonitor:
             log at each logged step (a collective: all ranks or none must have it on).
         rank_logs: ranks other than 0 write their own ``<stem>.rank<k>`` log (their phase rows,
             warnings and analysis); False leaves rank 0's log (with ``gather``) as the only one.
+        export: the exporters to open, by the names of their flags' options in
+            :data:`vramscope.exporters.registry.EXPORTERS`: ``{"prometheus": "9464", "push": "http://gw:9091",
+            "push_interval": 15, "push_job": "llama", "push_labels": [("team", "nlp")]}``.
         overwrite: replace a log another process left (the default, as a script run again does); False refuses
             it (``LogExistsError``, as ``vramscope run`` does without ``--overwrite``). A log this process wrote
             earlier is never overwritten: the new run writes the next free name beside it (one warning).
@@ -133,6 +136,7 @@ class MemoryMonitor:
         gather: bool = True,
         rank_logs: bool = True,
         overwrite: bool = True,
+        export: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be a whole number of at least 1, got {every_n_steps!r}")
@@ -148,6 +152,9 @@ class MemoryMonitor:
         self.gpus = None if gpus is None else list(gpus)
         self.oom_snapshot = oom_snapshot
         self.prometheus = prometheus
+        self.export: dict[str, Any] = dict(export or {})
+        if prometheus is not None:
+            self.export["prometheus"] = prometheus
         self.warn = warn
         if not 0 < analyze_max_share <= 1:
             raise ValueError(f"analyze_max_share must be in (0, 1], got {analyze_max_share!r}")
@@ -172,7 +179,8 @@ class MemoryMonitor:
         self.last_analysis: dict[str, Any] | None = None
         self._sampler: Sampler | None = None
         self._collector: Collector | None = None
-        self._prometheus_sink: Any = None
+        self._prometheus_sink: Any = None  # the /metrics exporter among _exporters, when there is one
+        self._exporters: list[Any] = []
         self._oom: Any = None
         self._live = LiveRows(self.history)  # the rows the live analysis reads, and the trainer's figures
         self._phases: list[str] = []
@@ -205,17 +213,14 @@ class MemoryMonitor:
             self.log_path = claim_log(rank_path(self.requested_log, self.rank), self)
             # A bad path fails here, before training starts.
             sinks.append(log_sink(self.log_path, overwrite=self.overwrite))
-        if self.prometheus is not None:
-            from vramscope.exporters import PrometheusBindError, PrometheusSink  # only when asked
+        if any(value is not None for value in self.export.values()):
+            from vramscope.exporters.registry import open_exporters  # only when asked
 
-            try:
-                self._prometheus_sink = PrometheusSink(self.prometheus)
-            except PrometheusBindError as exc:
-                # A port in use is a fact of the machine, not a mistake in the code: inside a Trainer
-                # (on_train_begin) raising would stop the run, so train without the exporter.
-                log.warning("vramscope: not serving Prometheus metrics (%s); training goes on without them", exc)
-            else:
-                sinks.append(self._prometheus_sink)
+            # A port in use is a fact of the machine, not a mistake in the code: inside a Trainer
+            # (on_train_begin) raising would stop the run, so it trains without that exporter (one warning).
+            self._exporters = [*open_exporters(self.export, skip_unbindable=True)]
+            self._prometheus_sink = next((s for s in self._exporters if hasattr(s, "port")), None)
+            sinks.extend(self._exporters)
         sinks.extend(self._extra_sinks)
         self.alerts = Alerts(
             path=warnings_path(self.log_path) if self.log_path else None,
@@ -563,8 +568,8 @@ class MemoryMonitor:
         """Analyse now: update :attr:`last_analysis`, Prometheus, and the warnings."""
         result = self.analysis()
         self.last_analysis = result
-        if self._prometheus_sink is not None:
-            export_analysis(self._prometheus_sink, result)
+        for exporter in self._exporters:
+            export_analysis(exporter, result)
         self._raise_warnings(result)
         return result
 
