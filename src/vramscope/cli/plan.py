@@ -13,7 +13,7 @@ from typing import Any
 
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus
-from vramscope.cli.common import CommandError, UsageError, positive_int
+from vramscope.cli.common import PLAN_SCHEMA_VERSION, CommandError, UsageError, positive_int, set_examples
 from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
@@ -45,6 +45,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     plan_gpus.add_arguments(parser)
     add_trace_arguments(parser)
     training_command.add_command_argument(parser, "plan without running it")  # last: it tracks the flags above
+    set_examples(parser,
+                 "vramscope plan --model Llama-2-7B --batch-size 4 --seq-len 2048 --gpu RTX-4090",
+                 "vramscope plan --model Llama-2-13B --batch-size 2 --seq-len 4096 --gpus 2 --strategy fsdp",
+                 "vramscope plan --gpu-memory 24GiB -- trl sft --model_name_or_path Qwen/Qwen2.5-0.5B "
+                 "--dataset_name trl-lib/Capybara --use_peft --output_dir out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,14 +105,15 @@ def run(args: argparse.Namespace) -> int:
         dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
         if args.json:
             extra = {} if command is None else {"command": command.to_dict(), **extra_json}
-            print(json.dumps({**result.to_dict(), "gpus": plan_gpus.to_dict(dist, table), **extra}, indent=2))
+            print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict(),
+                              "gpus": plan_gpus.to_dict(dist, table), **extra}, indent=2))
         else:
             if command is not None and not command_printed:
                 print(training_command.format_command(command) + "\n")
             print(plan_gpus.format_gpus(result, dist, table))
         return 0
     if args.json:
-        out = result.to_dict()
+        out = {"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict()}
         if command is not None:
             out["command"] = command.to_dict()
             out.update(extra_json)

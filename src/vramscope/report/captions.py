@@ -14,7 +14,7 @@ from vramscope.units import gib, human_precise
 def capacity_source(given: bool, log_format: str, has_total: bool) -> str | None:
     """Where the capacity a device is held against comes from, as people read it; None when unknown."""
     if given:
-        return "--capacity"
+        return "--gpu-memory"
     if not has_total:
         return None
     if log_format == "nvidia-smi":

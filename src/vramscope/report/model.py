@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 # What the forecast says when the log has no capacity: the report can be told it, so it names the option.
-CAPACITY_HINT = "capacity unknown (no GPU total in the log): give it with --capacity, e.g. --capacity 24GiB"
+CAPACITY_HINT = "capacity unknown (no GPU total in the log): give it with --gpu-memory, e.g. --gpu-memory 24GiB"
 
 
 @dataclass
