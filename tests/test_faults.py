@@ -891,7 +891,7 @@ def test_run_and_watch_rotate_with_max_log_mb(
     monkeypatch.setattr(nvml_backend, "_load_pynvml", fake_nvml.two_healthy_gpus)
     watched = tmp_path / "watch.csv"
     assert (
-        main(["watch", "--csv", str(watched), "--max-log-mb", "0.01", "--fsync", "--interval", "0.05", "--count", "40"])
+        main(["watch", "--log", str(watched), "--max-log-mb", "0.01", "--fsync", "--interval", "0.05", "--count", "40"])
         == 0
     )
     capsys.readouterr()
