@@ -229,3 +229,17 @@ def test_both_callbacks_take_prometheus_and_the_old_prometheus_port(module: str)
         mod.MemoryMonitorCallback(prometheus=9464, prometheus_port=9464)
     new.monitor.close()
     old.monitor.close()
+
+
+def test_the_fused_adamw_tune_now_offers_is_built_and_steps() -> None:
+    torch = pytest.importorskip("torch")
+    from vramscope.recipe import QLoraSpec
+    from vramscope.tune.qlora import make_optimizer
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = make_optimizer(model, QLoraSpec(optim="adamw_torch_fused"))
+    assert isinstance(optimizer, torch.optim.AdamW)
+    before = model.weight.detach().clone()
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    assert not torch.equal(before, model.weight)
