@@ -113,7 +113,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trial-timeout", type=positive_int, default=900, metavar="S",
                         help="with a command: seconds a trial child may run (default 900)")
     add_renamed(parser, "--devices", ["--device"], dest="device", type=one_device, default=0, metavar="I",
-                help="the GPU to run on, by index (default 0)")
+                help="the GPU to run on, by its index as torch counts them (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_recipe_arguments(parser)
     add_command_argument(parser, "tune by running trial steps of it")  # last: it tracks the flags above
