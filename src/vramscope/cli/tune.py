@@ -130,7 +130,9 @@ class _MaxSeqLen(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        if values is None:
+        if values is None and option_string != "--max-seq-len":  # --max-len was never a switch
+            parser.error(f"{option_string} needs a length, e.g. --max-seq-len 8192")
+        elif values is None:
             note_renamed(namespace, f"{option_string} (the switch)", "--find-seq-len")
             namespace.max_seq_len = True
         else:
