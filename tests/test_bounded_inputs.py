@@ -213,7 +213,7 @@ def test_cells_in_other_scripts_or_not_finite_are_unknown(tmp_path: Path) -> Non
     ["watch", "--interval", "\u0661"],
     ["watch", "--count", "9" * 4000],
     ["watch", "--devices", "0," + "9" * 400],
-    ["watch", "--max-log-mb", "1" + "0" * 400, "--csv", "x.csv"],
+    ["watch", "--max-log-mb", "1" + "0" * 400, "--log", "x.csv"],
     ["report", "x.csv", "--batch-size", "9" * 4000, "--model", "Llama-2-7B"],
     ["run", "--prometheus", "9" * 400, "--", "true"],
     ["run", "--prometheus", "\u0669\u0664\u0660\u0660", "--", "true"],

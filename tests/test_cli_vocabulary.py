@@ -152,7 +152,7 @@ def test_tune_max_seq_len_with_a_value_alone_says_both_readings(tmp_path: Path) 
 def test_tune_takes_a_gpu_by_name_and_the_fused_optimizer(capsys: pytest.CaptureFixture[str]) -> None:
     values, err = parsed(capsys, "tune", "--model-dir", "m", "--seq-len", "64", "--gpu", "RTX-3090",
                          "--optim", "adamw_torch_fused", "--devices", "0")
-    assert values["memory_limit"] == get_gpu("RTX-3090").memory_bytes and values["optim"] == "adamw_torch_fused"
+    assert values["gpu_memory"] == get_gpu("RTX-3090").memory_bytes and values["optim"] == "adamw_torch_fused"
     assert err == []
     # the advice for a size without a unit names --gpu, which tune now takes
     assert main(["tune", "--model-dir", "m", "--gpu-memory", "24"]) == 2

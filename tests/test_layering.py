@@ -31,6 +31,8 @@ LIBRARY_PLACES: dict[str, tuple[str, ...]] = {
     "psutil": ("vramscope.backends.host",),
     "prometheus_client": ("vramscope.exporters.collector", "vramscope.exporters.http", "vramscope.exporters.push"),
     "yaml": ("vramscope.commands.files",),
+    "pyarrow": ("vramscope.dataset.readers",),  # the user's data: parquet, arrow, fast JSON lines and CSV
+    "tokenizers": ("vramscope.dataset.tokenizer",),
     "torch": (
         "vramscope.backends.torch_allocator",
         "vramscope.training.",  # the monitor's side of a run: callbacks, QLoRA builders, trial children
@@ -246,6 +248,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("logs",),  # the log's schema, its writers (sinks) and readers
     ("exporters",),  # Prometheus: the collector, /metrics, the Pushgateway
     ("output",),  # files written whole, the names beside a log, text made safe
+    ("dataset",),  # the user's data: files, tokens as the trainer makes them, the longest batch (for the planner)
     ("analysis",),  # typed results: a log's analysis, an OOM snapshot's facts
     ("planner",),  # the analytic memory model and the trace
     ("commands",),  # reading a pasted training command
@@ -272,6 +275,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "logs": frozenset({"types", "units"}),
     "exporters": frozenset({"types"}),
     "output": frozenset(),
+    "dataset": frozenset(),
     "analysis": frozenset({"logs", "output", "sampling", "units"}),
     "planner": frozenset({"logs", "recipe", "units"}),
     "commands": frozenset({"logs", "planner", "recipe"}),  # logs: the one bounded reading of a file
@@ -284,8 +288,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "run": frozenset({"backends", "integrations", "logs", "output", "sampling", "types"}),
     "tune": frozenset({"backends", "commands", "oom", "output", "planner", "recipe", "run", "sampling", "training",
                        "units"}),
-    "cli": frozenset({"advice", "backends", "commands", "exporters", "logs", "oom", "output", "planner", "recipe",
-                      "report", "run", "sampling", "tui", "tune", "types", "units"}),
+    "cli": frozenset({"advice", "backends", "commands", "dataset", "exporters", "logs", "oom", "output", "planner",
+                      "recipe", "report", "run", "sampling", "tui", "tune", "types", "units"}),
 }
 
 # Imports against the direction that exist today, each with the change that removes it; an entry leaves this table

@@ -182,7 +182,8 @@ def test_a_model_that_cannot_fit_reports_zero() -> None:
 def test_moe_experts_stay_unquantized_and_say_so() -> None:
     p = plan("Mixtral-8x7B", 1, 512)
     assert p.breakdown.unquantized_params > 4 * 40e9  # ~45B expert weights in fp32
-    assert any("MoE" in note for note in p.notes)
+    # said first, above the breakdown (Plan.warnings), with the way out
+    assert any("experts" in w and "stay fp32" in w and "Ways out" in w for w in p.warnings)
 
 
 # --- recommendations ----------------------------------------------------------------------------------------

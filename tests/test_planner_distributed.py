@@ -21,6 +21,7 @@ from vramscope.planner.distributed import (
 from vramscope.planner.memory import Breakdown, estimate
 from vramscope.planner.multigpu import fit_table
 from vramscope.recipe import QLoraSpec
+from vramscope.units import gib
 
 GIB = 1024**3
 SPEC = QLoraSpec()
@@ -272,3 +273,35 @@ def test_a_parsed_launch_command_feeds_the_plan() -> None:
     assert lp.distributed.parallelism.strategy == "fsdp" and lp.single.fits is not None
     data = lp.to_dict()
     assert data["gpus"]["plan"]["world_size"] == 2 and data["gpus"]["table"]["target_batch"] == 8
+
+
+def test_cli_json_top_level_is_the_per_gpu_plan_the_terminal_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27: `plan --json --gpus 2 --strategy fsdp` said 41.9 GiB (one GPU) at the top while the terminal
+    said 25.8 GiB per GPU; the top level is now the per-GPU plan, the one-GPU plan under `one_gpu`."""
+    flags = ("--model", "Llama-2-70B", "--batch-size", "1", "--seq-len", "512", "--gpus", "2", "--strategy", "fsdp",
+             "--gpu-memory", "24GiB")
+    code, text, _ = run(capsys, *flags)
+    assert code == 0
+    code, out, _ = run(capsys, *flags, "--json")
+    data = json.loads(out)
+    worst = data["gpus"]["plan"]["per_gpu"][0]
+    assert code == 0 and data["per_gpu"] is True and data["world_size"] == 2 and data["strategy"] == "fsdp"
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_bytes", "device_bytes"):
+        assert data[key] == worst[key], key
+    # The figures the terminal printed for the GPU, as it printed them.
+    assert f"peak allocated (torch.cuda.max_memory_allocated) {gib(data['peak_allocated_bytes']):>11}" in text
+    assert f"process memory (nvidia-smi)                      {gib(data['process_bytes']):>11}" in text
+    verdict = "fits" if data["fits"] else "does NOT fit"
+    assert f"  {verdict} in {gib(24 * GIB)} per GPU" in text
+    assert data["fits"] == (worst["device_bytes"] <= 24 * GIB)
+    # One GPU holds the whole 70B model: the one-GPU plan is much larger, and kept for who wants it.
+    one = data["one_gpu"]
+    assert one["peak_allocated_bytes"] > 1.5 * data["peak_allocated_bytes"] and one["fits"] is False
+    assert data["cannot_fit_reason"] is None and one["cannot_fit_reason"]
+    rows = data["gpus"]["table"]["strategies"]
+    fsdp_row = next(r for r in rows if r["strategy"] == "fsdp" and r["offload"] == "none")
+    assert data["max_batch_size"] == fsdp_row["max_batch_size"]
+    # Without --strategy there is no per-GPU plan to print: the top level stays the one-GPU plan, and says so.
+    code, out, _ = run(capsys, *flags[:-4], "--gpu-memory", "24GiB", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["per_gpu"] is False and "one_gpu" not in data

@@ -9,6 +9,7 @@ prints what was read. The plan and tune modules call these and stay thin.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -280,3 +281,25 @@ def alternatives_json(alternatives: list[tuple[str, Any, int | None]], capacity:
         need, fits = _needs(result, capacity)
         out.append({"label": label, "world_size": world, "device_bytes": need, "fits": fits})
     return out
+
+
+def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None:
+    """``plan --dataset`` from the local data the command names, where the flags did not give one.
+
+    Returns the path taken (None when the command names no local data, or ``--dataset`` was given). The
+    dataset's own reading says in one line when it cannot read it, and the plan falls back to batch x max_length.
+    """
+    if getattr(args, "dataset", None) or not hasattr(args, "dataset"):
+        return None
+    parsed = inputs.parsed
+    found = next((p for p in (*parsed.dataset.paths, *parsed.dataset.data_files) if os.path.exists(p)), None)
+    if found is None:
+        return None
+    args.dataset = found
+    if getattr(args, "dataset_field", None) is None and parsed.dataset.text_field:
+        args.dataset_field = parsed.dataset.text_field
+    if parsed.memory.packing and hasattr(args, "packing"):
+        args.packing = True
+    if getattr(args, "trainer", None) is None and parsed.trainer.kind in ("dpo", "grpo"):
+        args.trainer = parsed.trainer.kind  # the dataset is tokenized the way that trainer does (pairs, prompts)
+    return found

@@ -16,6 +16,8 @@ BREAKDOWN_LABELS = {
     "cublas_workspaces": "cuBLAS workspaces",
     "calibration": "calibration",
     "kept_output": "kept model output (previous/current `out`)",
+    "kv_cache": "KV cache (generation)",
+    "eval_predictions": "eval predictions gathered on the GPU",
     "gathered_params": "gathered for compute (whole units)",
     "comm_buffers": "gradient buckets / reduce buffers",
     "allocator_overhead": "allocator overhead (reserved - allocated)",

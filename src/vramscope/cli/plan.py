@@ -9,18 +9,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.cli import command as training_command
-from vramscope.cli import plan_gpus
+from vramscope.cli import plan_gpus, plan_phases
 from vramscope.cli.common import PLAN_SCHEMA_VERSION, CommandError, UsageError, positive_int, set_examples
 from vramscope.cli.labels import BREAKDOWN_LABELS
+from vramscope.cli.plan_dataset import add_dataset_arguments, fallback_line, format_dataset, read_dataset
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
+from vramscope.commands import phases as command_phases
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.memory import OPTIMIZERS
 from vramscope.units import gib
+
+if TYPE_CHECKING:
+    from vramscope.dataset import DatasetLengths
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +48,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="run a few tiny real steps on this machine's GPU to fit the per-token terms")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     plan_gpus.add_arguments(parser)
+    plan_phases.add_arguments(parser)
     add_trace_arguments(parser)
+    add_dataset_arguments(parser)
     training_command.add_command_argument(parser, "plan without running it")  # last: it tracks the flags above
     set_examples(parser,
                  "vramscope plan --model Llama-2-7B --batch-size 4 --seq-len 2048 --gpu RTX-4090",
@@ -61,18 +68,25 @@ def run(args: argparse.Namespace) -> int:
     command = None if argv is None else training_command.read_command(args, argv)
     if command is not None:
         command = training_command.apply_to_plan_args(args, command)
+        training_command.apply_dataset(args, command)  # the command's own local data, as --dataset would
     elif args.model is None and args.config is None:
         raise UsageError("one of the arguments --model --config --list-models or '-- COMMAND' is required")
-    sizes = (("--batch-size", args.batch_size), ("--seq-len", args.seq_len))
+    # With --dataset, --seq-len is the truncation (max_length), and none means the trainer does not truncate.
+    sizes = [("--batch-size", args.batch_size)] + ([] if args.dataset else [("--seq-len", args.seq_len)])
     missing = [flag for flag, value in sizes if value is None]
     if missing:
         raise UsageError(f"{' and '.join(missing)} required, e.g. --batch-size 4 --seq-len 2048")
+    data, data_failed = _dataset(args)
     multi = plan_gpus.wanted(args)
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
         if getattr(args, "trace", False):
+            plan_phases.refuse_phases(args, "--trace")
+            _print_dataset(args, data, data_failed)
             return _trace(args, model, spec, multi)
+        if multi:
+            plan_phases.refuse_phases(args, "--gpus")
         hardware = None
         if args.calibrate:
             from vramscope.tune.calibrate import CalibrationError, calibrate
@@ -83,12 +97,15 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(str(exc)) from None
             if not args.json:
                 print(report, file=sys.stderr)
+        run_phases = plan_phases.run_phases_from_args(
+            args, base=None if command is None or multi else command_phases.run_phases(command.parsed))
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
-                      target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None)
+                      target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None,
+                      run=run_phases)
         others = [] if command is None else training_command.alternative_plans(
             command, args, model,
             lambda alt, seq: plan(model, args.batch_size, seq or args.seq_len, alt, gpu_memory=args.gpu_memory,
-                                  gpu=args.gpu, hardware=hardware, read_from_command=True),
+                                  gpu=args.gpu, hardware=hardware, read_from_command=True, run=run_phases),
             lambda alt, n: _per_gpu(model, alt, args, hardware, n))
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
@@ -98,29 +115,29 @@ def run(args: argparse.Namespace) -> int:
         command_printed = True
     else:
         command_printed = False
-    extra_json = {} if command is None else {**training_command.json_fields(command),
-                                             "alternatives": training_command.alternatives_json(
-                                                 others, result.gpu_memory_bytes)}
+    extra: dict[str, Any] = {} if command is None else {
+        "command": command.to_dict(), **training_command.json_fields(command),
+        "alternatives": training_command.alternatives_json(others, result.gpu_memory_bytes)}
+    if args.dataset:
+        extra["dataset"] = data.to_json() if data is not None else {
+            "source": args.dataset, "error": data_failed, "planned_at": f"{args.batch_size} x {args.seq_len}"}
     if multi:
         dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
         if args.json:
-            extra = {} if command is None else {"command": command.to_dict(), **extra_json}
-            print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict(),
-                              "gpus": plan_gpus.to_dict(dist, table), **extra}, indent=2))
+            print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION,
+                              **plan_gpus.to_json(result.to_dict(), dist, table), **extra}, indent=2))
         else:
             if command is not None and not command_printed:
                 print(training_command.format_command(command) + "\n")
+            _print_dataset(args, data, data_failed)
             print(plan_gpus.format_gpus(result, dist, table))
         return 0
     if args.json:
-        out = {"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict()}
-        if command is not None:
-            out["command"] = command.to_dict()
-            out.update(extra_json)
-        print(json.dumps(out, indent=2))
+        print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict(), **extra}, indent=2))
     else:
         if command is not None and not command_printed:
             print(training_command.format_command(command) + "\n")
+        _print_dataset(args, data, data_failed)
         print(format_plan(result))
     return 0
 
@@ -133,6 +150,36 @@ def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpu
     if dist is None:  # plan_gpus returns one whenever a strategy is given, as here
         raise UsageError(f"cannot plan {gpus} GPUs under {alt.strategy}")
     return int(dist.worst.device_bytes)
+
+
+def _dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
+    """``--dataset``: read it and make the plan's batch its longest batch (``args.batch_size``/``seq_len`` become
+    its rows and padded length); a dataset that cannot be read leaves batch x max_length, with the reason."""
+    if not args.dataset:
+        return None, None
+    data, why = read_dataset(args)
+    if data is None:
+        if args.seq_len is None:
+            raise UsageError(f"cannot read the dataset ({why}), and there is no --seq-len to plan at instead")
+        return None, why or "unreadable"
+    args.batch_size, args.seq_len = data.peak_batch_rows, data.peak_batch_seq
+    if data.trainer == "dpo" and getattr(args, "trainer", None) in (None, "dpo"):
+        # The planner's DPO phase stacks chosen and rejected itself: it takes the pairs, at the longest's length.
+        args.trainer, args.batch_size = "dpo", max(1, data.peak_batch_rows // 2)
+    elif data.trainer == "grpo" and getattr(args, "trainer", None) in (None, "grpo"):
+        args.trainer = "grpo"
+        if getattr(args, "max_prompt_len", None) is None:
+            args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
+    return data, None
+
+
+def _print_dataset(args: argparse.Namespace, data: DatasetLengths | None, failed: str | None) -> None:
+    if args.json:
+        return
+    if data is not None:
+        print(format_dataset(data) + "\n")
+    elif failed is not None:
+        print(fallback_line(args, failed) + "\n")
 
 
 def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:
@@ -153,8 +200,9 @@ def format_plan(p: Plan) -> str:
         f"({p.trainable_params / 1e6:.1f}M trainable), {s.optim}, "
         f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}, {s.attn}",
         f"  framework {p.framework}: {p.framework_title}",
+        *plan_phases.warning_lines(p),
         "",
-        f"  breakdown at the peak ({p.peak_phase}; [{p.framework}] = set by the framework):",
+        f"  breakdown at the peak ({_peak_name(p)}; [{p.framework}] = set by the framework):",
     ]
     for name, value in p.breakdown.to_dict().items():
         if value:
@@ -170,6 +218,7 @@ def format_plan(p: Plan) -> str:
         f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(p.peak_reserved_bytes):>11}",
         f"  process memory (nvidia-smi)                      {gib(p.process_bytes):>11}",
     ]
+    lines += plan_phases.format_lines(p)
     if p.gpu_memory_bytes is not None:
         verdict = "fits" if p.fits else "does NOT fit"
         lines += ["", f"  {verdict} in {gib(p.gpu_memory_bytes)}; {_limits(p)}"]
@@ -190,11 +239,19 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def _peak_name(p: Plan) -> str:
+    """The training step's moment, or the run's phase and its moment when another phase sets the peak."""
+    if p.run is None or p.run_peak_phase == "train":
+        return p.peak_phase
+    return f"{p.run_peak_phase}: {p.run.peak.moment}"
+
+
 def _limits(p: Plan) -> str:
     """``largest batch at 2048 tokens: 3; longest sequence at batch 4: 1570``, in words when nothing fits or the
     sequence stops at the model's context."""
     if not p.max_batch_size:
-        return f"no batch fits at {p.seq_len} tokens" + ("" if p.max_seq_len else ", nor any sequence length")
+        beside = "" if p.run_peak_phase == "train" else f" beside the {p.run_peak_phase} phase as planned"
+        return f"no batch fits at {p.seq_len} tokens{beside}" + ("" if p.max_seq_len else ", nor any sequence length")
     seq = (f"up to its {p.max_seq_len}-token context" if p.max_seq_len_at_context
            else str(p.max_seq_len) if p.max_seq_len else "none")
     return f"largest batch at {p.seq_len} tokens: {p.max_batch_size}; longest sequence at batch {p.batch_size}: {seq}"

@@ -298,7 +298,11 @@ def format_summary(result: RunResult, files: list[str] | None = None) -> str:
         lines.append(f"  all GPUs together: peak {gib(peaks.tree_gpu_bytes)}")
     lines.append(f"  host RSS peak (process tree): {gib(peaks.host_rss_bytes)}")
     written = files if files is not None else result.log_files
-    lines.append(f"  samples: {peaks.samples}" + (f", log: {result.log_path}" if result.log_path else ""))
+    if result.log_path:
+        lines.append(f"  samples: {peaks.samples}, log: {result.log_path}")
+    else:  # the peaks above are all that is left: say so, and how to keep the samples next time
+        lines.append(f"  samples: {peaks.samples}, none kept (no --log); to keep them: "
+                     "vramscope run --log mem.csv -- ...")
     if written:
         lines.append("  wrote: " + ", ".join(written))
     if result.still_running:

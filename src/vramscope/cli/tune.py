@@ -70,12 +70,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         capacity,
         "--gpu-memory",
         ["--memory-limit"],
-        dest="memory_limit",
+        dest="gpu_memory",
         type=_size,
         metavar="SIZE",
-        help="pretend the GPU has only this much (e.g. 24GiB); enforced with torch's per-process limit",
+        help="pretend the GPU has only this much (e.g. 24GiB; enforced with torch's per-process limit); with "
+             "--gpus: the memory of each of the N GPUs, NCCL's share held back",
     )
-    capacity.add_argument("--gpu", dest="memory_limit", type=_gpu_size, metavar="NAME",
+    capacity.add_argument("--gpu", dest="gpu_memory", type=_gpu_size, metavar="NAME",
                           help="pretend the GPU is this card (RTX-3090, A100-40GB): --gpu-memory of its size")
     parser.add_argument(
         "--start", type=positive_int, default=1, metavar="N", help="the first batch size to measure (default 1)"
@@ -112,6 +113,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="with a command: optimizer steps per trial child (default 2)")
     parser.add_argument("--trial-timeout", type=positive_int, default=900, metavar="S",
                         help="with a command: seconds a trial child may run (default 900)")
+    parser.add_argument("--gpus", type=positive_int, metavar="N",
+                        help="with a launcher command: rehearse it as rank 0 of N GPUs on this one (fake process "
+                             "group) and find the micro-batch per GPU")
     add_renamed(parser, "--devices", ["--device"], dest="device", type=one_device, default=0, metavar="I",
                 help="the GPU to run on, by its index as torch counts them (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -204,6 +208,13 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     argv = command_argv(args)
+    if args.gpus is not None:
+        if argv is None:
+            raise UsageError("--gpus N rehearses a launcher command: vramscope tune --gpus 2 "
+                             "-- accelerate launch ...")
+        from vramscope.cli.tune_rehearse import run_rehearsal
+
+        return run_rehearsal(args, argv)
     if argv is not None:
         from vramscope.cli.tune_command import run_command
 
@@ -216,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     from vramscope.tune.cuda import CudaSetupError, claim_device
 
     try:
-        total = claim_device(args.device, args.memory_limit)
+        total = claim_device(args.device, args.gpu_memory)
     except CudaSetupError as exc:
         raise (UsageError(str(exc)) if exc.usage else CommandError(str(exc))) from None
 
@@ -228,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir=str(args.model_dir),
         spec=spec.to_dict(),
         device=args.device,
-        memory_limit_bytes=args.memory_limit,
+        memory_limit_bytes=args.gpu_memory,
         gpu_total_bytes=total,
     )
     if args.max_seq_len:
@@ -265,7 +276,7 @@ def _tune(args: argparse.Namespace, config: dict[str, Any], spec: Any) -> Any:
         model_dir=str(args.model_dir), spec=spec, config=config, seq_len=args.seq_len, device=args.device,
         max_seq_len=args.max_seq_len, batch_size=args.batch_size, start=args.start, max_batch=args.max_batch,
         max_len=args.max_len, multiple_of=args.multiple_of, margin=args.margin, target_batch=args.target_batch,
-        max_trials=args.max_trials, memory_limit_bytes=args.memory_limit,
+        max_trials=args.max_trials, memory_limit_bytes=args.gpu_memory,
     )
     say(f"vramscope tune: loading {args.model_dir} ({_recipe(spec)})")
     try:

@@ -86,7 +86,7 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 margin=args.margin,
                 max_trials=max_trials,
                 trial_steps=args.trial_steps,
-                memory_limit_bytes=args.memory_limit,
+                memory_limit_bytes=args.gpu_memory,
                 timeout_s=float(args.trial_timeout),
                 on_trial=progress,
             )

@@ -227,14 +227,10 @@ def model_name_facts(out: Reading) -> None:
         out.unsupported.append("a vision-language model: the vision tower and image tokens are not counted")
 
 
+# What the planner's phases (planner/phases.py: SFT, DPO, KTO, reward, GRPO without vLLM) do not model of a trainer.
 _TRAINER_GAPS = {
-    "dpo": "DPO: the chosen and rejected rows of each pair go through together, with a reference forward; planned "
-           "as SFT of one row per pair, which is low",
-    "orpo": "ORPO: the chosen and rejected rows of each pair go through together; planned as SFT of one row per "
-            "pair, which is low",
-    "kto": "KTO: the reference forward and the mismatched KL rows are not modelled; planned as SFT, which is low",
-    "reward": "reward model: chosen and rejected rows go through together; planned as SFT of one row per pair",
-    "grpo": "GRPO: several completions per prompt are generated and trained together; generation is not modelled",
+    "orpo": "ORPO: planned as DPO with the reference precomputed (chosen and rejected in one forward of twice the "
+            "rows, no reference model), without ORPO's full [2b, s, V] logits, which is low",
     "ppo": "PPO: the policy, value and reference models and generation are not modelled",
 }
 

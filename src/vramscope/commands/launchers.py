@@ -532,3 +532,11 @@ def _torchrun_target(tokens: list[str], start: int, state: LaunchState) -> tuple
     state.launcher = "torchrun"
     _torchrun(state, options)
     return state, _program(tokens, i, any(o.name == "module" for o in options), "torchrun")
+
+
+def launcher_options(tokens: Sequence[str], start: int, launcher: str) -> tuple[list[Option], int]:
+    """The flags of ``launcher`` (``accelerate``, ``torchrun``, ``deepspeed``) in ``tokens[start:]`` and the index
+    of the program after them, read as :func:`split_launcher` reads them (the rehearsal rebuilds their
+    environment from these)."""
+    bools = {"accelerate": ACCELERATE_BOOL, "torchrun": _TORCHRUN_BOOL, "deepspeed": _DEEPSPEED_BOOL}[launcher]
+    return _flag_options(tokens, start, bools, ACCELERATE_VALUED if launcher == "accelerate" else None)

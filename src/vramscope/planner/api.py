@@ -15,6 +15,8 @@ from vramscope.planner.errors import PlanInputError, UnknownModelError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, Framework, component_notes, framework_for
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
+from vramscope.planner.phase_advice import phase_reason, phase_recommendations
+from vramscope.planner.phases import RunPhases, RunPlan, plan_run
 from vramscope.planner.recommendation import Recommendation as Recommendation  # re-exported: its old home
 from vramscope.planner.search import largest_fitting
 from vramscope.planner.settings import STYLES, written_as
@@ -63,13 +65,28 @@ class Plan:
     framework_title: str = ""
     # breakdown line -> why its size depends on the framework (the lines the framework decides)
     from_framework: dict[str, str] = field(default_factory=dict)
+    # The whole run (planner/phases.py): every phase's peak, the one that sets the totals above, the events
+    # between steps. ``phases`` and ``peak_phase`` above stay the training step's own moments.
+    run: RunPlan | None = None
+    run_phases: RunPhases = field(default_factory=RunPhases)
+    # What the user must know before anything else (MoE experts that 4-bit loading leaves 16-bit).
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def run_peak_phase(self) -> str:
+        """The phase of the run that sets its peak (``train``, ``eval``, ``generation``, ``precompute_ref``)."""
+        return self.run.peak_phase if self.run is not None else "train"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "model": self.model, "batch_size": self.batch_size, "seq_len": self.seq_len, "spec": self.spec.to_dict(),
             "peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
-            "process_bytes": self.process_bytes, "peak_phase": self.peak_phase,
-            "breakdown": self.breakdown.to_dict(), "phases": dict(self.phases),
+            "process_bytes": self.process_bytes, "peak_phase": self.run_peak_phase,
+            "step_peak_phase": self.peak_phase, "breakdown": self.breakdown.to_dict(),
+            "phases": {k: v.to_dict() for k, v in self.run.phases.items()} if self.run is not None else {},
+            "step_phases": dict(self.phases), "trainer": self.run_phases.trainer,
+            "run": self.run_phases.to_dict(), "warnings": list(self.warnings),
+            "events": {e.name: e.to_dict() for e in self.run.events} if self.run is not None else {},
             "trainable_params": self.trainable_params, "total_params": self.total_params,
             "framework": self.framework, "framework_title": self.framework_title,
             "from_framework": dict(self.from_framework),
@@ -339,6 +356,7 @@ def plan(
     target_batch: int | None = None,
     hardware: Hardware | None = None,
     read_from_command: bool = False,
+    run: RunPhases | None = None,
 ) -> Plan:
     """Predict the GPU memory of a QLoRA/LoRA run before it starts.
 
@@ -353,6 +371,9 @@ def plan(
         hardware: override the device constants (context size, workspaces, fragmentation), e.g. from calibration.
         read_from_command: the recipe was read from the training command itself (``plan -- CMD``), so hints on
             how to spell that program's defaults as flags are left out.
+        run: the trainer and the phases besides the training step (:class:`~vramscope.planner.phases.RunPhases`:
+            DPO, GRPO, reward, KTO; evaluation); default one SFT step, as before. The totals are then the run's
+            peak over its phases, ``run`` has every phase.
 
     Returns:
         A :class:`Plan` with the three totals (peak allocated, peak reserved, process memory), the breakdown at
@@ -371,6 +392,7 @@ def plan(
         hw = hardware
     if target_batch is not None:
         _positive("target batch", target_batch, MAX_COUNT)
+    run = run or RunPhases()
     notes: list[str] = []
     if isinstance(model, str) and registry.representative(model) == name:
         notes.insert(0, f"--model {model.strip()} is a size, not a model: planned as {name}, a representative "
@@ -381,7 +403,15 @@ def plan(
         spec = spec.with_(compute_dtype="fp16")
         notes.append(f"{gpus.get_gpu(gpu).name} has no bf16 arithmetic (before Ampere): planned in fp16, as runs "
                      "there train (--fp16 / fp16=True; bf16=True is refused or emulated, slowly)")
-    est = estimate(shape, spec, batch_size, seq_len, hw)
+    if run.trainer != "sft" and spec.framework != "trl":
+        # DPO, GRPO, KTO and the reward trainer are TRL's: its dtypes (no kbit preparation, bf16 adapters) and
+        # its fused LM head, whatever framework the recipe named
+        notes.append(f"trainer {run.trainer} is TRL's: planned with TRL's dtypes and fused LM head")
+        spec = spec.with_(framework="trl")
+    whole = plan_run(shape, spec, batch_size, seq_len, hw, run)
+    top = whole.peak
+    step_rows, step_len = whole.phases["train"].rows, whole.phases["train"].seq
+    est = estimate(shape, spec, batch_size, seq_len, hw) if run.trainer == "sft" else whole.train
     capacity = gpus.capacity_note(gpu, gpu_memory)  # which capacity, in which unit (GB vs GiB)
     if capacity is not None:
         notes.append(capacity)
@@ -390,21 +420,29 @@ def plan(
                      "host under memory pressure")
     if shape.max_positions is not None and seq_len > shape.max_positions:
         notes.append(f"sequence length {seq_len} exceeds the model's max_position_embeddings {shape.max_positions}")
-    if spec.framework == "trl" and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command:
+    if (spec.framework == "trl" and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command
+            and run.trainer == "sft"):
         notes.append("trl.scripts.sft loads the model in float32 unless given --dtype bfloat16: plan its defaults "
                      "with --compute-dtype fp32 (and --no-double-quant --lora-r 16 --lora-alpha 32 "
                      "--lora-targets q_proj,v_proj --optim adamw_torch_fused)")
-    if shape.experts:
-        notes.append("MoE experts are fused parameters in transformers 5: bitsandbytes leaves them unquantized "
-                     "(fp32 after prepare_model_for_kbit_training) and all-linear LoRA does not reach them")
+    warnings = moe_warnings(shape, spec, whole.train)
     if cap is None:
-        notes.append(_cards_note(est.device_bytes))
+        notes.append(_cards_note(top.device_bytes))
     fits = mb = ms = micro = accum = None
     at_context = False
     if cap is not None:
-        fits = est.device_bytes <= cap
-        mb = max_batch_size(shape, spec, seq_len, cap, hw)
-        ms = max_seq_len(shape, spec, batch_size, cap, hw, limit=shape.max_positions)
+        fits = top.device_bytes <= cap
+        if whole.phases.keys() == {"train"} and run.trainer == "sft":
+            mb = max_batch_size(shape, spec, seq_len, cap, hw)
+            ms = max_seq_len(shape, spec, batch_size, cap, hw, limit=shape.max_positions)
+        else:
+            # the whole run must fit: every phase at the searched batch or length (any batch divides G here)
+            search = replace(run, num_generations=1)
+            mb = largest_fitting(lambda b: plan_run(shape, spec, b, seq_len, hw, search).peak.device_bytes <= cap,
+                                 MAX_BATCH)
+            top_seq = min(MAX_SEQ, shape.max_positions) if shape.max_positions else MAX_SEQ
+            ms = largest_fitting(
+                lambda s: plan_run(shape, spec, batch_size, s, hw, search).peak.device_bytes <= cap, top_seq)
         at_context = shape.max_positions is not None and ms == shape.max_positions
         if target_batch is not None:
             if mb:
@@ -416,20 +454,53 @@ def plan(
                              f"{target_batch} cannot be reached by accumulation")
     elif target_batch is not None:
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
-    recs = _recommendations(shape, spec, batch_size, seq_len, hw, est, est.device_bytes, cap)
+    recs = _recommendations(shape, spec, step_rows, step_len, hw, est, est.device_bytes, cap)
+    if run.trainer != "sft":
+        # the step's rows are 2 x batch (DPO, reward) or prompt + completion long (GRPO): batch and length
+        # changes are the phases' own recommendations, written in the trainer's settings
+        recs = [r for r in recs if r.name not in ("micro_batch", "seq_len", "framework", "drop_output", "use_cache")]
     reason = None
     if cap is not None and not fits:
-        reason, recs = _cannot_fit(shape, spec, batch_size, seq_len, hw, est, cap, name, recs)
+        reason = phase_reason(whole, cap)
+        if reason is None:
+            reason, recs = _cannot_fit(shape, spec, step_rows, step_len, hw, est, cap, name, recs)
+    run_recs = phase_recommendations(shape, spec, batch_size, seq_len, hw, run, whole, cap)
+    if whole.peak_phase != "train":
+        # the training step's savings do not lower a peak set by evaluation or generation: that phase's first
+        recs = [*run_recs, *(recs if reason is None else [])]
+    elif run_recs:
+        recs = sorted([*run_recs, *recs], key=lambda r: r.saving_bytes, reverse=True)
+    step = whole.train
     return Plan(
-        model=name, batch_size=batch_size, seq_len=seq_len, spec=spec, peak_allocated_bytes=est.peak_allocated_bytes,
-        peak_reserved_bytes=est.peak_reserved_bytes, process_bytes=est.process_bytes, peak_phase=est.peak_phase,
-        breakdown=est.breakdown, phases=est.phases, trainable_params=est.trainable_params,
+        model=name, batch_size=batch_size, seq_len=seq_len, spec=spec, peak_allocated_bytes=top.peak_allocated_bytes,
+        peak_reserved_bytes=top.peak_reserved_bytes, process_bytes=top.process_bytes, peak_phase=step.peak_phase,
+        breakdown=top.breakdown, phases=step.phases, trainable_params=est.trainable_params,
         total_params=shape.total_params(), gpu_memory_bytes=cap, fits=fits, max_batch_size=mb, max_seq_len=ms,
         target_batch=target_batch, micro_batch_size=micro, grad_accum_steps=accum, recommendations=tuple(recs),
         notes=tuple(notes), cannot_fit_reason=reason, max_seq_len_at_context=at_context,
         framework=spec.framework, from_framework=component_notes(spec),
         framework_title=framework_for(spec).title.replace("bf16 autocast", f"{spec.compute_dtype} autocast"),
+        run=whole, run_phases=run, warnings=warnings,
     )
+
+
+def moe_warnings(shape: ModelShape, spec: QLoraSpec, est: Estimate) -> tuple[str, ...]:
+    """What a quantized mixture-of-experts plan must say first: transformers 5 keeps the experts as fused 3-D
+    parameters and bitsandbytes replaces only ``nn.Linear``, so the experts are loaded as they are stored."""
+    if not shape.experts or spec.bits not in (4, 8):
+        return ()
+    bytes_per = est.breakdown.unquantized_params / max(1, shape.embedding_params + shape.lm_head_params
+                                                        + shape.norm_params + shape.bias_params + shape.expert_params)
+    experts = round(bytes_per * shape.expert_params)
+    dtype = "fp32" if bytes_per > 3 else "bf16"
+    why = (" (prepare_model_for_kbit_training upcasts every non-4-bit parameter to fp32)" if dtype == "fp32" else "")
+    return (f"the {shape.experts} experts of each of the {shape.layers} layers stay {dtype}: transformers 5 stores "
+            f"them as fused 3-D parameters and bitsandbytes {spec.bits}-bit quantizes only nn.Linear (attention"
+            f"{', the shared expert' if shape.shared_expert_intermediate else ''}), so {experts / GIB:.1f} GiB "
+            f"of expert weights are not quantized{why}. Ways out: "
+            "LoRA on the attention only with the model in bf16 on a bigger card or several GPUs (plan --gpus), "
+            "a quantization with fused-experts support (FP8, mxfp4, compressed-tensors), or transformers 4.x, "
+            "whose experts are nn.Linear",)
 
 
 def _cannot_fit(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, est: Estimate, cap: int,

@@ -43,7 +43,7 @@ class Framework:
         logits: ``dropped`` (the model's output is released before backward: HF Trainer's compute_loss),
             ``kept`` (the caller holds ``out`` with its logits through backward and the next forward), or
             ``chunked`` (TRL's fused LM head: per-token log-probabilities, entropy and top-1 from tiles, never
-            the batch x sequence x vocabulary logits).
+            the batch x sequence x vocabulary logits), or ``score`` (a reward model's Linear(h, 1) head).
         keeps_kv_cache: with checkpointing off the model builds a DynamicCache (``use_cache`` stays on in train
             mode) and the kept output holds it; TRL and HF Trainer's loss path pass ``use_cache=False`` or drop it.
         reentrant: reentrant gradient checkpointing (peft's own ``gradient_checkpointing_enable({})`` leaves
@@ -179,6 +179,7 @@ def component_notes(spec: QLoraSpec, fw: Framework | None = None) -> dict[str, s
                    + (" (half logits under autocast, fp32 copies for the loss and the output)" if fw.autocast else ""),
         "kept": "full fp32 logits and log-softmax",
         "chunked": "TRL's fused LM head: tiles of 4096 tokens x 32768 vocabulary, no full logits",
+        "score": "a scalar score head (reward model): no vocabulary-sized logits",
     }[fw.logits]
     if fw.logits == "kept":
         notes["kept_output"] = ("the loop's `out` (logits" + (", KV cache" if not spec.gradient_checkpointing

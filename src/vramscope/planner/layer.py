@@ -157,9 +157,17 @@ def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: 
     # MLP.
     if shape.experts:
         k = shape.experts_per_token
-        # router logits and softmax (fp32) per token, then per routed token: gate/up output, activation, the
-        # weighted expert output.
-        total += 2 * 4 * shape.experts * T + k * (3 * sd * i + sd * h + 16) * T
+        # transformers 5's grouped_mm experts (integrations/moe.py): router logits and softmax (fp32) per token;
+        # per routed (token, expert) pair, in the experts' own dtype (grouped_mm is not autocast-enabled and
+        # casts its input to the weight's): the gate/up output [2I] (the activation's input and the product's
+        # operand), the activation [I], the down output [h] (for the routing weight's gradient); plus the pair's
+        # weight and index. The experts are frozen under LoRA, so neither grouped matmul keeps its input
+        # (only a weight's gradient needs it): a CPU replay of Mixtral and Qwen2-MoE layers keeps exactly this.
+        wd = pr.params
+        total += 2 * 4 * shape.experts * T + k * ((h + 3 * i) * wd + 16) * T
+        if shape.shared_expert_intermediate:
+            # the shared expert (a gated MLP of nn.Linear), its output kept by the sigmoid gate's product, the gate
+            total += 3 * sd * shape.shared_expert_intermediate * T + sd * h * T + sd * T
     elif shape.gated_mlp:
         total += 3 * sd * i * T  # activation input, activation output, up projection
     else:
@@ -269,6 +277,10 @@ def backward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
         live.free(4 * h * T + 4 * T)  # the norm's saved input and rsqrt
 
     # MLP, last module first.
+    if shape.experts:
+        # the routed experts are 3-D parameters, not LoRA-wrapped modules (a shared expert's nn.Linear of the
+        # same leaf names must not stand in for them); their backward is replayed as one gated MLP k wide
+        lins = {}
     if shape.experts or shape.gated_mlp:
         down = lins.get("down_proj") or Linear("down_proj", i, h)
         module(down, True)

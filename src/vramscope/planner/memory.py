@@ -120,6 +120,8 @@ class Breakdown:
     temporaries: int = 0
     cublas_workspaces: int = 0
     kept_output: int = 0
+    kv_cache: int = 0  # generation (GRPO): every layer's keys and values (planner/phases.py)
+    eval_predictions: int = 0  # evaluation: logits (or argmax ids) and labels gathered on the GPU
     calibration: int = 0
     allocator_overhead: int = 0
     cuda_context: int = 0
@@ -128,7 +130,7 @@ class Breakdown:
     # takes from) the analytic figure; 0 without calibration.
     ALLOCATED = ("quantized_weights", "quantization_constants", "unquantized_params", "lora_weights",
                  "lora_gradients", "optimizer_states", "activations", "logits_and_loss", "temporaries",
-                 "cublas_workspaces", "kept_output", "calibration")
+                 "cublas_workspaces", "kept_output", "kv_cache", "eval_predictions", "calibration")
 
     def allocated(self) -> int:
         return sum(getattr(self, name) for name in self.ALLOCATED)
@@ -273,6 +275,11 @@ class _Logits:
 def _logits(shape: ModelShape, fw: Framework, pr: Precision, batch: int, seq: int) -> _Logits:
     T, V, h = batch * seq, shape.vocab, shape.hidden
     softcap = 4 * T * V if shape.logit_softcap else 0
+    if fw.logits == "score":
+        # A sequence-classification head (TRL's RewardTrainer: ``score`` = Linear(h, 1)): one number per
+        # position in the compute dtype, the last real token's picked; backward hands the hidden states a
+        # half gradient that is cast back to the stream. No vocabulary-sized tensor at all.
+        return _Logits(forward=2 * T + 4 * batch, backward=(2 + pr.stream) * h * T, kept=0, materialised=0)
     if fw.logits == "chunked":
         # TRL's fused LM head: the hidden states of the labelled positions are gathered (a copy, kept for
         # backward) and projected tile by tile into one reused [4096, 32768] buffer in the compute dtype; only

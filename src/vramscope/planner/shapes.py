@@ -23,7 +23,7 @@ _FUSED_QKV = {"phi3", "falcon", "gpt_neox"}
 _FUSED_GATE_UP = {"phi3"}
 _PLAIN_MLP = {"falcon", "gpt_neox"}  # up -> GELU -> down, no gate
 _LAYERNORM = {"falcon", "gpt_neox"}  # LayerNorm (weight and bias) rather than RMSNorm
-_QKV_BIAS = {"qwen2"}  # q/k/v projections carry a bias
+_QKV_BIAS = {"qwen2"}  # q/k/v projections carry a bias (qwen2_moe: its ``qkv_bias`` field, default true)
 _MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
 
 
@@ -65,6 +65,10 @@ class ModelShape:
     logit_softcap: bool = False
     sliding_window: int | None = None  # attention window, when transformers applies one
     linears: tuple[Linear, ...] = field(default=())
+    # Qwen2-MoE's shared expert: a dense gated MLP of nn.Linear beside the routed experts (0 = none); its
+    # gate_proj/up_proj/down_proj and shared_expert_gate are in ``linears``, so 4-bit loading quantizes them.
+    shared_expert_intermediate: int = 0
+    qk_norm: bool = False  # Qwen3: an RMSNorm over head_dim on the queries and on the keys of every layer
 
     @property
     def q_dim(self) -> int:
@@ -89,16 +93,25 @@ class ModelShape:
     @property
     def norm_params(self) -> int:
         per_norm = self.hidden * (2 if self.norm_bias else 1)
-        return (self.layers * self.norms_per_layer + 1) * per_norm
+        qk = self.layers * 2 * self.head_dim if self.qk_norm else 0
+        return (self.layers * self.norms_per_layer + 1) * per_norm + qk
 
     @property
     def expert_params(self) -> int:
-        """Mixture-of-experts weights. transformers 5 stores them as fused 3-D parameters, not ``nn.Linear``,
-        so bitsandbytes leaves them unquantized and LoRA's ``all-linear`` does not reach them."""
-        if not self.experts:
-            return 0
-        router = self.experts * self.hidden
-        return self.layers * (self.experts * 3 * self.hidden * self.intermediate + router)
+        """Mixture-of-experts weights. transformers 5 stores them as fused 3-D parameters, not ``nn.Linear``
+        (``gate_up_proj`` [E, 2I, h] and ``down_proj`` [E, h, I] per layer) and the router as a bare [E, h]
+        parameter, so bitsandbytes leaves them unquantized and LoRA's ``all-linear`` does not reach them."""
+        return self.routed_expert_params + self.router_params
+
+    @property
+    def routed_expert_params(self) -> int:
+        """The fused 3-D expert tensors of every layer (``gate_up_proj`` and ``down_proj``)."""
+        return self.layers * self.experts * 3 * self.hidden * self.intermediate if self.experts else 0
+
+    @property
+    def router_params(self) -> int:
+        """The routers' [E, h] weights of every layer (a bare parameter read through F.linear)."""
+        return self.layers * self.experts * self.hidden if self.experts else 0
 
     @property
     def bias_params(self) -> int:
@@ -141,7 +154,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def _int(cfg: Mapping[str, Any], key: str, default: int | None = None, *, where: str = "config") -> int:
-    value = cfg.get(key, default)
+    value = cfg.get(key)
+    if value is None:  # absent, or null as transformers 5 writes an unset head_dim: the default stands
+        value = default
     if value is None:
         raise PlanInputError(f"{where} has no {key!r}; a causal-LM config.json needs it (add it or use --model NAME)")
     # bool is an int subclass; a true/false here is a mistake in the file.
@@ -219,15 +234,26 @@ def shape_from_config(config: Mapping[str, Any]) -> ModelShape:
 
     experts = 0
     per_token = 0
+    shared = 0
     if model_type in _MOE or "num_local_experts" in cfg or "num_experts" in cfg:
+        # Mixtral names them num_local_experts, Qwen-MoE num_experts; the experts' width is intermediate_size
+        # for Mixtral, moe_intermediate_size for Qwen-MoE (whose intermediate_size is a dense layer's).
         experts = _int(cfg, "num_local_experts" if "num_local_experts" in cfg else "num_experts")
         per_token = _int(cfg, "num_experts_per_tok", 2)
         if model_type != "mixtral":
             intermediate = _int(cfg, "moe_intermediate_size", intermediate)
+        if model_type == "qwen2_moe":
+            shared = _int(cfg, "shared_expert_intermediate_size", 5632)
+        sparse_step = cfg.get("decoder_sparse_step", 1)
+        if cfg.get("mlp_only_layers") or (isinstance(sparse_step, int) and sparse_step > 1):
+            raise PlanInputError("config has dense MLP layers between its MoE layers (mlp_only_layers or "
+                                 "decoder_sparse_step > 1), which the planner does not model; plan with every "
+                                 "layer sparse by removing those fields")
 
     q, kv = heads * head_dim, kv_heads * head_dim
     bias_all = model_type in ("gpt_neox",) or (model_type == "falcon" and _bool(cfg, "bias", False))
-    qkv_bias = bias_all or model_type in _QKV_BIAS or _bool(cfg, "attention_bias", False)
+    qkv_bias = (bias_all or model_type in _QKV_BIAS or _bool(cfg, "attention_bias", False)
+                or (model_type == "qwen2_moe" and _bool(cfg, "qkv_bias", True)))
     mlp_bias = bias_all or _bool(cfg, "mlp_bias", False)
     attn_src = "norm_attn"
     mlp_src = attn_src if parallel and norms == 1 else "norm_mlp"
@@ -241,6 +267,10 @@ def shape_from_config(config: Mapping[str, Any]) -> ModelShape:
     o_name = "dense" if model_type in ("falcon", "gpt_neox") else "o_proj"
     lins.append(Linear(o_name, q, hidden, bias_all, "attn_out"))
     gated = model_type not in _PLAIN_MLP
+    if shared:
+        lins += [Linear("gate_proj", hidden, shared, False, mlp_src), Linear("up_proj", hidden, shared, False, mlp_src),
+                 Linear("down_proj", shared, hidden, False, "mlp_act"),
+                 Linear("shared_expert_gate", hidden, 1, False, mlp_src)]
     if not experts:
         if model_type in ("falcon", "gpt_neox"):
             lins += [Linear("dense_h_to_4h", hidden, intermediate, mlp_bias, mlp_src),
@@ -265,4 +295,5 @@ def shape_from_config(config: Mapping[str, Any]) -> ModelShape:
         experts=experts, experts_per_token=per_token, norms_per_layer=norms, norm_bias=model_type in _LAYERNORM,
         gated_mlp=gated, parallel_block=parallel,
         logit_softcap=bool(cfg.get("final_logit_softcapping")), sliding_window=window, linears=tuple(lins),
+        shared_expert_intermediate=shared, qk_norm=model_type.startswith("qwen3"),
     )

@@ -11,7 +11,8 @@ trainer are subclasses):
 * sees every batch at exactly ``batch_size`` rows of ``seq_len`` tokens: the collated batch is tiled (or
   cut) to that shape, so the trial measures the longest batch the run can meet, whatever the dataset
   holds (padding-free batches, one row of packed tokens, become ``batch_size x seq_len`` tokens);
-* records, per step, the peak allocated and reserved CUDA memory and the shape the model received, into
+* records, per step, the peak allocated and reserved CUDA memory, the GPU's used memory, the process's
+  resident host memory and the shape the model received, into
   the request's record file (``<record>.rank<k>.json`` for rank k > 0), and after the last step exits
   the process (``os._exit``): nothing after ``train()`` (saving, pushing) runs;
 * on an out-of-memory error writes ``status: "oom"`` and exits with :data:`OOM_EXIT_CODE`, so that the
@@ -88,6 +89,39 @@ class _Record:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(self.data, f)
         os.replace(tmp, self.path)
+
+
+def _nvml() -> Any:
+    """NVML, to read this process's GPU memory (as nvidia-smi lists it); None where it cannot be read."""
+    try:
+        from vramscope.backends.nvml import NvmlBackend
+
+        backend = NvmlBackend()
+        return backend if backend.is_available() else None
+    except Exception:
+        return None
+
+
+def _process_gpu_bytes(nvml: Any) -> int | None:
+    """This process's memory on every GPU NVML lists it on, or None (no NVML, or a PID namespace hides it)."""
+    if nvml is None:
+        return None
+    try:
+        pid = os.getpid()
+        held = [p.gpu_bytes for g in nvml.read() for p in g.processes if p.pid == pid and p.gpu_bytes is not None]
+    except Exception:
+        return None
+    return sum(held) if held else None
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident host memory now (Linux's /proc/self/statm), or None elsewhere."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            resident_pages = int(f.read().split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _exit(code: int) -> None:
@@ -188,13 +222,19 @@ def _callback_class() -> type:
             self.request, self.record = request, record
             self.shapes: list[list[int]] = []
             self._cuda = False
+            self._nvml: Any = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
             import torch
 
+            fields: dict[str, Any] = {"status": "training", "cuda": torch.cuda.is_available()}
             if model is not None:
                 model.register_forward_pre_hook(self._seen, with_kwargs=True)
-            fields: dict[str, Any] = {"status": "training", "cuda": torch.cuda.is_available()}
+                # What this rank holds: FSDP2's DTensor parameters count their whole size, their shard is local.
+                params = list(model.parameters())
+                fields.update(model_class=type(model).__name__, parameters=sum(int(p.numel()) for p in params),
+                              parameters_held=sum(int(p.to_local().numel()) if hasattr(p, "to_local")
+                                                  else int(p.numel()) for p in params))
             if torch.cuda.is_available():
                 self._cuda = True
                 device = torch.cuda.current_device()
@@ -212,6 +252,7 @@ def _callback_class() -> type:
                               base_allocated_bytes=int(torch.cuda.memory_allocated(device)),
                               base_reserved_bytes=int(torch.cuda.memory_reserved(device)))
                 torch.cuda.reset_peak_memory_stats(device)
+                self._nvml = _nvml()
             self.record.write(**fields)
 
         def _seen(self, module: Any, args: Any, kwargs: Any) -> None:
@@ -230,11 +271,20 @@ def _callback_class() -> type:
             if self._cuda:
                 import torch
 
+                free, total = torch.cuda.mem_get_info()
                 step.update(peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
                             peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
                             allocated_bytes=int(torch.cuda.memory_allocated()),
-                            reserved_bytes=int(torch.cuda.memory_reserved()))
+                            reserved_bytes=int(torch.cuda.memory_reserved()),
+                            # the whole GPU's use: this process with its CUDA context (a rehearsal's process memory)
+                            device_used_bytes=int(total) - int(free))
+                held = _process_gpu_bytes(self._nvml)
+                if held is not None:
+                    step["process_gpu_bytes"] = held  # NVML's figure for this process (nvidia-smi's)
                 torch.cuda.reset_peak_memory_stats()
+            rss = _rss_bytes()
+            if rss is not None:
+                step["rss_bytes"] = rss  # host memory: what CPU offload keeps there
             self.record.data["steps"].append(step)
             if state.global_step >= self.request.max_steps:
                 self.record.write(status="done")

@@ -18,6 +18,9 @@ vramscope itself is imported from the copy that started the program only when th
 interpreter has none, and then through a finder that answers for the ``vramscope`` package alone:
 the folder it lives in (for an installed copy, a whole site-packages) never goes on ``sys.path``.
 
+Before all of it, it calls the start-up hooks ``VRAMSCOPE_START_HOOKS`` names (``module:function,...``),
+before the program's own code runs (``vramscope tune --gpus N`` installs its fake process group there).
+
 Standard library only, and every failure is one line on stderr (dropped when stderr is closed): a
 monitor must never stop a training.
 """
@@ -232,7 +235,27 @@ def _run_trainer_hooks(module: ModuleType) -> None:
             os._exit(4)
 
 
+def _run_start_hooks() -> None:
+    """Call each ``module:function`` of ``VRAMSCOPE_START_HOOKS`` now, before the program's own code runs
+    (``vramscope tune --gpus N`` names its fake process group there: this hook knows nothing of the tuner).
+
+    The caller's protocol, so the copy of vramscope that set the variable; a child that cannot run a hook
+    must not go on without it (a rehearsal would wait for ranks that never come), so it exits with 4.
+    """
+    hooks = [h.strip() for h in os.environ.get("VRAMSCOPE_START_HOOKS", "").split(",") if h.strip()]
+    for hook in hooks:
+        module_name, _, function_name = hook.partition(":")
+        try:
+            getattr(_import_vramscope(module_name, prefer_ours=True), function_name or "install")()
+        except Exception as exc:
+            _say(f"could not run the start-up hook {hook}: {type(exc).__name__}: {exc}")
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            os._exit(4)
+
+
 def _install() -> None:
+    _run_start_hooks()
     if os.environ.get("VRAMSCOPE_INJECT") != "1" and not _trainer_hooks():
         return
     if not any(isinstance(f, _Finder) for f in sys.meta_path):

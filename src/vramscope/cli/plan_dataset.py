@@ -1,0 +1,83 @@
+"""``plan --dataset PATH``: the plan made at the longest batch of the user's own data (vramscope.dataset), and the
+length distribution it found, for a terminal."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the dataset reading imports numpy: only when --dataset is given, not to build the parser
+    from vramscope.dataset import DatasetLengths
+
+BAR = 24  # characters of the longest histogram bar
+
+
+def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("the user's data (plan at the longest batch the collator can form)")
+    g.add_argument("--dataset", metavar="PATH",
+                   help="a local dataset (JSON lines, JSON, CSV, parquet, a save_to_disk or datasets folder), or a "
+                        "hub id already in the local HF cache; --seq-len is then the truncation (max_length)")
+    g.add_argument("--tokenizer", metavar="DIR", help="the run's tokenizer folder (default: the model's, if local "
+                                                       "or in the hub cache)")
+    g.add_argument("--dataset-field", metavar="NAME", help="the column to tokenize (default: text, messages, "
+                                                            "prompt+completion, chosen+rejected or input_ids)")
+    g.add_argument("--dataset-split", metavar="NAME", help="the split, or a file of the folder (default train)")
+    g.add_argument("--packing", action="store_true", help="TRL packing: rows of --seq-len tokens")
+    g.add_argument("--padding-free", action="store_true", help="TRL padding_free: a batch is one row of its tokens")
+    g.add_argument("--group-by-length", action="store_true", help="HF Trainer group_by_length")
+
+
+def read_dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
+    """(the dataset's lengths, None), or (None, the one line saying why it could not be read)."""
+    from vramscope.dataset import DatasetError, dataset_plan_input
+
+    model = args.config if getattr(args, "config", None) else getattr(args, "model", None)
+    try:
+        named = getattr(args, "trainer", None)  # --trainer dpo/grpo (the whole run's flags), else the framework's
+        trainer = named if named in ("dpo", "grpo") else args.framework
+        return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
+                                  args.seq_len, args.packing, args.padding_free, args.batch_size,
+                                  args.group_by_length, split=args.dataset_split, model=model), None
+    except DatasetError as exc:
+        return None, str(exc)
+
+
+def fallback_line(args: argparse.Namespace, why: str) -> str:
+    return (f"dataset: cannot read it: {why}; planned at batch x max_length ({args.batch_size} x {args.seq_len}) "
+            "instead")
+
+
+def format_dataset(d: DatasetLengths) -> str:
+    """The distribution (a small histogram), the longest examples and the longest batch, for a terminal."""
+    sample = f" (tokenized {d.tokenized:,}: sampled)" if d.sampled else ""
+    truncated = (f"; {d.truncated_examples:,} truncated at {d.max_length} (the longest was "
+                 f"{d.longest_untruncated_tokens:,})" if d.truncated_examples else "")
+    lines = [
+        f"dataset {d.source}: {d.examples:,} examples{sample}",
+        f"  {d.how}",
+        f"  tokens per example: p50 {d.p50_tokens:,}, p99 {d.p99_tokens:,}, longest {d.longest_tokens:,}{truncated}",
+    ]
+    counts = d.histogram.counts
+    shown = [i for i, c in enumerate(counts) if c]
+    top = max(counts) if counts else 0
+    if shown:
+        width = len(f"{d.histogram.edges[-1] - 1:,}")
+        for i in range(shown[0], shown[-1] + 1):
+            low, high = d.histogram.edges[i], d.histogram.edges[i + 1] - 1
+            bar = "█" * max(1 if counts[i] else 0, round(BAR * counts[i] / top)) if top else ""
+            lines.append(f"    {low:>{width},} - {high:>{width},}  {bar:<{BAR}} {counts[i]:,}")
+    cut = d.max_length
+
+    def named(i: int, t: int) -> str:
+        return f"#{i}: {t:,}" + (f" (cut to {cut:,})" if cut is not None and t > cut else "")
+
+    lines.append("  longest examples (row: tokens): " + ", ".join(named(i, t) for i, t in d.longest))
+    real = f" ({d.peak_batch_real_tokens:,} of them real)" if d.peak_batch_real_tokens != d.peak_batch_tokens else ""
+    lines.append(f"  longest batch: {d.peak_batch_rows} x {d.peak_batch_seq:,} = {d.peak_batch_tokens:,} tokens{real}")
+    if d.typical_epoch_peak_tokens is not None:
+        lines.append(f"  in random order an epoch's largest batch is usually {d.typical_epoch_peak_tokens:,} tokens "
+                     f"(median of simulated epochs); the plan is for the worst, {d.peak_batch_real_tokens:,}")
+    lines += [f"  note: {n}" for n in d.notes]
+    lines.append(f"  the plan below is made at that batch ({d.peak_batch_rows} x {d.peak_batch_seq}), the longest "
+                 "the collator can form")
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""``dataset_plan_input``: read the user's dataset, tokenize it as the trainer does, and find the longest batch.
+
+The one entry point for ``plan --dataset`` and, later, ``plan -- <command>`` (the command names the dataset).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from vramscope.dataset.batches import histogram, peak_batch, percentile
+from vramscope.dataset.encode import Layout, layout_of, lengths
+from vramscope.dataset.files import locate
+from vramscope.dataset.readers import Rows, read_rows
+from vramscope.dataset.tokenizer import RunTokenizer, find_tokenizer
+from vramscope.dataset.types import TRAINERS, Batching, DatasetError, DatasetLengths, Trainer
+
+SAMPLE_ROWS = 200_000  # above this, a random sample plus the longest rows by characters is tokenized
+TAIL_ROWS = 2_000  # the longest rows by characters, always tokenized: the longest batch is made of them
+LONGEST_SHOWN = 5
+
+
+def dataset_plan_input(
+    path: str,
+    tokenizer_dir: str | None = None,
+    field: str | None = None,
+    trainer: str | None = None,
+    max_length: int | None = None,
+    packing: bool = False,
+    padding_free: bool = False,
+    batch: int = 1,
+    group_by_length: bool = False,
+    *,
+    split: str | None = None,
+    model: str | None = None,
+    pad_to_multiple_of: int | None = None,
+    packing_strategy: str = "bfd",
+    sample_rows: int = SAMPLE_ROWS,
+    seed: int = 0,
+) -> DatasetLengths:
+    """The user's dataset as its trainer tokenizes and batches it: the lengths, and the longest batch.
+
+    Args:
+        path: a data file (JSON lines, JSON, CSV, parquet, arrow), a folder of them, a ``save_to_disk`` folder,
+            or a hub dataset id already in the local Hugging Face cache (nothing is downloaded).
+        tokenizer_dir: the run's tokenizer: a folder (a tokenizer's or the model's), a tokenizer.json, or a hub
+            model id in the local hub cache. Not needed for a dataset of ``input_ids``.
+        field: the column to tokenize, when it is not ``text``/``messages``/``prompt``+``completion``.
+        trainer: ``sft`` (TRL's SFTTrainer; also ``trl``), ``hf`` (HF Trainer), ``dpo``, ``grpo``, or None to
+            read it from the columns (chosen/rejected: dpo; a prompt alone: grpo; else sft).
+        max_length: truncation (TRL's ``max_length``, the tokenizer's ``max_length``); the packing row length.
+        packing: TRL's ``packing`` (rows of max_length tokens).
+        padding_free: TRL's ``padding_free`` (a batch is one row of its real tokens).
+        batch: the per-device batch (DPO: pairs).
+        group_by_length: the HF Trainer's ``group_by_length``.
+        split: the split (or file) to read when a folder has several.
+        model: where to look for the tokenizer when ``tokenizer_dir`` is None: the model's folder, its config.json,
+            or its hub id (the local hub cache).
+        pad_to_multiple_of: the collator's ``pad_to_multiple_of``.
+        packing_strategy: TRL's ``packing_strategy``: ``bfd`` (the default) and ``bfd_split`` hand packed rows
+            over padding-free; ``wrapped`` as padded rows.
+        sample_rows: tokenize at most this many random rows (plus the longest by characters).
+        seed: for the sample and the simulated epochs.
+
+    Raises:
+        DatasetError: a one-line reason it cannot be read or tokenized (the plan then falls back to b x max_length).
+    """
+    started = time.perf_counter()
+    wanted = _trainer(trainer)
+    if batch < 1:
+        raise DatasetError(f"batch must be at least 1, got {batch}")
+    if packing and max_length is None:
+        raise DatasetError("packing needs a max_length (the row length): pass --seq-len")
+    located = locate(path, split)
+    rows = read_rows(located.files)
+    if rows.num_rows == 0:
+        raise DatasetError(f"{path}: the dataset has no rows")
+    layout = layout_of(rows.columns, wanted, field, rows.first())
+    notes: list[str] = []
+    if located.note:
+        notes.append(located.note)
+    tokenizer = None
+    if layout.kind not in ("ids", "dpo_ids"):
+        folder = find_tokenizer(tokenizer_dir) if tokenizer_dir else find_tokenizer(model)
+        if folder is None:
+            if tokenizer_dir:
+                raise DatasetError(f"{tokenizer_dir}: not a tokenizer folder (no tokenizer.json), nor a model in the "
+                                   "local hub cache: pass --tokenizer DIR")
+            where = f" (none with the model {model})" if model else ""
+            raise DatasetError(f"the dataset's {'+'.join(layout.fields)} must be tokenized, and no tokenizer was "
+                               f"found{where}: pass --tokenizer DIR (a folder with tokenizer.json)")
+        tokenizer = RunTokenizer(folder)
+    picked, sample, sampled = _pick(rows, layout, sample_rows, seed)
+    raw = lengths(rows, layout, tokenizer, picked)
+    # Packing cuts too: best-fit packing truncates an example longer than a row, the other strategies split it.
+    truncate = max_length is not None and layout.trainer != "grpo"
+    cut = np.minimum(raw, max_length) if truncate and max_length is not None else raw
+    per_example = cut.max(axis=1) if cut.ndim == 2 else cut
+    untruncated = raw.max(axis=1) if raw.ndim == 2 else raw
+    truncated = int((untruncated > max_length).sum()) if truncate and max_length is not None else 0
+    batching = _batching(layout, packing, padding_free, group_by_length, notes)
+    if batching == "padding_free" and truncate and layout.trainer == "sft":
+        notes.append(f"TRL 1.16 refuses padding_free without packing when max_length is set (it would not "
+                     f"truncate); the lengths here are cut at {max_length}, as a pre-truncated dataset would be")
+    one_row = packing and (padding_free or packing_strategy in ("bfd", "bfd_split"))
+    peak = peak_batch(cut, batch, batching, max_length, pad_to_multiple_of, pairs=cut.ndim == 2, one_row=one_row,
+                      seed=seed)
+    notes.append(peak.note)
+    index = picked if picked is not None else np.arange(rows.num_rows)
+    # Ranked by the length before truncation, so that the longest examples are named even where truncation
+    # ties them at max_length; ties: the first row first.
+    order = np.argsort(-untruncated, kind="stable")[:LONGEST_SHOWN]
+    dist = per_example[sample] if sample is not None else per_example
+    if sampled:
+        notes.append(f"sampled: {len(dist):,} random rows of {rows.num_rows:,} for the distribution, plus the "
+                     f"{min(TAIL_ROWS, rows.num_rows):,} longest by characters for the longest batch")
+    if layout.trainer == "grpo":
+        notes.append("GRPO: the prompts only; each is followed by up to max_completion_length generated tokens")
+    return DatasetLengths(
+        source=located.source, files=tuple(str(f) for f in located.files), trainer=layout.trainer,
+        fields=layout.fields, how=_how(layout, tokenizer, max_length if truncate else None), examples=rows.num_rows,
+        sampled=sampled, tokenized=int(per_example.shape[0]), max_length=max_length if truncate else None,
+        longest_tokens=int(per_example.max()), p50_tokens=percentile(dist, 50), p99_tokens=percentile(dist, 99),
+        longest_untruncated_tokens=int(untruncated.max()), truncated_examples=truncated, batch_size=batch,
+        batching=batching, peak_batch_rows=peak.rows, peak_batch_seq=peak.seq, peak_batch_tokens=peak.tokens,
+        peak_batch_real_tokens=peak.real_tokens, typical_epoch_peak_tokens=peak.typical_epoch_tokens,
+        longest=tuple((int(index[i]), int(untruncated[i])) for i in order), histogram=histogram(dist),
+        notes=tuple(notes), seconds=time.perf_counter() - started,
+    )
+
+
+def _trainer(name: str | None) -> Trainer | None:
+    if name is None:
+        return None
+    word = {"trl": "sft", "loop": "hf", "loop-loss": "hf"}.get(name, name)
+    if word not in TRAINERS:
+        raise DatasetError(f"unknown trainer {name!r}; choose one of {', '.join(TRAINERS)}")
+    return word  # type: ignore[return-value]
+
+
+def _pick(rows: Rows, layout: Layout, limit: int, seed: int) -> tuple[np.ndarray | None, np.ndarray | None, bool]:
+    """(rows to tokenize, positions of the random sample among them, sampled?): all rows when there are at most
+    ``limit``; else a random ``limit`` plus the :data:`TAIL_ROWS` longest by characters."""
+    n = rows.num_rows
+    if n <= limit:
+        return None, None, False
+    rng = np.random.default_rng(seed)
+    random_rows = np.sort(rng.choice(n, size=limit, replace=False))
+    chars = np.zeros(n, dtype=np.int64)
+    for f in layout.fields:
+        chars += rows.char_lengths(f)
+    tail = np.argpartition(chars, n - TAIL_ROWS)[n - TAIL_ROWS:] if n > TAIL_ROWS else np.arange(n)
+    picked = np.union1d(random_rows, tail)
+    return picked, np.searchsorted(picked, random_rows), True
+
+
+def _batching(layout: Layout, packing: bool, padding_free: bool, group_by_length: bool, notes: list[str]) -> Batching:
+    if layout.trainer == "dpo":
+        if packing or padding_free:
+            notes.append("TRL's DPOTrainer pads (padding_free and packing are off in TRL 1.16): planned padded")
+        return "grouped" if group_by_length else "padded"
+    if packing:
+        return "packed"
+    if padding_free:
+        return "padding_free"
+    return "grouped" if group_by_length else "padded"
+
+
+def _how(layout: Layout, tokenizer: RunTokenizer | None, truncated_at: int | None) -> str:
+    what = {
+        "ids": "input_ids used as they are",
+        "dpo_ids": "prompt_ids + chosen_ids / rejected_ids used as they are",
+        "text": f"{layout.fields[0]}" + (" + EOS" if layout.trainer == "sft" else "") + ", tokenized",
+        "messages": f"{layout.fields[0]} through the chat template",
+        "prompt_completion": "prompt + completion" + (" + EOS" if layout.trainer == "sft" else "") + ", tokenized",
+        "pairs": "prompt + chosen and prompt + rejected (+ EOS on plain text)",
+        "prompts": "the prompts (with the generation prompt on conversations)",
+    }[layout.kind]
+    trainer = {"sft": "TRL SFT", "hf": "HF Trainer", "dpo": "TRL DPO", "grpo": "TRL GRPO"}[layout.trainer]
+    parts = [trainer, what]
+    if tokenizer is not None:
+        parts.append(f"tokenizer {tokenizer.folder} via {tokenizer.how}")
+    if truncated_at is not None:
+        parts.append(f"truncated at {truncated_at}")
+    return "; ".join(parts)

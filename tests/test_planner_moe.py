@@ -1,0 +1,139 @@
+"""Mixture-of-experts under transformers 5 (issue 28 part 4): real tiny Mixtral, Qwen2-MoE and Qwen3-MoE models,
+built from their configs on the meta device, counted by kind of parameter against the planner's shapes; what
+transformers' own bitsandbytes replacement quantizes in them; and the plan's 16-bit expert bytes and its warning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vramscope.cli import main
+from vramscope.planner import plan
+from vramscope.planner.shapes import shape_from_config
+from vramscope.recipe import QLoraSpec
+
+TINY: dict[str, dict[str, Any]] = {
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 96},
+    "qwen2_moe": {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                  "shared_expert_intermediate_size": 80, "intermediate_size": 128},
+    "qwen3_moe": {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "intermediate_size": 128,
+                  "head_dim": 16},
+}
+
+
+def _meta_model(model_type: str) -> tuple[Any, Any]:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model(model_type, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, vocab_size=1000, dtype="bfloat16",
+                                            **TINY[model_type])
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    return cfg, model
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_the_shape_counts_a_real_moe_models_parameters_by_kind(model_type: str) -> None:
+    torch = pytest.importorskip("torch")
+    cfg, model = _meta_model(model_type)
+    linear = {name for name, m in model.named_modules() if type(m) is torch.nn.Linear and name != "lm_head"}
+    fused = router = linear_weights = 0
+    for name, p in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        if p.dim() == 3:
+            fused += p.numel()  # gate_up_proj [E, 2I, h], down_proj [E, h, I]
+        elif owner.endswith("mlp.gate"):
+            router += p.numel()  # a bare [E, h] parameter, read through F.linear
+        elif owner in linear and leaf == "weight":
+            linear_weights += p.numel()
+    s = shape_from_config(cfg.to_dict())
+    assert fused > 0 and s.routed_expert_params == fused
+    assert s.router_params == router
+    assert s.layers * sum(lin.params for lin in s.linears) == linear_weights
+    assert s.total_params() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_bitsandbytes_4bit_leaves_the_fused_experts_in_bf16_and_the_plan_says_so(model_type: str) -> None:
+    pytest.importorskip("bitsandbytes")
+    transformers = pytest.importorskip("transformers")
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    cfg, model = _meta_model(model_type)
+    import bitsandbytes as bnb
+
+    model = replace_with_bnb_linear(model, modules_to_not_convert=["lm_head"],
+                                    quantization_config=transformers.BitsAndBytesConfig(load_in_4bit=True))
+    quantized = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert quantized and not any(".experts." in q for q in quantized)  # only nn.Linear became Linear4bit
+    left = {name: p for name, p in model.named_parameters() if name not in quantized}
+    torch = pytest.importorskip("torch")
+    # the experts and the routers were never touched: still the bf16 tensors from_config made
+    assert all(p.dtype == torch.bfloat16 for n, p in left.items() if p.dim() == 3 or n.endswith("mlp.gate.weight"))
+    s = shape_from_config(cfg.to_dict())
+    # TRL loads as the checkpoint is (bf16) and does not upcast: 2 bytes for every parameter left unquantized
+    # (Linear4bit's placeholder biases are fp32 until the bf16 checkpoint is loaded into them)
+    p = plan(cfg.to_dict(), 1, 64, QLoraSpec(framework="trl"))
+    assert p.breakdown.unquantized_params == sum(2 * t.numel() for t in left.values())
+    quantized_params = sum(t.numel() for n, t in model.named_parameters() if n in quantized)
+    assert quantized_params == s.layers * sum(lin.params for lin in s.linears)
+    assert p.warnings and "stay bf16" in p.warnings[0]
+    # HF Trainer's prepare_model_for_kbit_training upcasts them to fp32: twice the bytes, said so
+    hf = plan(cfg.to_dict(), 1, 64, QLoraSpec(framework="hf"))
+    assert hf.breakdown.unquantized_params == 2 * p.breakdown.unquantized_params and "fp32" in hf.warnings[0]
+
+
+def test_the_registry_has_mixtral_and_the_qwen_moe_shapes() -> None:
+    for name, billions, experts, shared in (("Mixtral-8x7B", 46.7, 8, 0), ("Qwen1.5-MoE-A2.7B", 14.3, 60, 5632),
+                                            ("Qwen3-30B-A3B", 30.5, 128, 0)):
+        p = plan(name, 1, 512, QLoraSpec(framework="trl"))
+        assert p.total_params / 1e9 == pytest.approx(billions, rel=0.01)
+        s = shape_from_config(__import__("vramscope.planner", fromlist=["get_config"]).get_config(name))
+        assert s.experts == experts and s.shared_expert_intermediate == shared
+        # the experts dominate the unquantized bytes: bf16, 2 bytes a parameter
+        assert p.breakdown.unquantized_params >= 2 * s.expert_params
+
+
+def test_a_moe_plan_says_first_that_the_experts_stay_16_bit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "Mixtral-8x7B", "--batch-size", "1", "--seq-len", "512",
+                 "--framework", "trl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    warning = next(i for i, line in enumerate(lines) if "WARNING" in line)
+    assert warning < next(i for i, line in enumerate(lines) if "breakdown at the peak" in line)
+    assert "stay bf16" in lines[warning] and "Ways out" in lines[warning]
+    assert not plan("Llama-2-7B", 1, 512).warnings
+    assert not plan("Mixtral-8x7B", 1, 512, QLoraSpec(bits=16)).warnings  # nothing was meant to be quantized
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
+def test_one_moe_layers_saved_activations_match_a_real_forward(model_type: str) -> None:
+    # What one decoder layer keeps for backward: the model's forward with two layers less the one with one,
+    # under a LoRA adapter (the experts frozen, so the grouped matmuls keep no input), counted on the CPU.
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from vramscope.planner.memory import layer_bytes
+    from vramscope.planner.trace.counter import LiveBytes
+
+    kept: dict[int, int] = {}
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        cfg = transformers.AutoConfig.for_model(model_type, hidden_size=64, num_hidden_layers=layers,
+                                                num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                                **TINY[model_type])
+        model = peft.get_peft_model(transformers.AutoModelForCausalLM.from_config(cfg),
+                                    peft.LoraConfig(r=8, target_modules=["q_proj"], lora_dropout=0.0))
+        model.train()
+        counter = LiveBytes()
+        for t in [*model.parameters(), *model.buffers()]:
+            counter.track(t)
+        start = counter.now
+        with counter:
+            out = model.base_model.model.model(input_ids=torch.randint(0, 100, (2, 64)), use_cache=False)
+        kept[layers] = counter.now - start
+        del out
+    spec = QLoraSpec(bits=16, compute_dtype="fp32", lora_r=8, lora_dropout=0.0, lora_targets=("q_proj",),
+                     framework="loop-loss")
+    planned = layer_bytes(shape_from_config(cfg.to_dict()), spec, 2, 64)
+    assert planned == pytest.approx(kept[2] - kept[1], rel=0.02)
