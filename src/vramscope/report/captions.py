@@ -1,7 +1,7 @@
 """How the report names what it draws, in the renderers' one voice (the judgements themselves are the analysis':
 :mod:`vramscope.analysis.verdicts`, read from the typed results):
 
-* :func:`capacity_source`: where a device's capacity comes from (``--capacity``, NVML's total,
+* :func:`capacity_source`: where a device's capacity comes from (``--gpu-memory``, NVML's total,
   nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and names it;
 * :func:`forecast_limit_note`: why the forecast runs to a lower line than the capacity drawn.
 """

@@ -68,7 +68,7 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
         table: a log from :func:`vramscope.logs.reader.read_log`.
         buckets: min/max buckets per drawn series (two points each).
         settings: what ran (model, batch); adds the planner's recommendations with predicted savings.
-        capacity_bytes: the memory each GPU is held against (``--capacity``), in place of the log's
+        capacity_bytes: the memory each GPU is held against (``--gpu-memory``), in place of the log's
             GPU total: the headroom, the OOM forecast and the charts' capacity line use it.
 
     Raises:
