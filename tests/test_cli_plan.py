@@ -55,7 +55,7 @@ def test_recipe_flags_reach_the_plan(capsys: pytest.CaptureFixture[str]) -> None
 def test_table_names_the_three_totals(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--model", "Llama-3-8B", "--batch-size", "2", "--seq-len", "2048", "--gpu", "A100-40GB")
     assert code == 0
-    for text in ("peak allocated", "peak reserved", "process memory", "quantized weights", "fits in",
+    for text in ("peak allocated", "peak reserved", "process memory", "4-bit weights", "fits in",
                  "optimizer states (paged, unified memory)"):
         assert text in out
 

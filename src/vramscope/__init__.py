@@ -25,6 +25,7 @@ _LAZY = {
     "MemoryMonitor": "vramscope.training.monitor",
     "find_max_batch_size": "vramscope.tune.find",
     "plan": "vramscope.planner",
+    "report": "vramscope.report",  # vramscope.report(path): a log's typed report (the package is callable too)
     "summary": "vramscope.training.breakdown",
 }
 

@@ -23,10 +23,13 @@ from vramscope.advice.plan import from_recommendation
 from vramscope.advice.types import EXPANDABLE_SEGMENTS, Advice, rank_by_urgency
 from vramscope.analysis.results import AnalysisResult, DeviceAnalysis
 from vramscope.planner import PlanInputError, recommend
+from vramscope.planner.api import MIN_SAVING_SHARE as PLANNER_MIN_SAVING_SHARE
 from vramscope.planner.settings import written_as
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MIB, gib
 
+# The smallest measured saving worth a line, as a share of the device's peak: the planner's threshold.
+MIN_SAVING_SHARE = PLANNER_MIN_SAVING_SHARE
 # Below this share of the GPU left free at the peak, a longer batch or a fragmented cache can OOM.
 TIGHT_HEADROOM = 0.08
 # Above this share left free, a larger micro-batch would likely fit and run faster.
@@ -50,6 +53,8 @@ class RunSettings:
         spec: the recipe (default: the QLoRA reference recipe); its ``framework`` decides the model of the step.
         style: whose keys the advice is written in (``hf``, ``trl``, ``loop``, ``axolotl``); default the
             framework's own (HF/TRL arguments, a loop's code).
+        grad_accum: the run's gradient accumulation steps: a smaller micro-batch advised keeps the effective
+            batch ``batch_size x grad_accum``.
     """
 
     model: str | dict[str, Any]
@@ -57,6 +62,7 @@ class RunSettings:
     seq_len: int | None = None
     spec: QLoraSpec = field(default_factory=QLoraSpec)
     style: str | None = None
+    grad_accum: int = 1
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,9 @@ class DeviceFacts:
     leak_verdict: str
     leak_growth_bytes: float | None
     steps_to_oom: float | None
+    oom_kind: str  # the analysis' outlook: "over_capacity", "at_capacity", "leak", "longest_batch", "none", ...
+    oom_headline: str  # "out of memory in about 4 min", ...
+    oom_detail: str
     phase_peaks: Mapping[str, Mapping[str, tuple[int | None, int | None]]]
     peaks: Mapping[str, int | None]
     capacity_bytes: int | None
@@ -104,6 +113,8 @@ def _facts_of_device(dev: DeviceAnalysis) -> DeviceFacts:
     return DeviceFacts(
         key=dev.key, where=detail.title, leak_detected=dev.leak.detected, leak_verdict=dev.leak.shown_verdict,
         leak_growth_bytes=dev.leak.growth_bytes, steps_to_oom=dev.forecast.oom.steps_to_oom,
+        oom_kind=dev.forecast.outlook.kind, oom_headline=dev.forecast.outlook.headline,
+        oom_detail=dev.forecast.outlook.detail,
         phase_peaks={phase: {m: (p.bytes, p.step) for m, p in peaks.peaks.items()}
                      for phase, peaks in detail.phases.items()},
         peaks={m: p.bytes for m, p in detail.peaks.items()},
@@ -148,8 +159,15 @@ def advise_devices(devices: Sequence[DeviceFacts]) -> list[Advice]:
     items: list[Advice] = []
     for f in devices:
         for rule in (_leak_advice, _eval_advice, _cache_advice, _headroom_advice, _batch_advice, _foreign_advice):
-            items.extend(rule(f))
+            items.extend(a for a in rule(f) if _worth_saying(a, f))
     return rank_by_urgency(items)
+
+
+def _worth_saying(advice: Advice, f: DeviceFacts) -> bool:
+    """A measured saving under :data:`MIN_SAVING_SHARE` of what the device held is noise, not advice (as the
+    planner's own rule); advice without a measured saving stands on its fact."""
+    held = max((v for v in f.peaks.values() if v), default=None)
+    return advice.saves_bytes is None or held is None or advice.saves_bytes >= MIN_SAVING_SHARE * held
 
 
 def priced_by_planner(devices: Sequence[DeviceFacts], settings: RunSettings) -> list[Advice]:
@@ -168,7 +186,7 @@ def priced_by_planner(devices: Sequence[DeviceFacts], settings: RunSettings) -> 
     peak = _measured_peak(devices)
     capacity = min((f.capacity_bytes for f in devices if f.capacity_bytes), default=None)
     recs = recommend(settings.model, settings.batch_size, seq_len, settings.spec, peak_bytes=peak,
-                     capacity_bytes=capacity, style=settings.style)
+                     capacity_bytes=capacity, style=settings.style, grad_accum=settings.grad_accum)
     # "Enough to fit" only means something for a run that did not fit.
     over = peak is not None and capacity is not None and peak > capacity
     out = []
@@ -207,9 +225,8 @@ def _item(f: DeviceFacts, key: str, title: str, detail: str, saves: float | None
 def _leak_advice(f: DeviceFacts) -> list[Advice]:
     if not f.leak_detected:
         return []
-    when = ""
-    if f.steps_to_oom is not None:
-        when = f"; at this rate it runs out of memory in ~{f.steps_to_oom:,.0f} steps"
+    # The analysis' own words for when it runs out (in steps, or in time for a log without steps).
+    when = f"; at this rate it runs {f.oom_headline}" if f.oom_kind == "leak" else ""
     return [_item(
         f, "leak", "Find what keeps memory from one step to the next",
         f"{f.where}: {f.leak_verdict}{when}. Usual causes: a loss or logits kept "
@@ -256,6 +273,14 @@ def _headroom_advice(f: DeviceFacts) -> list[Advice]:
     fraction, room = f.headroom_fraction, f.headroom_bytes
     if fraction is None or room is None:
         return []
+    if f.oom_kind == "over_capacity":
+        return [_item(
+            f, "make_room", "Fit the run into the capacity given",
+            f"{f.oom_detail}, {gib(-room)} more than it. Turn on gradient checkpointing, lower the micro-batch "
+            "(with more gradient accumulation), or use an 8-bit paged optimizer; 'vramscope plan' predicts each "
+            "one's saving for your model.",
+            None, urgent=True,
+        )] if room < 0 else []
     if fraction < TIGHT_HEADROOM:
         return [_item(
             f, "make_room", "Make room before a longer batch arrives",

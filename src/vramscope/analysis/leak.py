@@ -383,12 +383,8 @@ def detect_leak(
     if found is None:
         if plateau == "insufficient":
             need = config.min_points + config.min_warmup_points
-            return LeakResult(
-                detected=False,
-                kind="insufficient",
-                verdict=f"not enough steps to test for a leak: {n} logged, need at least {need}",
-                points=n,
-            )
+            return LeakResult(detected=False, kind="insufficient", verdict=_too_short(series, n, need, unit),
+                              points=n)
         if plateau == "plateau":
             kind, verdict = "plateau", "no leak: memory rose, then stayed flat (a warm-up or a one-off allocation)"
         else:
@@ -403,7 +399,8 @@ def detect_leak(
         return LeakResult(
             detected=False,
             kind="unconfirmed",
-            verdict="no leak yet: memory grew, and the next steps will tell whether it goes on",
+            verdict=("no leak yet: memory grew, and the next "
+                     f"{'steps' if unit == 'step' else 'minutes'} will tell whether it goes on"),
             points=n,
             checked=checked,
         )
@@ -451,6 +448,36 @@ def detect_leak(
         points=n,
         checked=checked,
     )
+
+
+def _too_short(series: _Ordered, n: int, need: int, unit: str) -> str:
+    """Why the test cannot run yet: too few steps; in a log without steps, too few samples, said in time too
+    ("60 samples (5 min at 5 s), need at least 66 (5.5 min)"), at the log's own sampling interval."""
+    if unit == "step":
+        return f"not enough steps to test for a leak: {n} logged, need at least {need}"
+    every = _interval(series, n)
+    if every is None:
+        return f"not enough samples to test for a leak: {n} logged, need at least {need}"
+    return (f"not enough samples to test for a leak: {n} samples ({_span(n * every)} at {_span(every)}), "
+            f"need at least {need} ({_span(need * every)})")
+
+
+def _interval(series: _Ordered, n: int) -> float | None:
+    """The median seconds between samples; None for fewer than two, or all at one time."""
+    if n < 2:
+        return None
+    gaps = np.diff(series.xs[:n])
+    gaps = gaps[gaps > 0]
+    return float(np.median(gaps)) if len(gaps) else None
+
+
+def _span(seconds: float) -> str:
+    """``5 s``, ``0.5 s``, ``5.5 min``, ``2.1 h``: a sampling interval or a log's length, to two figures."""
+    if seconds < 120:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}".removesuffix(".0") + " min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _rate(bytes_per: float) -> str:

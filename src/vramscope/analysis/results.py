@@ -236,6 +236,7 @@ class OomForecast:
     slope_bytes_per_step: float | None
     seconds_per_step: float | None
     reason: str
+    slope_bytes_per_second: float | None = None  # a log without steps: the leak's growth per second
 
     def to_json(self) -> Json:
         return {
@@ -246,6 +247,7 @@ class OomForecast:
             "headroom_bytes": self.headroom_bytes,
             "slope_bytes_per_step": self.slope_bytes_per_step,
             "seconds_per_step": self.seconds_per_step,
+            "slope_bytes_per_second": self.slope_bytes_per_second,
             "reason": self.reason,
         }
 
@@ -302,14 +304,48 @@ def no_batch_fit(reason: str) -> LongestBatch:
 
 
 @dataclass(frozen=True)
+class OomOutlook:
+    """What the log says of running out of memory, in words every renderer shows as they are (the page's card,
+    the terminal's line, ``--json``'s ``forecast.outlook``): judged once, by
+    :func:`vramscope.analysis.verdicts.oom_outlook`.
+
+    ``kind`` is ``over_capacity`` (the log already holds more than the capacity given), ``at_capacity`` (the
+    peak is within the allocator's margin of it), ``leak`` (the leak reaches the capacity: ``headline`` says in
+    how many steps or how long), ``longest_batch`` (the longest batch the run can see will not fit), ``none``
+    (nothing ahead) or ``unknown`` (no capacity or no reading to tell). ``level`` is the severity's level
+    (``high``, ``medium``, ``low``), or None.
+    """
+
+    kind: str
+    headline: str  # "out of memory in about 4 min", "no OOM ahead", ...
+    detail: str  # why, with the numbers
+    level: str | None = None
+    key: str | None = None  # the device it is about
+
+    @property
+    def ahead(self) -> bool:
+        """An OOM is ahead, or already here."""
+        return self.kind in ("over_capacity", "at_capacity", "leak", "longest_batch")
+
+    def to_json(self) -> Json:
+        return {"kind": self.kind, "headline": self.headline, "detail": self.detail, "level": self.level,
+                "key": self.key}
+
+
+NO_OUTLOOK = OomOutlook("unknown", "no forecast", "the log has no rows")
+
+
+@dataclass(frozen=True)
 class DeviceForecast:
     key: str
     oom: OomForecast
     longest_batch: LongestBatch
     severity: Severity | None = None  # how urgent ``oom`` is; None without a time to OOM
+    outlook: OomOutlook = NO_OUTLOOK  # what to say of it
 
     def to_json(self) -> Json:
-        return {**self.oom.to_json(), "key": self.key, "longest_batch": self.longest_batch.to_json()}
+        return {**self.oom.to_json(), "key": self.key, "longest_batch": self.longest_batch.to_json(),
+                "outlook": self.outlook.to_json()}
 
 
 @dataclass(frozen=True)
@@ -319,12 +355,14 @@ class ForecastSummary:
     soonest: DeviceForecast | None  # None: the log has no rows
     longest_batch: LongestBatch
     devices: dict[str, DeviceForecast]
+    outlook: OomOutlook = NO_OUTLOOK  # the one the report leads with: the soonest OOM, else a batch at risk
 
     def to_json(self) -> Json:
         if self.soonest is None:
             out: Json = {"steps_to_oom": None, "seconds_to_oom": None}
         else:
             out = {**self.soonest.oom.to_json(), "key": self.soonest.key}
+        out["outlook"] = self.outlook.to_json()
         out["longest_batch"] = self.longest_batch.to_json()
         out["devices"] = {k: f.to_json() for k, f in self.devices.items()}
         return out

@@ -49,9 +49,9 @@ from vramscope.analysis.results import (
     StepRange,
     no_batch_fit,
 )
-from vramscope.analysis.verdicts import forecast_severity, leak_trend
+from vramscope.analysis.verdicts import forecast_severity, leak_trend, oom_outlook
 from vramscope.logs.table import LogTable
-from vramscope.units import MIB
+from vramscope.units import GIB, MIB
 
 __all__ = [
     "ANALYSED_COLUMNS",
@@ -86,6 +86,7 @@ def analyze(
     config: LeakConfig = DEFAULT_CONFIG,
     capacity_hint: str | None = None,
     columns: LogColumns | None = None,
+    capacity_option: str = "",
 ) -> AnalysisResult:
     """Analyse a log read by :func:`vramscope.logs.reader.read_log`.
 
@@ -100,13 +101,15 @@ def analyze(
             report names its ``--gpu-memory`` option).
         columns: the table's columns, when the caller reads them too (a report draws them): each is
             read once for both.
+        capacity_option: how the caller names a given capacity (the report's ``--gpu-memory``), for the
+            verdict on a capacity below what the log holds.
 
     Returns:
         the typed result; its ``to_json()`` is ``{"leak": {...}, "peak": {...}, "forecast": {...},
         "warnings": [...], "devices": [...], ...}`` (docs/leak-detection.md lists every key).
     """
     cols = columns if columns is not None else LogColumns.from_table(table)
-    return _analyze(cols, capacity_bytes, max_batch_tokens, config, capacity_hint)
+    return _analyze(cols, capacity_bytes, max_batch_tokens, config, capacity_hint, capacity_option)
 
 
 def analyze_columns(
@@ -116,7 +119,7 @@ def analyze_columns(
     config: LeakConfig = DEFAULT_CONFIG,
 ) -> AnalysisResult:
     """The analysis over typed columns (ints/floats/str, None = unknown), one entry per log row."""
-    return _analyze(LogColumns.from_lists(columns), capacity_bytes, max_batch_tokens, config, None)
+    return _analyze(LogColumns.from_lists(columns), capacity_bytes, max_batch_tokens, config, None, "")
 
 
 def _analyze(
@@ -125,6 +128,7 @@ def _analyze(
     max_batch_tokens: int | None,
     config: LeakConfig,
     capacity_hint: str | None,
+    capacity_option: str,
 ) -> AnalysisResult:
     clock = Clock(cols)
     steps = _step_range(cols)
@@ -132,7 +136,7 @@ def _analyze(
     for key, sel in device_rows(cols).items():
         dev = DeviceRows(key, sel, cols)
         devices.append(_analyze_device(dev, clock, capacity_bytes, max_batch_tokens, config, capacity_hint,
-                                       steps.logged))
+                                       steps.logged, capacity_option))
     elapsed = cols.column("elapsed_s")
     seconds = elapsed.values[elapsed.known]
     peaks = {d.key: d.peak for d in devices}
@@ -170,7 +174,8 @@ def _signal(dev: DeviceRows, candidates: Sequence[str]) -> str | None:
 
 
 def _analyze_device(dev: DeviceRows, clock: Clock, capacity_bytes: int | None, max_batch_tokens: int | None,
-                    config: LeakConfig, capacity_hint: str | None, steps_logged: int | None) -> DeviceAnalysis:
+                    config: LeakConfig, capacity_hint: str | None, steps_logged: int | None,
+                    capacity_option: str = "") -> DeviceAnalysis:
     level_name = _signal(dev, LEVEL_SIGNALS)
     peak_name = _signal(dev, PEAK_SIGNALS)
     peak = _peak(dev, clock, peak_name)
@@ -191,9 +196,14 @@ def _analyze_device(dev: DeviceRows, clock: Clock, capacity_bytes: int | None, m
     oom = _oom(dev, found, unit, train, peak_name, capacity)
     if capacity_hint is not None and oom.reason.startswith(CAPACITY_UNKNOWN):
         oom = replace(oom, reason=capacity_hint)
-    forecast = DeviceForecast(dev.key, oom, _longest_batch(dev, train, capacity, max_batch_tokens),
-                              forecast_severity(oom, steps_logged))
-    return DeviceAnalysis(dev.key, peak, leak, forecast, device_detail(dev, clock, capacity_bytes))
+    detail = device_detail(dev, clock, capacity_bytes)
+    batch = _longest_batch(dev, train, capacity, max_batch_tokens)
+    severity = forecast_severity(oom, steps_logged)
+    held = max((b for b in (peak.bytes, detail.headroom.peak_used_bytes) if b is not None), default=None)
+    given = None if capacity_bytes is None else f"{capacity_option or 'a capacity of'} {capacity_bytes / GIB:.3g}GiB"
+    outlook = oom_outlook(detail.title, oom, batch, severity, leak, held, given, dev.key)
+    forecast = DeviceForecast(dev.key, oom, batch, severity, outlook)
+    return DeviceAnalysis(dev.key, peak, leak, forecast, detail)
 
 
 def _peak(dev: DeviceRows, clock: Clock, name: str | None) -> DevicePeak:
@@ -295,13 +305,14 @@ def _oom(dev: DeviceRows, found: LeakResult, unit: str, train: np.ndarray, peak_
         elapsed = dev.column("elapsed_s")
         rows = tail(train & elapsed.known, RECENT_STEP_TIMES)  # only the newest rows count
         step_s = seconds_per_step(dev.column("step").values[rows], elapsed.values[rows], recent=RECENT_STEP_TIMES)
-    slope_per_step = found.slope_per_x if found.detected and unit == "step" else None
-    fc = forecast_oom(slope_per_step, recent_peak, capacity, step_s)
-    if found.detected and unit == "s" and found.slope_per_x and capacity is not None and recent_peak is not None:
-        # A time-based log: the same arithmetic per second.
-        seconds = forecast_oom(found.slope_per_x, recent_peak, capacity, 1.0)
-        fc = replace(fc, seconds_to_oom=seconds.steps_to_oom, reason=seconds.reason)
-    return fc
+    if unit == "s":
+        # A log without steps: the same arithmetic per second, and no steps to count (not "~0 steps").
+        per_s = found.slope_per_x if found.detected else None
+        fc = forecast_oom(per_s, recent_peak, capacity, 1.0)
+        return replace(fc, steps_to_oom=None, seconds_to_oom=fc.steps_to_oom, slope_bytes_per_step=None,
+                       seconds_per_step=None, slope_bytes_per_second=per_s)
+    slope_per_step = found.slope_per_x if found.detected else None
+    return forecast_oom(slope_per_step, recent_peak, capacity, step_s)
 
 
 def _recent_max(dev: DeviceRows, name: str | None) -> int | None:
@@ -345,24 +356,31 @@ def _overall_leak(leaks: list[DeviceLeak]) -> LeakSummary:
 def _overall_forecast(forecasts: list[DeviceForecast]) -> ForecastSummary:
     if not forecasts:
         return ForecastSummary(None, no_batch_fit("the log has no rows"), {})
-    soonest = min(forecasts, key=lambda f: (f.oom.steps_to_oom is None, f.oom.steps_to_oom or 0.0,
+    # Already over (or at) the capacity first, then the fewest steps, then the fewest seconds (a log without steps).
+    soonest = min(forecasts, key=lambda f: (f.outlook.kind not in ("over_capacity", "at_capacity"),
+                                            f.oom.steps_to_oom is None, f.oom.steps_to_oom or 0.0,
                                             f.oom.seconds_to_oom is None, f.oom.seconds_to_oom or 0.0))
     batches = [f.longest_batch for f in forecasts]
     risky = [b for b in batches if b.at_risk]
     fitted = [b for b in batches if b.available]
-    return ForecastSummary(soonest, (risky or fitted or batches)[0], {f.key: f for f in forecasts})
+    # The report leads with the soonest OOM; without one, with a batch at risk on any device.
+    ahead = [f.outlook for f in forecasts if f.outlook.ahead]
+    outlook = soonest.outlook if soonest.outlook.ahead or not ahead else ahead[0]
+    return ForecastSummary(soonest, (risky or fitted or batches)[0], {f.key: f for f in forecasts}, outlook)
 
 
 def _warnings(devices: list[DeviceAnalysis]) -> list[str]:
     warnings: list[str] = []
     for d in devices:
-        leak, fc = d.leak, d.forecast.oom
+        leak = d.leak
         where = "host" if d.key == "host" else f"GPU {d.key}"
         if leak.detected or leak.shown_kind in ("caching", "fragmentation"):
             warnings.append(f"{where}: {leak.shown_verdict}")
-        if fc.steps_to_oom is not None and leak.detected:
-            when = f" (~{fc.seconds_to_oom / 60:.0f} min)" if fc.seconds_to_oom is not None else ""
-            warnings.append(f"{where}: at this rate the run runs out of memory in ~{fc.steps_to_oom:.0f} steps{when}")
+        outlook = d.forecast.outlook
+        if outlook.kind in ("over_capacity", "at_capacity"):
+            warnings.append(outlook.detail)  # it names the device
+        elif outlook.kind == "leak" and leak.detected:
+            warnings.append(f"{where}: at this rate the run runs {outlook.headline}")
         if d.forecast.longest_batch.warning:
             warnings.append(f"{where}: {d.forecast.longest_batch.warning}")
     return warnings

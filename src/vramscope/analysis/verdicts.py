@@ -2,6 +2,9 @@
 
 * :func:`forecast_severity`: how urgent an OOM forecast is, from the time left (not from the word "OOM"):
   a forecast of four thousand days is not an alarm;
+* :func:`oom_outlook`: what the log says of running out of memory, in the words the page, the terminal and
+  ``--json`` all show: a capacity below what the log holds, an OOM in steps or (a log without steps) in time,
+  a longest batch at risk, or nothing ahead;
 * :func:`device_idle`: a GPU this run did not use (no step, nothing beyond a CUDA context), which gets
   no advice;
 * :func:`batches_note`: why the longest batches have no peak, instead of a bare "?";
@@ -15,8 +18,18 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from vramscope.analysis.devices import DeviceRows
+from vramscope.analysis.forecast import SAFETY_FRACTION
 from vramscope.analysis.leak import median
-from vramscope.analysis.results import BatchPeak, DeviceLeak, OomForecast, PeakAt, Severity, TrendLine
+from vramscope.analysis.results import (
+    BatchPeak,
+    DeviceLeak,
+    LongestBatch,
+    OomForecast,
+    OomOutlook,
+    PeakAt,
+    Severity,
+    TrendLine,
+)
 from vramscope.units import GIB, MIB, human_precise
 
 # A forecast closer than this is red: it can hit before anyone looks again (tonight's run).
@@ -62,6 +75,53 @@ def _severity(steps: float | None, seconds: float | None, steps_logged: int | No
     level = "high" if ratio <= HIGH_RUN_RATIO else "medium" if ratio <= MEDIUM_RUN_RATIO else "low"
     return Severity(level, f"{steps:,.0f} steps left, {ratio:.1f} times the {steps_logged:,} logged "
                     "(no step time in the log)")
+
+
+def oom_outlook(where: str, oom: OomForecast, batch: LongestBatch, severity: Severity | None, leak: DeviceLeak,
+                held_bytes: int | None, capacity_given: str | None, key: str | None = None) -> OomOutlook:
+    """What to say of running out of memory on one device (``where``: "GPU 0"), judged once for every renderer.
+
+    Args:
+        oom: the device's forecast; batch: its longest-batch forecast; severity: how urgent ``oom`` is.
+        leak: the device's leak verdict (a forecast of a log too short to test says so, not "not growing").
+        held_bytes: the most the log shows this device holding (its peak).
+        capacity_given: how the capacity was given, for people (``--gpu-memory 8.00 GiB``), when it was given
+            rather than logged; None: the GPU's logged total.
+    """
+    level = None if severity is None else severity.level
+    cap = oom.capacity_bytes
+    if cap is not None and held_bytes is not None and held_bytes > cap and capacity_given is not None:
+        return OomOutlook("over_capacity", "does not fit the capacity given",
+                          f"{capacity_given} is below the {held_bytes / GIB:.1f} GiB this log already holds on {where}",
+                          "high", key)
+    if oom.headroom_bytes is not None and oom.headroom_bytes <= 0 and cap is not None:
+        peak = oom.current_peak_bytes or 0
+        return OomOutlook("at_capacity", "at the capacity now",
+                          f"{where}: the peak of {peak / GIB:.2f} GiB is within the {SAFETY_FRACTION:.0%} the "
+                          f"allocator needs free of the {cap / GIB:.2f} GiB it can use", "high", key)
+    if cap is None:
+        return OomOutlook("unknown", "no forecast", oom.reason, None, key)
+    if oom.steps_to_oom is not None:
+        when = f"~{oom.steps_to_oom:,.0f} steps"
+        if oom.seconds_to_oom is not None:
+            when += f" (about {duration(oom.seconds_to_oom)})"
+        rate = "" if oom.slope_bytes_per_step is None else f" of {human_precise(oom.slope_bytes_per_step)}/step"
+        why = "" if severity is None else f"; {severity.why}"
+        return OomOutlook("leak", f"out of memory in {when}",
+                          f"{where}: the leak's growth{rate} reaches the capacity{why}", level, key)
+    if oom.seconds_to_oom is not None:
+        rate = "" if oom.slope_bytes_per_second is None else f" of {human_precise(oom.slope_bytes_per_second)}/s"
+        return OomOutlook("leak", f"out of memory in about {duration(oom.seconds_to_oom)}",
+                          f"{where}: at the growth{rate}, the peak reaches the {cap / GIB:.2f} GiB capacity "
+                          f"(less the {SAFETY_FRACTION:.0%} the allocator keeps free)", level, key)
+    if batch.at_risk:
+        return OomOutlook("longest_batch", "longest batch at risk", f"{where}: {batch.warning}", "high", key)
+    if oom.current_peak_bytes is None:
+        return OomOutlook("unknown", "no forecast", oom.reason, None, key)
+    if leak.kind == "insufficient":
+        return OomOutlook("unknown", "no forecast yet",
+                          f"{where}: the log is too short to tell whether memory grows (see the leak test)", None, key)
+    return OomOutlook("none", "no OOM ahead", f"{where}: {oom.reason}", None, key)
 
 
 def device_idle(key: str, peaks: Mapping[str, PeakAt], has_steps: bool) -> str | None:

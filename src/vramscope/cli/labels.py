@@ -24,3 +24,18 @@ BREAKDOWN_LABELS = {
     "cuda_context": "CUDA context and kernels",
     "nccl_buffers": "NCCL buffers (outside the allocator)",
 }
+
+
+def breakdown_labels(bits: int, dtype: str, moe: bool = False) -> dict[str, str]:
+    """:data:`BREAKDOWN_LABELS` for a plan of ``bits``-bit weights loaded in ``dtype``: its weight lines say what
+    they hold. A 16-bit plan has no "quantized" weights; an MoE model's fused experts are the bulk of what
+    bitsandbytes leaves unquantized (the plan appends their dtype: "experts unquantized (fp32)")."""
+    out = dict(BREAKDOWN_LABELS)
+    if bits == 16:
+        out["quantized_weights"] = f"weights ({dtype})"
+        out["unquantized_params"] = f"embeddings, lm_head, norms{', experts' if moe else ''} ({dtype})"
+        return out
+    out["quantized_weights"] = f"{bits}-bit weights"
+    if moe:
+        out["unquantized_params"] = "experts unquantized"
+    return out

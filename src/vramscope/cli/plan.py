@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus, plan_phases
 from vramscope.cli.common import PLAN_SCHEMA_VERSION, CommandError, UsageError, positive_int, set_examples
-from vramscope.cli.labels import BREAKDOWN_LABELS
+from vramscope.cli.labels import breakdown_labels
 from vramscope.cli.plan_dataset import add_dataset_arguments, fallback_line, format_dataset, read_dataset
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
@@ -22,6 +22,7 @@ from vramscope.commands import phases as command_phases
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.memory import OPTIMIZERS
+from vramscope.planner.settings import style_of
 from vramscope.units import gib
 
 if TYPE_CHECKING:
@@ -99,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
                 print(report, file=sys.stderr)
         run_phases = plan_phases.run_phases_from_args(
             args, base=None if command is None or multi else command_phases.run_phases(command.parsed))
+        # advice in the command's own keys, keeping its accumulation (same effective batch)
+        style = None if command is None else style_of(command.parsed.program, command.spec.framework)
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
                       target_batch=args.target_batch, hardware=hardware, read_from_command=command is not None,
-                      run=run_phases)
+                      run=run_phases, style=style, grad_accum=1 if command is None else command.parsed.grad_accum)
         others = [] if command is None else training_command.alternative_plans(
             command, args, model,
             lambda alt, seq: plan(model, args.batch_size, seq or args.seq_len, alt, gpu_memory=args.gpu_memory,
@@ -204,9 +207,10 @@ def format_plan(p: Plan) -> str:
         "",
         f"  breakdown at the peak ({_peak_name(p)}; [{p.framework}] = set by the framework):",
     ]
+    labels = breakdown_labels(s.bits, s.compute_dtype, p.moe)
     for name, value in p.breakdown.to_dict().items():
         if value:
-            label = BREAKDOWN_LABELS.get(name, name)
+            label = labels.get(name, name)
             dtype = (p.from_framework.get(name, "").split() or [""])[0].rstrip(":")
             if name in ("unquantized_params", "lora_weights", "lora_gradients") and dtype:
                 label = f"{label} ({dtype})"

@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from vramscope.cli.common import UsageError
-from vramscope.cli.labels import BREAKDOWN_LABELS
+from vramscope.cli.labels import breakdown_labels
 from vramscope.planner import PlanInputError
 from vramscope.planner.api import Plan, capacity_of, resolve_model
 from vramscope.planner.distributed import (
@@ -122,12 +122,12 @@ def format_gpus(p: Plan, dist: DistributedEstimate | None, table: FitTable) -> s
              f"  {s.bits}-bit base, LoRA r={s.lora_r} ({p.trainable_params / 1e6:.1f}M trainable), {s.optim}, "
              f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}"]
     if dist is not None:
-        lines += ["", *_format_dist(dist, table.capacity_bytes)]
+        lines += ["", *_format_dist(dist, table.capacity_bytes, breakdown_labels(s.bits, s.compute_dtype, p.moe))]
     lines += ["", *_format_table(table)]
     return "\n".join(lines)
 
 
-def _format_dist(d: DistributedEstimate, capacity: int | None) -> list[str]:
+def _format_dist(d: DistributedEstimate, capacity: int | None, labels: dict[str, str]) -> list[str]:
     par = d.parallelism
     name = STRATEGY_NAMES[par.strategy] + (f" with {par.offload} offload" if par.offload != "none" else "")
     eff = d.batch_size * par.data_parallel
@@ -146,7 +146,7 @@ def _format_dist(d: DistributedEstimate, capacity: int | None) -> list[str]:
     for key in (*ALLOCATED, "optimizer_states_paged", "allocator_overhead", "cuda_context", "nccl_buffers"):
         value = w.parts.get(key, 0)
         if value:
-            label = BREAKDOWN_LABELS.get(key, key)
+            label = labels.get(key, key)
             if key == "quantization_constants" and not w.parts.get("quantized_weights"):
                 label = "quantization constants (weights on host)"
             lines.append(f"    {label:42} {gib(value):>11}")

@@ -19,7 +19,7 @@ from vramscope.planner.phase_advice import phase_reason, phase_recommendations
 from vramscope.planner.phases import RunPhases, RunPlan, plan_run
 from vramscope.planner.recommendation import Recommendation as Recommendation  # re-exported: its old home
 from vramscope.planner.search import largest_fitting
-from vramscope.planner.settings import STYLES, written_as
+from vramscope.planner.settings import STYLES, offered, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MAX_BYTES
@@ -61,6 +61,7 @@ class Plan:
     # stopped at the model's context (max_position_embeddings) rather than at the memory.
     cannot_fit_reason: str | None = None
     max_seq_len_at_context: bool = False
+    moe: bool = False  # a mixture of experts: its fused experts are among the unquantized parameters
     framework: str = "hf"
     framework_title: str = ""
     # breakdown line -> why its size depends on the framework (the lines the framework decides)
@@ -71,6 +72,12 @@ class Plan:
     run_phases: RunPhases = field(default_factory=RunPhases)
     # What the user must know before anything else (MoE experts that 4-bit loading leaves 16-bit).
     warnings: tuple[str, ...] = ()
+
+    def _repr_html_(self) -> str:
+        """How a notebook shows a plan (the last value of a cell)."""
+        from vramscope.planner.notebook import plan_html
+
+        return plan_html(self)
 
     @property
     def run_peak_phase(self) -> str:
@@ -206,7 +213,8 @@ MIN_SAVING_SHARE = 0.01  # the smallest saving worth offering, as a share of the
 
 
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
-                     peak: int, capacity: int | None, style: str | None = None) -> list[Recommendation]:
+                     peak: int, capacity: int | None, style: str | None = None,
+                     grad_accum: int = 1) -> list[Recommendation]:
     """Alternatives ranked by predicted saving; each saving is a difference of two model predictions, so it
     stays meaningful when ``peak`` is a measurement rather than the model's own figure. ``style`` says in whose
     keys ``how`` is written (default: the recipe's framework)."""
@@ -218,6 +226,8 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
 
     def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
             framework: Framework | None = None) -> None:
+        if not offered(change, style):  # a change the user's program has no key for (axolotl's own trainer)
+            return
         saving = base - estimate(shape, new_spec, b, s, hw, framework=framework).device_bytes
         # A change that saves less than 1% of the step is noise, not advice ("saves 0.01 GiB").
         if saving > 0 and saving >= MIN_SAVING_SHARE * base:
@@ -238,9 +248,10 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
             # the largest micro-batch that fits, judged against the measured peak's excess over the model
             limit = min(limit, max(1, max_batch_size(shape, spec, seq, capacity - (peak - base), hw)))
         micro = _largest_divisor(batch, limit)
-        accum = batch // micro
+        # The user's own accumulation carries over: the effective batch is micro-batch x accumulation.
+        accum, effective = batch // micro * grad_accum, batch * grad_accum
         add("micro_batch", spec, micro, seq,
-            f"micro-batch {micro} with gradient accumulation {accum} (same effective batch {batch}): "
+            f"micro-batch {micro} with gradient accumulation {accum} (same effective batch {effective}): "
             "saves {saving:.2f} GiB", {"batch_size": micro, "grad_accum": accum})
     if spec.optim in ("adamw_torch", "adamw_torch_fused", "adamw_8bit"):
         add("optimizer", spec.with_(optim="paged_adamw_8bit"), batch, seq,
@@ -309,6 +320,7 @@ def recommend(
     capacity_bytes: int | None = None,
     gpu: str | None = None,
     style: str | None = None,
+    grad_accum: int = 1,
 ) -> list[Recommendation]:
     """Ways to cut a run's GPU memory, ranked by predicted saving (largest first).
 
@@ -323,6 +335,7 @@ def recommend(
         gpu: a GPU registry name, for its capacity (when ``capacity_bytes`` is not given) and its cuBLAS workspace.
         style: whose keys ``how`` is written in (``hf``, ``trl``, ``loop``, ``axolotl``); default the
             recipe's framework.
+        grad_accum: the run's gradient accumulation steps (a smaller micro-batch keeps micro x accumulation).
 
     Returns:
         Recommendations with ``name``, ``saving_bytes`` (predicted), ``text`` (one line), ``change``,
@@ -342,7 +355,8 @@ def recommend(
     peak = current.device_bytes if peak_bytes is None else _positive("peak", peak_bytes, MAX_BYTES)
     if style is not None and style not in STYLES:
         raise PlanInputError(f"unknown settings style {style!r}; choose one of {', '.join(STYLES)}")
-    return _recommendations(shape, spec, batch_size, seq_len, hw, current, peak, cap, style)
+    grad_accum = _positive("gradient accumulation", grad_accum, MAX_COUNT)
+    return _recommendations(shape, spec, batch_size, seq_len, hw, current, peak, cap, style, grad_accum)
 
 
 def plan(
@@ -357,6 +371,8 @@ def plan(
     hardware: Hardware | None = None,
     read_from_command: bool = False,
     run: RunPhases | None = None,
+    style: str | None = None,
+    grad_accum: int = 1,
 ) -> Plan:
     """Predict the GPU memory of a QLoRA/LoRA run before it starts.
 
@@ -374,6 +390,10 @@ def plan(
         run: the trainer and the phases besides the training step (:class:`~vramscope.planner.phases.RunPhases`:
             DPO, GRPO, reward, KTO; evaluation); default one SFT step, as before. The totals are then the run's
             peak over its phases, ``run`` has every phase.
+        style: whose keys the recommendations are written in (``hf``, ``trl``, ``loop``, ``axolotl``: see
+            :func:`vramscope.planner.settings.style_of`); default the recipe's framework.
+        grad_accum: the run's own gradient accumulation steps: a smaller micro-batch keeps the effective batch
+            ``batch_size x grad_accum``.
 
     Returns:
         A :class:`Plan` with the three totals (peak allocated, peak reserved, process memory), the breakdown at
@@ -454,7 +474,8 @@ def plan(
                              f"{target_batch} cannot be reached by accumulation")
     elif target_batch is not None:
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
-    recs = _recommendations(shape, spec, step_rows, step_len, hw, est, est.device_bytes, cap)
+    grad_accum = _positive("gradient accumulation", grad_accum, MAX_COUNT)
+    recs = _recommendations(shape, spec, step_rows, step_len, hw, est, est.device_bytes, cap, style, grad_accum)
     if run.trainer != "sft":
         # the step's rows are 2 x batch (DPO, reward) or prompt + completion long (GRPO): batch and length
         # changes are the phases' own recommendations, written in the trainer's settings
@@ -463,7 +484,8 @@ def plan(
     if cap is not None and not fits:
         reason = phase_reason(whole, cap)
         if reason is None:
-            reason, recs = _cannot_fit(shape, spec, step_rows, step_len, hw, est, cap, name, recs)
+            reason, recs = _cannot_fit(shape, spec, step_rows, step_len, hw, est, cap, name, recs, style,
+                                       grad_accum)
     run_recs = phase_recommendations(shape, spec, batch_size, seq_len, hw, run, whole, cap)
     if whole.peak_phase != "train":
         # the training step's savings do not lower a peak set by evaluation or generation: that phase's first
@@ -478,7 +500,7 @@ def plan(
         total_params=shape.total_params(), gpu_memory_bytes=cap, fits=fits, max_batch_size=mb, max_seq_len=ms,
         target_batch=target_batch, micro_batch_size=micro, grad_accum_steps=accum, recommendations=tuple(recs),
         notes=tuple(notes), cannot_fit_reason=reason, max_seq_len_at_context=at_context,
-        framework=spec.framework, from_framework=component_notes(spec),
+        framework=spec.framework, from_framework=component_notes(spec), moe=bool(shape.experts),
         framework_title=framework_for(spec).title.replace("bf16 autocast", f"{spec.compute_dtype} autocast"),
         run=whole, run_phases=run, warnings=warnings,
     )
@@ -504,11 +526,12 @@ def moe_warnings(shape: ModelShape, spec: QLoraSpec, est: Estimate) -> tuple[str
 
 
 def _cannot_fit(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, est: Estimate, cap: int,
-                name: str, recs: list[Recommendation]) -> tuple[str, list[Recommendation]]:
+                name: str, recs: list[Recommendation], style: str | None = None,
+                grad_accum: int = 1) -> tuple[str, list[Recommendation]]:
     """Why the plan does not fit and what would: more GPUs, offload, a smaller model or fewer bits first; the
     usual recommendations only when the weights leave room for them to matter."""
-    why = explain(shape, spec, batch, seq, hw, est, cap, name)
-    style = "loop" if spec.framework.startswith("loop") else spec.framework
+    why = explain(shape, spec, batch, seq, hw, est, cap, name, grad_accum)
+    style = style or ("loop" if spec.framework.startswith("loop") else spec.framework)
     ways = [replace(a, how=written_as(a.change, style)) for a in why.alternatives]
     if why.replaces_others:
         return why.reason, ways

@@ -375,22 +375,28 @@ def _split(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, par: Parall
     return tuple(out)
 
 
-def sharding(par: Parallelism) -> dict[str, str]:
-    """Component -> how the strategy keeps it, for people (``"sharded 1/2"``, ``"replicated"``, ``"host"``)."""
+def sharding(par: Parallelism, bits: int = 4) -> dict[str, str]:
+    """Component -> how the strategy keeps it, for people (``"sharded 1/2"``, ``"replicated"``, ``"host"``).
+
+    The weights are named for what they are: 4-bit weights stored as bf16 (``bnb_4bit_quant_storage``, so that
+    FSDP can shard them), 8-bit weights, or a 16-bit base's plain weights (no quantization constants)."""
     n = par.world_size
+    weights = {4: "4-bit weights (bf16 storage)", 8: "8-bit weights"}.get(bits, "weights")
     sh, rep = (f"sharded 1/{n}" if n > 1 else "whole (one rank)"), "replicated"
     s, off = par.strategy, par.offload
     if s == "split":
         return {"layers": f"divided over {n} GPUs (device_map=auto)", "embeddings": "first GPU",
                 "lm_head and logits": "last GPU"}
     params = sh if s in ("fsdp", "zero3") else rep
-    out = {"4-bit weights (bf16 storage)": params, "quantization constants": rep,
-           "unquantized params": params if s == "fsdp" else (f"{sh} (norms whole)" if s == "zero3" else rep),
-           "LoRA weights": params, "LoRA gradients": rep if s == "ddp" else sh,
-           "optimizer states": rep if s == "ddp" else sh}
+    others = "unquantized params" if bits in (4, 8) else "embeddings, lm_head, norms"
+    out = {weights: params}
+    if bits in (4, 8):
+        out["quantization constants"] = rep
+    out |= {others: params if s == "fsdp" else (f"{sh} (norms whole)" if s == "zero3" else rep),
+            "LoRA weights": params, "LoRA gradients": rep if s == "ddp" else sh,
+            "optimizer states": rep if s == "ddp" else sh}
     if off == "params":
-        for key in ("4-bit weights (bf16 storage)", "unquantized params", "LoRA weights", "LoRA gradients",
-                    "optimizer states"):
+        for key in (weights, others, "LoRA weights", "LoRA gradients", "optimizer states"):
             out[key] = "host" if n == 1 else f"host ({out[key]})"
     elif off == "optimizer":
         out["optimizer states"] = f"host ({out['optimizer states']})"
@@ -420,7 +426,8 @@ def estimate_distributed(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
         ranks = _split(shape, spec, batch, seq, par, hw, est)
     else:
         ranks = (_data_parallel(shape, est, par, hw),)
-    return DistributedEstimate(parallelism=par, batch_size=batch, seq_len=seq, ranks=ranks, sharding=sharding(par))
+    return DistributedEstimate(parallelism=par, batch_size=batch, seq_len=seq, ranks=ranks,
+                               sharding=sharding(par, spec.bits))
 
 
 __all__ = ["ALLOCATED", "OFFLOADS", "STRATEGIES", "DistributedEstimate", "Parallelism", "RankEstimate",

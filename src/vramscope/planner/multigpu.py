@@ -179,9 +179,13 @@ def _with_capacity(pl: _Planner, row: StrategyFit, capacity: int, batch: int, ta
 
 
 def recommendations(rows: list[StrategyFit], capacity: int, batch: int) -> list[str]:
-    """Lines that compare strategies: the cheapest that fits first, then what the others would need."""
+    """Lines that compare strategies: the cheapest that fits first, then what the others would need.
+
+    Cheapest is the fewest GPUs, then no offload (every step of an offload copies the weights over PCIe: a
+    larger micro-batch does not buy that back), then the largest micro-batch: where plain DDP fits one GPU,
+    offload is not the first thing said."""
     fitting = sorted((r for r in rows if r.min_gpus is not None),
-                     key=lambda r: (r.min_gpus or 0, -(r.max_batch_at_min or 0), r.offload != "none"))
+                     key=lambda r: (r.min_gpus or 0, r.offload != "none", -(r.max_batch_at_min or 0)))
     out: list[str] = []
     for r in fitting[:3]:
         where = "on 1 GPU" if r.min_gpus == 1 else f"over {r.min_gpus} GPUs"

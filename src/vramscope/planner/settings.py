@@ -34,6 +34,27 @@ def _yaml(value: Any) -> str:
     return str(value)
 
 
+def style_of(program: str | None, framework: str) -> str:
+    """Whose keys a plan's advice is written in, for a command read by :mod:`vramscope.commands` (its ``program``:
+    ``trl``, ``qlora``, ``hf``, ``axolotl``) under ``framework``: an axolotl user gets axolotl's YAML keys, a
+    loop its code, TRL's script its ``SFTConfig`` fields, the rest HF's ``TrainingArguments``."""
+    if program == "axolotl":
+        return "axolotl"
+    if framework.startswith("loop"):
+        return "loop"
+    return "trl" if framework == "trl" or program == "trl" else "hf"
+
+
+# Changes a style has no setting for: axolotl builds its own trainer (no "switch to TRL's SFTTrainer") and
+# its model and loop (no forward arguments to pass, no output to drop).
+_NOT_OFFERED = {"axolotl": frozenset({"framework", "keep_output", "use_cache"})}
+
+
+def offered(change: dict[str, Any], style: str | None) -> bool:
+    """Whether a change can be said in ``style``'s own keys at all (a change that cannot is not advice there)."""
+    return not (_NOT_OFFERED.get(style or "", frozenset()) & change.keys())
+
+
 def written_as(change: dict[str, Any], style: str) -> str:
     """``change`` as the user writes it in ``style`` (one of :data:`STYLES`); ``;``-separated when several."""
     parts: list[str] = []

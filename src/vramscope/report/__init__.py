@@ -9,8 +9,31 @@ only by the PNG renderer, when it runs.
 
 from __future__ import annotations
 
+import os
+import sys
+import types
+from typing import Any
+
 from vramscope.report.compare import compare
 from vramscope.report.html import render_html
 from vramscope.report.model import EmptyLogError, LogReport, build_report
 
-__all__ = ["EmptyLogError", "LogReport", "build_report", "compare", "render_html"]
+__all__ = ["EmptyLogError", "LogReport", "build_report", "compare", "render_html", "report"]
+
+
+def report(path: str | os.PathLike[str], **options: Any) -> LogReport:
+    """The typed report of the log at ``path`` (``vramscope.report("mem.csv")``): its ``result`` is the analysis,
+    and a notebook shows it as the report's page. ``options``: :func:`vramscope.report.load.report_file`'s."""
+    from vramscope.report.load import report_file
+
+    return report_file(path, **options)
+
+
+class _CallableModule(types.ModuleType):
+    """``vramscope.report`` is this package and also the function people call: ``vramscope.report(path)``."""
+
+    def __call__(self, path: str | os.PathLike[str], **options: Any) -> LogReport:
+        return report(path, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -14,7 +14,6 @@ from vramscope import __version__
 from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, PeakAt
-from vramscope.analysis.verdicts import duration
 from vramscope.report.charts import Chart
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
@@ -22,10 +21,8 @@ from vramscope.report.figures import (
     duration_shown,
     leak_kind,
     leak_verdict,
-    no_forecast_reason,
     oom_severity,
     seconds_shown,
-    soonest_oom,
 )
 from vramscope.report.model import LogReport
 from vramscope.report.svg import chart_svg
@@ -188,8 +185,12 @@ def _cards(report: LogReport) -> str:
         title, room, left = min(rooms, key=lambda r: r[2])
         fraction = room.headroom_fraction or 0.0
         tone = "bad" if fraction < 0.05 else "warn" if fraction < 0.1 else "good"
-        cards.append(_card("headroom at the peak", gib(left),
-                           f"{fraction:.0%} of {gib(room.capacity_bytes)} on {title}", tone))
+        if left < 0:  # a capacity given below what the log holds
+            cards.append(_card("over the capacity", gib(-left), f"at the peak, over {gib(room.capacity_bytes)} "
+                               f"on {title}", tone))
+        else:
+            cards.append(_card("headroom at the peak", gib(left),
+                               f"{fraction:.0%} of {gib(room.capacity_bytes)} on {title}", tone))
     result = report.result
     kind = leak_kind(result.leak)
     detected = result.leak.detected
@@ -202,18 +203,10 @@ def _cards(report: LogReport) -> str:
     if kind == "insufficient":
         value, tone = "not enough data", ""
     cards.append(_card("leak", value, leak_verdict(result.leak), tone))
-    oom = soonest_oom(result)
-    if oom is not None and oom.steps_to_oom is not None:
-        when = f"~{oom.steps_to_oom:,.0f} steps"
-        detail = f"in about {duration(oom.seconds_to_oom)}" if oom.seconds_to_oom is not None else ""
-        # The colour says how soon, not that an OOM was named: red within hours, amber within a day.
-        tone = {"high": "bad", "medium": "warn"}.get(level, "")
-        cards.append(_card("OOM forecast", when, detail, tone, level=level))
-    else:
-        batch = result.forecast.longest_batch
-        text = "longest batch at risk" if batch.at_risk else "no OOM ahead"
-        detail = batch.warning or no_forecast_reason(result) or ""
-        cards.append(_card("OOM forecast", text, detail, "bad" if batch.at_risk else ""))
+    outlook = result.forecast.outlook
+    # The colour says how soon, not that an OOM was named: red within hours, amber within a day.
+    tone = {"high": "bad", "medium": "warn"}.get(outlook.level or "", "")
+    cards.append(_card("OOM forecast", outlook.headline, outlook.detail, tone, level=outlook.level or ""))
     return f'<div class="cards">{"".join(cards)}</div>'
 
 

@@ -38,7 +38,9 @@ __all__ = [
 ]
 
 # What the forecast says when the log has no capacity: the report can be told it, so it names the option.
-CAPACITY_HINT = "capacity unknown (no GPU total in the log): give it with --gpu-memory, e.g. --gpu-memory 24GiB"
+CAPACITY_OPTION = "--gpu-memory"  # how the report's given capacity is named in its verdicts
+CAPACITY_HINT = f"capacity unknown (no GPU total in the log): give it with {CAPACITY_OPTION}, e.g. " \
+    f"{CAPACITY_OPTION} 24GiB"
 
 
 @dataclass
@@ -54,6 +56,16 @@ class LogReport:
     read_as: str | None = None  # the --columns mapping a log was read through, given or guessed
     breakdown: MemoryBreakdown | None = None  # what held memory, from the monitor's file beside the log
     parallelism: ParallelismCheck | None = None  # the strategy beside the log, and each rank against --plan
+
+    def _repr_html_(self) -> str:
+        """How a notebook shows a report: the same page as ``report --html``, in a frame of its own (its styles
+        and scripts stay inside it)."""
+        from html import escape
+
+        from vramscope.report.html import render_html
+
+        page = escape(render_html([self]), quote=True)
+        return f'<iframe srcdoc="{page}" style="width:100%;height:900px;border:0" title="vramscope report"></iframe>'
 
 
 class EmptyLogError(ValueError):
@@ -81,7 +93,8 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
     cols = LogColumns.from_table(table)
     if not any(cols.filled(m) for m in METRICS):
         raise EmptyLogError(f"log {table.path} has no memory readings in any row; is it a memory log?")
-    result = analyze(table, capacity_bytes=capacity_bytes, capacity_hint=CAPACITY_HINT, columns=cols)
+    result = analyze(table, capacity_bytes=capacity_bytes, capacity_hint=CAPACITY_HINT, columns=cols,
+                     capacity_option=CAPACITY_OPTION)
     clock = Clock(cols)
     devices: list[DeviceView] = []
     for dev in result.devices:

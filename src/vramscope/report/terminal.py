@@ -17,7 +17,6 @@ from rich.text import Text
 from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, RankImbalance
-from vramscope.analysis.verdicts import duration
 from vramscope.output.safetext import printable
 from vramscope.report.charts import DeviceView
 from vramscope.report.compare import change_tone, compare, format_change, format_value
@@ -26,10 +25,7 @@ from vramscope.report.figures import (
     duration_shown,
     leak_kind,
     leak_verdict,
-    no_forecast_reason,
-    oom_severity,
     seconds_shown,
-    soonest_oom,
 )
 from vramscope.report.model import LogReport
 from vramscope.report.plan_check import ParallelismCheck
@@ -121,8 +117,12 @@ def device_heading(view: DeviceView, detail: DeviceDetail) -> Text:
     if room.headroom_bytes is not None:
         fraction = room.headroom_fraction or 0.0
         style = "bold red" if fraction < 0.05 else "yellow" if fraction < 0.1 else "green"
-        text.append(" · headroom at the peak ")
-        text.append(f"{gib(room.headroom_bytes)} ({fraction:.0%})", style=style)
+        if room.headroom_bytes < 0:  # a capacity given below what the log holds: no headroom to speak of
+            text.append(" · the peak is ")
+            text.append(f"{gib(-room.headroom_bytes)} over it", style=style)
+        else:
+            text.append(" · headroom at the peak ")
+            text.append(f"{gib(room.headroom_bytes)} ({fraction:.0%})", style=style)
     return text
 
 
@@ -261,17 +261,12 @@ def _print_verdicts(report: LogReport, console: Console) -> None:
     style = "bold red" if result.leak.detected else "green"
     verdict = leak_verdict(result.leak) or leak_kind(result.leak)
     console.print(Text.assemble(("leak test: ", "bold"), (printable(verdict), style)))
-    oom = soonest_oom(result)
-    if oom is not None and oom.steps_to_oom is not None:
-        when = f"~{oom.steps_to_oom:,.0f} steps"
-        if oom.seconds_to_oom is not None:
-            when += f" (about {duration(oom.seconds_to_oom)})"
-        severity = oom_severity(result)
-        # Coloured by how soon, not by the word OOM.
-        style = {"high": "bold red", "medium": "yellow"}.get(severity.level if severity else "", "")
-        console.print(Text.assemble(("OOM forecast: ", "bold"), (f"out of memory in {when}", style)))
-    else:
-        console.print(Text.assemble(("OOM forecast: ", "bold"), printable(no_forecast_reason(result) or "none")))
+    outlook = result.forecast.outlook
+    # Coloured by how soon, not by the word OOM; the detail says why, as the page's card and --json do.
+    style = {"high": "bold red", "medium": "yellow"}.get(outlook.level or "", "")
+    detail = f" · {outlook.detail}" if outlook.detail else ""
+    console.print(Text.assemble(("OOM forecast: ", "bold"), (printable(outlook.headline), style),
+                                printable(detail)))
     warning = result.forecast.longest_batch.warning
     if warning:
         console.print(Text.assemble(("longest batch: ", "bold"), (printable(warning), "red")))
