@@ -19,7 +19,7 @@ def test_piped_report_lines_are_never_broken(tmp_path: Path) -> None:
     out = vramscope("report", str(log))
     assert out.returncode == 0, out.stderr
     forecast = [line for line in out.stdout.splitlines() if line.startswith("OOM forecast")]
-    assert forecast and forecast[0].rstrip().endswith("--capacity 24GiB"), out.stdout
+    assert forecast and forecast[0].rstrip().endswith("--gpu-memory 24GiB"), out.stdout
 
 
 def test_run_without_a_log_says_nothing_was_kept_and_how_to_keep_it() -> None:

@@ -56,10 +56,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tune(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
-    code = main(["tune", "--memory-limit", f"{LIMIT // 2**20}MiB", "--json", *argv])  # a bare number is refused
+    code = main(["tune", "--gpu-memory", f"{LIMIT // 2**20}MiB", "--json", *argv])  # a bare number is refused
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    return json.loads(captured.out)  # type: ignore[no-any-return]
+    out = json.loads(captured.out)
+    assert out["schema_version"] == 1
+    return out  # type: ignore[no-any-return]
 
 
 def verify(argv: list[str], tmp_path: Path, batch: int, seq: int) -> TrialRequest:
@@ -95,7 +97,7 @@ def test_tune_an_hf_trainer_command_for_the_batch(model_dir: Path, tmp_path: Pat
 def test_tune_an_hf_trainer_command_for_the_length(model_dir: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     argv = hf_command(model_dir, tmp_path)
-    out = tune(capsys, "--max-seq-len", "--seq-len", "512", "--", *argv)
+    out = tune(capsys, "--find-seq-len", "--seq-len", "512", "--", *argv)
     assert len(out["trials"]) <= 3 and out["unit"] == "seq_len" and out["batch_size"] == 1
     assert out["size"] % 64 == 0 and out["size"] >= 512
     assert out["setting"] == f"--max_seq_length {out['size']}"

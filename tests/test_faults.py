@@ -891,7 +891,7 @@ def test_run_and_watch_rotate_with_max_log_mb(
     monkeypatch.setattr(nvml_backend, "_load_pynvml", fake_nvml.two_healthy_gpus)
     watched = tmp_path / "watch.csv"
     assert (
-        main(["watch", "--csv", str(watched), "--max-log-mb", "0.01", "--fsync", "--interval", "0.05", "--count", "40"])
+        main(["watch", "--log", str(watched), "--max-log-mb", "0.01", "--fsync", "--interval", "0.05", "--count", "40"])
         == 0
     )
     capsys.readouterr()
@@ -917,7 +917,7 @@ def test_faults_inside_a_hugging_face_trainer_run(tmp_path: Path, caplog: pytest
     fake = fake_nvml.two_healthy_gpus(pid=os.getpid())
     bad = FailingSink(fail_from=4, log=log)
     callback = hf.MemoryMonitorCallback(
-        log=str(log), prometheus_port=taken.getsockname()[1], warn=False, nvml=fake, sinks=[bad]
+        log=str(log), prometheus=taken.getsockname()[1], warn=False, nvml=fake, sinks=[bad]
     )
 
     class Faults(transformers.TrainerCallback):  # type: ignore[misc]

@@ -336,8 +336,8 @@ def test_a_path_that_is_not_utf8_is_reported_not_crashed(tmp_path: Path) -> None
         (["run", "--interval", "1e308", "--", "true"], "interval must be at most 86400 s"),
         (["run", "--max-log-mb", "0", "--log", "x.csv", "--", "true"], "--max-log-mb must be between"),
         (["run", "--max-log-mb", "5", "--", "true"], "--max-log-mb limits the log's files; add --log FILE"),
-        (["watch", "--max-log-mb", "5"], "apply to the --csv log; add --csv FILE"),
-        (["watch", "--fsync"], "apply to the --csv log; add --csv FILE"),
+        (["watch", "--max-log-mb", "5"], "apply to the --log file; add --log FILE"),
+        (["watch", "--fsync"], "apply to the --log file; add --log FILE"),
     ],
 )
 def test_found_by_fuzzing(

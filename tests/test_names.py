@@ -134,7 +134,7 @@ def test_a_size_without_a_unit_is_refused_with_its_readings(size: str, says: str
 
 
 def test_tune_memory_limit_follows_the_same_rule() -> None:
-    line = refused("tune", "--model-dir", ".", "--seq-len", "64", "--memory-limit", "24")
+    line = refused("tune", "--model-dir", ".", "--seq-len", "64", "--gpu-memory", "24")
     assert "no unit" in line and "24GiB" in line
 
 

@@ -105,7 +105,7 @@ def test_plan_trace_cli_prints_json(tmp_path: Path, capsys: pytest.CaptureFixtur
                           "--trace", "--framework", "loop", "--gpu", "RTX-4090", "--json"], capsys)
     assert code == 0
     data = json.loads(out)
-    assert data["engine"] == "trace" and data["framework"] == "loop"
+    assert data["schema_version"] == 1 and data["engine"] == "trace" and data["framework"] == "loop"
     for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_bytes", "peak_phase", "breakdown",
                 "phases", "trace_seconds", "traced", "modelled", "fits", "notes"):
         assert key in data, key

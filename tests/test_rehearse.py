@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -75,7 +74,8 @@ def test_deepspeed_is_planned_not_rehearsed_in_one_line(tmp_path: Path, capsys: 
     assert "fits in 24.00 GiB per GPU" in out.out
     code = main(["tune", "--gpus", "4", "--json", "--", *argv])
     data = json.loads(capsys.readouterr().out)
-    assert data["rehearsed"] is False and data["plan"]["strategy"] == "zero3" and data["plan"]["world_size"] == 4
+    assert data["schema_version"] == 1 and data["rehearsed"] is False
+    assert data["plan"]["strategy"] == "zero3" and data["plan"]["world_size"] == 4
     assert data["peak_allocated_bytes"] == data["plan"]["per_gpu"][0]["peak_allocated_bytes"]
 
 
@@ -92,11 +92,10 @@ def test_what_is_refused_and_the_nccl_share(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--gpus", "2"], "rehearse a launcher command"),
-    (["--gpu-memory", "24GiB", "--", sys.executable, "t.py"], "--gpu-memory needs --gpus"),
+    (["--gpus", "2"], "rehearses a launcher command"),
     (["--gpus", "0", "--", "torchrun", "t.py"], "--gpus"),
     (["--gpus", "2", "--gpu-memory", "24", "--", "torchrun", "t.py"], "unit"),
-    (["--gpus", "2", "--memory-limit", "8GiB", "--", "torchrun", "t.py"], "--memory-limit do not apply"),
+    (["--gpus", "2", "--devices", "1", "--", "torchrun", "t.py"], "--devices do not apply"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     try:  # argparse's own refusals (a bad --gpus, a size without a unit) exit from inside main

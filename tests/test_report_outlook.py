@@ -94,9 +94,9 @@ def test_a_log_without_steps_too_short_to_test_speaks_of_samples_and_time(
 def test_a_capacity_below_what_the_log_holds_says_so_not_zero_steps(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = write_smi(tmp_path / "flat.csv", samples=100, first_mib=10_445, per_sample_mib=0)  # 10.2 GiB held
-    data, text, card = three_ways(tmp_path, capsys, log, "--capacity", "8GiB")
+    data, text, card = three_ways(tmp_path, capsys, log, "--gpu-memory", "8GiB")
     outlook = agree(data, text, card)
-    said = "--capacity 8GiB is below the 10.2 GiB this log already holds on GPU 0"
+    said = "--gpu-memory 8GiB is below the 10.2 GiB this log already holds on GPU 0"
     assert outlook == {"kind": "over_capacity", "headline": "does not fit the capacity given", "detail": said,
                        "level": "high", "key": "0"}
     assert said in data["warnings"]

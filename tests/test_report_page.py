@@ -241,27 +241,27 @@ def test_hover_shows_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_capacity_option_drives_forecast_and_headroom(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                       leak_log: Path) -> None:
     own = summary(capsys, leak_log)
-    given = summary(capsys, leak_log, "--capacity", "22GiB")
+    given = summary(capsys, leak_log, "--gpu-memory", "22GiB")
     gpu = given["devices"]["0"]
-    assert gpu["capacity_bytes"] == 22 * GIB and gpu["capacity_source"] == "--capacity"
+    assert gpu["capacity_bytes"] == 22 * GIB and gpu["capacity_source"] == "--gpu-memory"
     assert gpu["headroom_bytes"] == 22 * GIB - gpu["peak_used_bytes"]
     assert given["forecast"]["steps_to_oom"] < own["forecast"]["steps_to_oom"]
-    page, _ = render(tmp_path, leak_log, "--capacity", "80GB")
+    page, _ = render(tmp_path, leak_log, "--gpu-memory", "80GB")
     named = {t for chart in page.charts.values() for t in chart["texts"] if t.startswith("capacity")}
-    assert named == {f"capacity {80e9 / GIB:.1f} GiB (--capacity), above the chart"}
+    assert named == {f"capacity {80e9 / GIB:.1f} GiB (--gpu-memory), above the chart"}
     # A log without a GPU total: the forecast says which option gives it, and then forecasts.
     host = summary(capsys, CPU / "leak_loss_graph.csv")
-    assert host["forecast"]["steps_to_oom"] is None and "--capacity" in host["forecast"]["reason"]
-    assert summary(capsys, CPU / "leak_loss_graph.csv", "--capacity", "2GiB")["forecast"]["steps_to_oom"] > 0
+    assert host["forecast"]["steps_to_oom"] is None and "--gpu-memory" in host["forecast"]["reason"]
+    assert summary(capsys, CPU / "leak_loss_graph.csv", "--gpu-memory", "2GiB")["forecast"]["steps_to_oom"] > 0
 
 
 @pytest.mark.parametrize("value", ["24", "lots", "-4GiB", "1KiB", ""])
 def test_bad_capacity_is_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      value: str) -> None:
     out = tmp_path / "r.html"
-    assert main(["report", str(H200 / "clean_eval.csv"), "--html", str(out), f"--capacity={value}"]) == 2
+    assert main(["report", str(H200 / "clean_eval.csv"), "--html", str(out), f"--gpu-memory={value}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--capacity" in err and "GiB" in err, err
+    assert len(err.splitlines()) == 1 and "--gpu-memory" in err and "GiB" in err, err
     assert not out.exists()
 
 

@@ -155,7 +155,7 @@ def run_cli(checkpoint: Path, *args: str) -> dict[str, Any]:
             "tune",
             "--model-dir",
             str(checkpoint),
-            "--memory-limit",
+            "--gpu-memory",
             "6GiB",
             "--json",
             *args,
@@ -167,6 +167,7 @@ def run_cli(checkpoint: Path, *args: str) -> dict[str, Any]:
     )
     assert proc.returncode == 0, proc.stderr
     out: dict[str, Any] = json.loads(proc.stdout)
+    assert out["schema_version"] == 1
     return out
 
 
@@ -177,7 +178,7 @@ def test_cli_batch_and_sequence_length(checkpoint: Path) -> None:
     assert len(batch["trials"]) <= 5
     assert batch["micro_batch"] * batch["grad_accum_steps"] >= 64
     assert batch["micro_batch"] <= batch["batch_size"]
-    seq = run_cli(checkpoint, "--max-seq-len", "--batch-size", "2", "--seq-len", "256")
+    seq = run_cli(checkpoint, "--find-seq-len", "--batch-size", "2", "--seq-len", "256")
     assert seq["unit"] == "seq_len" and seq["seq_len"] >= 256 and seq["seq_len"] % 64 == 0
     assert len(seq["trials"]) <= 5
 
@@ -187,7 +188,7 @@ def test_cli_refuses_a_device_or_a_limit_beyond_the_gpu(checkpoint: Path, capsys
     from vramscope.cli import main
 
     base = ["tune", "--model-dir", str(checkpoint), "--seq-len", str(SEQ)]
-    assert main([*base, "--device", "99"]) == 2
-    assert "--device 99: torch sees" in capsys.readouterr().err
-    assert main([*base, "--memory-limit", "1024TiB"]) == 2
+    assert main([*base, "--devices", "99"]) == 2
+    assert "--devices 99: torch sees" in capsys.readouterr().err
+    assert main([*base, "--gpu-memory", "1024TiB"]) == 2
     assert "is more than the GPU's" in capsys.readouterr().err

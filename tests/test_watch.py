@@ -52,7 +52,7 @@ def test_plain_lines_without_a_tty_and_csv_log(
     two_gpus: fake_nvml.FakeNvml, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "w.csv"
-    assert main(["watch", "--interval", "0.05", "--count", "3", "--csv", str(log)]) == 0
+    assert main(["watch", "--interval", "0.05", "--count", "3", "--log", str(log)]) == 0
     out = capsys.readouterr().out
     assert out.count("GPU 0 NVIDIA H200") == 3
     table = read_log(log)
@@ -61,7 +61,7 @@ def test_plain_lines_without_a_tty_and_csv_log(
 
 
 def test_gpu_selection(two_gpus: fake_nvml.FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["watch", "--once", "--gpus", "1"]) == 0
+    assert main(["watch", "--once", "--devices", "1"]) == 0
     out = capsys.readouterr().out
     assert "GPU 1" in out and "GPU 0" not in out
 
@@ -107,9 +107,9 @@ def test_snapshot_lines_handle_missing_fields() -> None:
     ("args", "message"),
     [
         (["watch", "--interval", "0"], "interval must be at least 0.05"),
-        (["watch", "--gpus", "a,b"], "GPU indices like 0,1"),
+        (["watch", "--devices", "a,b"], "GPU indices like 0,1"),
         (["watch", "--count", "0"], "positive number"),
-        (["watch", "--csv", "/nonexistent-dir/w.csv"], "does not exist"),
+        (["watch", "--log", "/nonexistent-dir/w.csv"], "does not exist"),
     ],
 )
 def test_bad_flags(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

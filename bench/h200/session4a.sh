@@ -20,7 +20,7 @@ grep -E "PASSED|FAILED|ERROR|passed|failed" $OUT/gpu-new.log | cut -c1-300 | tai
 W=$(mktemp -d)
 timeout -k 10 60 python3 examples/hf_trainer_lora.py --model_name_or_path $W/m --write_random_model --output_dir $W/o \
   --max_steps 1 --report_to none > /dev/null 2>&1
-timeout -k 10 200 python3 -m vramscope tune --memory-limit 3GiB -- torchrun --nproc_per_node 1 --master_port 29533 \
+timeout -k 10 200 python3 -m vramscope tune --gpu-memory 3GiB -- torchrun --nproc_per_node 1 --master_port 29533 \
   examples/hf_trainer_lora.py --model_name_or_path $W/m --output_dir $W/o --per_device_train_batch_size 2 \
   --max_seq_length 1024 --bf16 --gradient_checkpointing --report_to none --max_steps 100 > $OUT/tune-torchrun.txt 2>&1
 echo "tune torchrun exit $?"; tail -14 $OUT/tune-torchrun.txt

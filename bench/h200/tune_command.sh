@@ -16,7 +16,7 @@ grep -E "answer|longest sequence|PASSED|FAILED|ERROR|passed|failed|skipped" $OUT
 W=$(mktemp -d)
 timeout -k 10 60 python3 examples/hf_trainer_lora.py --model_name_or_path $W/m --write_random_model --output_dir $W/o \
   --max_steps 1 --report_to none > /dev/null 2>&1
-timeout -k 10 170 python3 -m vramscope tune --memory-limit 3GiB -- python3 examples/hf_trainer_lora.py \
+timeout -k 10 170 python3 -m vramscope tune --gpu-memory 3GiB -- python3 examples/hf_trainer_lora.py \
   --model_name_or_path $W/m --output_dir $W/o --per_device_train_batch_size 2 --gradient_accumulation_steps 8 \
   --max_seq_length 2048 --bf16 --gradient_checkpointing --report_to none --max_steps 100 > $OUT/tune-cli.txt 2>&1
 echo "cli exit $?"; cat $OUT/tune-cli.txt | tail -12

@@ -16,7 +16,7 @@ from typing import Any
 # ``loop-loss`` a hand-written loop that keeps only ``.loss`` (vramscope's own measurement and DDP steps).
 FRAMEWORKS = ("hf", "trl", "loop", "loop-loss")
 
-OPTIMIZERS = ("paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch", "adamw_8bit", "sgd")
+OPTIMIZERS = ("paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "sgd")
 
 
 @dataclass(frozen=True)

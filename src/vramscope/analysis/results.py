@@ -476,7 +476,7 @@ class DeviceDetail:
     stretches: tuple[PhaseStretch, ...]  # the device's rows, cut where the phase changes
     peaks: dict[str, PeakAt]  # each memory column's peak, first of equals
     phases: dict[str, PhasePeaks]  # in order of each phase's first row
-    capacity_bytes: int | None  # the memory the device is held against (``--capacity``, else its total)
+    capacity_bytes: int | None  # the memory the device is held against (``--gpu-memory``, else its total)
     capacity_given: bool  # ``capacity_bytes`` was given, not logged
     total_logged: bool  # the log has the device's total
     headroom: Headroom

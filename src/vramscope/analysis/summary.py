@@ -98,10 +98,10 @@ def analyze(
             for the longest-batch forecast; None uses the longest batch seen.
         config: leak-test thresholds.
         capacity_hint: the forecast's reason when no capacity is known, said the caller's way (the
-            report names its ``--capacity`` option).
+            report names its ``--gpu-memory`` option).
         columns: the table's columns, when the caller reads them too (a report draws them): each is
             read once for both.
-        capacity_option: how the caller names a given capacity (the report's ``--capacity``), for the
+        capacity_option: how the caller names a given capacity (the report's ``--gpu-memory``), for the
             verdict on a capacity below what the log holds.
 
     Returns:

@@ -85,7 +85,7 @@ def oom_outlook(where: str, oom: OomForecast, batch: LongestBatch, severity: Sev
         oom: the device's forecast; batch: its longest-batch forecast; severity: how urgent ``oom`` is.
         leak: the device's leak verdict (a forecast of a log too short to test says so, not "not growing").
         held_bytes: the most the log shows this device holding (its peak).
-        capacity_given: how the capacity was given, for people (``--capacity 8.00 GiB``), when it was given
+        capacity_given: how the capacity was given, for people (``--gpu-memory 8.00 GiB``), when it was given
             rather than logged; None: the GPU's logged total.
     """
     level = None if severity is None else severity.level

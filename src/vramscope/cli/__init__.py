@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from importlib import import_module
 
 from vramscope import __version__
-from vramscope.cli.common import CommandError, UsageError
+from vramscope.cli.common import CommandError, UsageError, renamed_to
 from vramscope.output.safetext import printable
 
 # Subcommand modules, in the order --help lists them. Imported lazily so that `vramscope watch`
@@ -81,7 +81,8 @@ class _Parser(argparse.ArgumentParser):
             given = getattr(self, "given", [])
             unknown = given[: given.index("--")] if "--" in given else given
         known = list(parser._option_string_actions)  # argparse keeps its flags only here
-        names = {k[2:]: k for k in known if k.startswith("--")}
+        # An old spelling (cli/common.add_renamed) is suggested as its new one.
+        names = {k[2:]: renamed_to(a) or k for k, a in parser._option_string_actions.items() if k.startswith("--")}
         hints = []
         for token in unknown:
             flag = token.split("=", 1)[0]

@@ -27,6 +27,7 @@ def add_command_argument(parser: argparse.ArgumentParser, what: str) -> None:
     """The trailing ``-- COMMAND ...``; call it after every other flag of ``parser`` is added."""
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help=f"a training command to {what} (TRL, an HF Trainer script, axolotl), after '--'")
+    parser.set_defaults(_command_prog=parser.prog)  # "vramscope tune": its errors show its own example
     for action in parser._actions:  # argparse keeps no record of which flags were given; the actions do
         if action.option_strings:
             action.__class__ = _tracking(type(action))
@@ -65,8 +66,9 @@ def command_argv(args: argparse.Namespace) -> list[str] | None:
     if not words:
         return None
     if words[0] != "--":
+        prog = getattr(args, "_command_prog", "vramscope plan")
         raise UsageError(f"unexpected {words[0]!r}; put a training command after '--', "
-                         f"e.g. vramscope plan -- trl sft --model_name_or_path ...")
+                         f"e.g. {prog} -- trl sft --model_name_or_path ...")
     words = words[1:]
     if not words:
         raise UsageError("nothing after '--'; give the training command, e.g. -- python qlora.py ...")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from vramscope.sampling.sampler import MAX_INTERVAL_S, MIN_INTERVAL_S
 from vramscope.types import Sink
@@ -32,6 +33,10 @@ MAX_NUMBER_CHARS = 32
 # Counts (a batch, a sequence, a rank, a number of readings): a trillion is beyond any real run, and keeps
 # the planner's arithmetic exact in floats and its divisor search under a second (planner/api.py).
 MAX_COUNT = 10**12
+# The ``schema_version`` of ``plan --json`` (with ``--gpus``, ``--trace``) and ``tune --json``, as report, watch
+# and run carry theirs: bumped when a field changes meaning or goes away.
+PLAN_SCHEMA_VERSION = 1
+TUNE_SCHEMA_VERSION = 1
 
 
 def shown(text: str, limit: int = 40) -> str:
@@ -75,14 +80,23 @@ def log_megabytes(text: str) -> int:
 
 
 def gpu_list(text: str) -> list[int]:
-    """argparse type for ``--gpus 0,1``."""
+    """argparse type for ``--devices 0,1``: GPUs by their NVML index."""
     try:
         gpus = [int(plain_number(part, "a GPU index")) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1; got {shown(text)}") from None
+        raise argparse.ArgumentTypeError(f"--devices takes GPU indices like 0,1; got {shown(text)}") from None
     if not gpus or any(not 0 <= g < 1024 for g in gpus):
-        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1; got {shown(text)}")
+        raise argparse.ArgumentTypeError(f"--devices takes GPU indices like 0,1; got {shown(text)}")
     return gpus
+
+
+def one_device(text: str) -> int:
+    """argparse type for ``--devices I`` where a command runs on one GPU (``tune``): ``0``, not ``0,1``."""
+    devices = gpu_list(text)
+    if len(devices) != 1:
+        raise argparse.ArgumentTypeError(f"this command runs on one GPU; give one index, e.g. --devices "
+                                         f"{devices[0]}, got {shown(text)}")
+    return devices[0]
 
 
 def positive_int(text: str) -> int:
@@ -165,3 +179,67 @@ def open_exporters_from_args(args: argparse.Namespace, announce: bool = True, ru
         for sink in sinks:
             print(f"vramscope: {sink.where}", file=sys.stderr)
     return [*sinks]
+
+
+
+# One vocabulary across the subcommands (issue 25): a flag that was renamed keeps its old spelling for one
+# release. The old spelling is hidden from --help and shell completion, stores into the new flag's ``dest``,
+# and says once, in one line on stderr, what it is called now.
+_NOTED = "_vramscope_renamed_noted"
+_RENAMED: dict[type[argparse.Action], type[argparse.Action]] = {}
+
+
+def renamed_note(old: str, new: str) -> str:
+    """The one line an old spelling prints."""
+    return f"vramscope: {old} is now {new}; the old spelling works until the next release"
+
+
+def _renamed(cls: type[argparse.Action]) -> type[argparse.Action]:
+    """A subclass of ``cls`` that prints :func:`renamed_note` (once per command line) before acting."""
+    if cls not in _RENAMED:
+        def __call__(self: argparse.Action, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: Any, option_string: str | None = None) -> None:
+            note_renamed(namespace, option_string or self.option_strings[0], getattr(self, "renamed_to", "?"))
+            cls.__call__(self, parser, namespace, values, option_string)
+
+        _RENAMED[cls] = type(f"Renamed{cls.__name__}", (cls,), {"__call__": __call__})
+    return _RENAMED[cls]
+
+
+def note_renamed(namespace: argparse.Namespace, old: str, new: str) -> None:
+    """Print the note for ``old`` unless this command line already did (``--csv a --csv b``: one line)."""
+    noted: set[str] = set(getattr(namespace, _NOTED, ()))
+    if old in noted:
+        return
+    noted.add(old)
+    setattr(namespace, _NOTED, noted)
+    print(renamed_note(old, new), file=sys.stderr)
+
+
+def add_renamed(parser: argparse.ArgumentParser | argparse._ActionsContainer, new: str, old: Sequence[str],
+                **kwargs: Any) -> argparse.Action:
+    """``parser.add_argument(new, **kwargs)`` plus each spelling in ``old`` as a hidden alias of it.
+
+    Returns the new flag's action. An alias takes the same values (type, choices, nargs) into the same
+    ``dest``; using it prints one line that names the new spelling.
+    """
+    action = parser.add_argument(new, **kwargs)
+    hidden = {**kwargs, "dest": action.dest, "help": argparse.SUPPRESS}
+    hidden.pop("required", None)
+    for spelling in old:
+        alias = parser.add_argument(spelling, **hidden)
+        alias.__class__ = _renamed(type(alias))
+        alias.renamed_to = new  # type: ignore[attr-defined]
+    return action
+
+
+def renamed_to(action: argparse.Action) -> str | None:
+    """The new spelling of a hidden old flag (None for a current flag)."""
+    name = getattr(action, "renamed_to", None)
+    return name if isinstance(name, str) else None
+
+
+def set_examples(parser: argparse.ArgumentParser, *examples: str) -> None:
+    """End ``--help`` with these command lines (real ones: tests/test_cli_vocabulary.py parses each)."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in examples)

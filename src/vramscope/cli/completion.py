@@ -33,9 +33,13 @@ def command_flags() -> dict[str, list[str]]:
     from vramscope.cli import build_parser
 
     parser = build_parser()
-    found = {"": sorted(f for f in parser._option_string_actions if f.startswith("--"))}
+    def shown(p: argparse.ArgumentParser) -> list[str]:  # an old spelling (help=SUPPRESS) is not offered
+        return sorted(f for f, a in p._option_string_actions.items()
+                      if f.startswith("--") and a.help is not argparse.SUPPRESS)
+
+    found = {"": shown(parser)}
     for name, sub in getattr(parser, "subcommands", {}).items():
-        found[name] = sorted(f for f in sub._option_string_actions if f.startswith("--"))
+        found[name] = shown(sub)
     return found
 
 

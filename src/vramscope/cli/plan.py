@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus, plan_phases
-from vramscope.cli.common import CommandError, UsageError, positive_int
+from vramscope.cli.common import PLAN_SCHEMA_VERSION, CommandError, UsageError, positive_int, set_examples
 from vramscope.cli.labels import breakdown_labels
 from vramscope.cli.plan_dataset import add_dataset_arguments, fallback_line, format_dataset, read_dataset
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
@@ -53,6 +53,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_trace_arguments(parser)
     add_dataset_arguments(parser)
     training_command.add_command_argument(parser, "plan without running it")  # last: it tracks the flags above
+    set_examples(parser,
+                 "vramscope plan --model Llama-2-7B --batch-size 4 --seq-len 2048 --gpu RTX-4090",
+                 "vramscope plan --model Llama-2-13B --batch-size 2 --seq-len 4096 --gpus 2 --strategy fsdp",
+                 "vramscope plan --gpu-memory 24GiB -- trl sft --model_name_or_path Qwen/Qwen2.5-0.5B "
+                 "--dataset_name trl-lib/Capybara --use_peft --output_dir out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if multi:
         dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
         if args.json:
-            print(json.dumps({**plan_gpus.to_json(result.to_dict(), dist, table), **extra}, indent=2))
+            print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION,
+                              **plan_gpus.to_json(result.to_dict(), dist, table), **extra}, indent=2))
         else:
             if command is not None and not command_printed:
                 print(training_command.format_command(command) + "\n")
@@ -130,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             print(plan_gpus.format_gpus(result, dist, table))
         return 0
     if args.json:
-        print(json.dumps({**result.to_dict(), **extra}, indent=2))
+        print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict(), **extra}, indent=2))
     else:
         if command is not None and not command_printed:
             print(training_command.format_command(command) + "\n")

@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from vramscope.cli.common import PLAN_SCHEMA_VERSION
 from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.recipe import FRAMEWORKS, QLoraSpec
 from vramscope.units import gib
@@ -50,7 +51,7 @@ def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec) -> int:
     require_trace_libraries(spec.bits)
     result = trace_plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict()}, indent=2))
     else:
         print(format_trace(result))
     return 0

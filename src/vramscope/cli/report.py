@@ -1,4 +1,4 @@
-"""``vramscope report LOG [LOG2 ...] [--html OUT] [--png OUT] [--json]``
+"""``vramscope report LOG [LOG2 ...] [--html OUT] [--png OUT] [--json] [--gpu-memory SIZE]``
 
 Reads each log (vramscope CSV or JSON Lines, or nvidia-smi's CSV), prints a summary (or JSON), and
 writes the HTML page and the PNG. Output paths are checked before any work, and each file is written
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vramscope.cli.common import UsageError, positive_int
+from vramscope.cli.common import UsageError, add_renamed, positive_int, set_examples
 from vramscope.cli.recipe import add_framework_argument
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.files import log_parts
@@ -39,9 +39,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML page with the charts here")
     parser.add_argument("--png", metavar="OUT", help="write the charts as a PNG here (needs vramscope[plot])")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
-    parser.add_argument("--capacity", metavar="SIZE",
-                        help="the memory each GPU is held against (e.g. 24GiB, 80GB): the headroom and the OOM "
-                             "forecast use it in place of the log's GPU total (needed for a log without one)")
+    add_renamed(parser, "--gpu-memory", ["--capacity"], dest="capacity", metavar="SIZE",
+                help="the memory each GPU is held against (e.g. 24GiB, 80GB): the headroom and the OOM "
+                     "forecast use it in place of the log's GPU total (needed for a log without one)")
     parser.add_argument(
         "--columns", type=_columns, metavar="FIELD=COL[:UNIT],...",
         help="read any CSV through this mapping, e.g. time=0,step=1,allocated=2:GiB,reserved=3:GiB. COL is a "
@@ -67,6 +67,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_framework_argument(planner)
     planner.add_argument("--settings-style", choices=STYLES, metavar="{" + ",".join(STYLES) + "}",
                          help="write the changes in these keys (default: the framework's; axolotl: its YAML)")
+    set_examples(parser,
+                 "vramscope report mem.csv",
+                 "vramscope report mem.csv --html mem.html --gpu-memory 24GiB",
+                 "vramscope report run1.csv run2.csv --json")
 
 
 def _columns(text: str) -> list[ColumnSpec]:
@@ -175,17 +179,17 @@ MIN_CAPACITY = 256 * 1024**2
 
 
 def capacity_option(text: str | None) -> int | None:
-    """``--capacity SIZE`` in bytes; a size without a unit is refused (24 would be 24 bytes)."""
+    """``--gpu-memory SIZE`` in bytes; a size without a unit is refused (24 would be 24 bytes)."""
     if text is None:
         return None
     if text.strip().replace(".", "", 1).isdigit():
-        raise UsageError(f"--capacity {text}: give a unit, e.g. --capacity {text.strip()}GiB or {text.strip()}GB")
+        raise UsageError(f"--gpu-memory {text}: give a unit, e.g. --gpu-memory {text.strip()}GiB or {text.strip()}GB")
     try:
         value = parse_bytes(text)
     except ValueError as exc:
-        raise UsageError(f"--capacity: {exc}") from None
+        raise UsageError(f"--gpu-memory: {exc}") from None
     if value < MIN_CAPACITY:
-        raise UsageError(f"--capacity {text} is smaller than any GPU's memory; write it like 24GiB or 80GB")
+        raise UsageError(f"--gpu-memory {text} is smaller than any GPU's memory; write it like 24GiB or 80GB")
     return value
 
 

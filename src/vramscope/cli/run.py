@@ -24,10 +24,12 @@ from vramscope.cli.common import (
     CommandError,
     UsageError,
     add_exporter_flags,
+    add_renamed,
     gpu_list,
     interval,
     log_megabytes,
     open_exporters_from_args,
+    set_examples,
 )
 from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
 from vramscope.output.names import sibling
@@ -43,7 +45,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log", metavar="FILE", help="write the memory log here (.csv, or .jsonl for JSON Lines)")
     parser.add_argument("--interval", type=interval, default=DEFAULT_INTERVAL_S, metavar="S",
                         help=f"seconds between samples, at least 0.05 (default {DEFAULT_INTERVAL_S})")
-    parser.add_argument("--gpus", type=gpu_list, metavar="0,1", help="only these GPUs (NVML indices)")
+    add_renamed(parser, "--devices", ["--gpus"], dest="gpus", type=gpu_list, metavar="0,1",
+                help="only these GPUs (NVML indices)")
     parser.add_argument("--quiet", action="store_true", help="print nothing unless something goes wrong")
     parser.add_argument("--json", action="store_true",
                         help="print the end summary as one JSON object on stdout instead of the text on stderr")
@@ -59,6 +62,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(default: beside --log, or ./vramscope-oom)")
     add_exporter_flags(parser)  # --prometheus, --push, --push-interval, --push-job, --push-label (exporters/registry)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the command to run")
+    set_examples(parser,
+                 "vramscope run --log mem.csv -- python train.py --per_device_train_batch_size 4",
+                 "vramscope run --log mem.jsonl --devices 0 --oom-snapshot -- accelerate launch train.py",
+                 "vramscope run --json --quiet -- python -c 'print(1)'")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """``vramscope tune --model-dir DIR --seq-len S``: the largest batch that fits, in a few real steps.
 
 Parses and prints: :func:`vramscope.tune.model_dir.tune_model_dir` builds the model as the QLoRA options say and
-runs the search on real training steps over random tokens. ``--max-seq-len`` searches the longest sequence for
-a fixed ``--batch-size`` instead. Needs a CUDA GPU.
+runs the search on real training steps over random tokens. ``--find-seq-len`` searches the longest sequence for
+a fixed ``--batch-size`` instead (up to ``--max-seq-len N``). Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -15,8 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.cli.command import add_command_argument, command_argv
-from vramscope.cli.common import CommandError, UsageError, index, plain_number, positive_int, shown
+from vramscope.cli.common import (
+    TUNE_SCHEMA_VERSION,
+    CommandError,
+    UsageError,
+    add_renamed,
+    note_renamed,
+    one_device,
+    plain_number,
+    positive_int,
+    set_examples,
+    shown,
+)
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
+from vramscope.cli.tune_command import check_lengths
 from vramscope.units import gib, human_fixed
 
 
@@ -28,15 +40,17 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--seq-len",
         type=positive_int,
         metavar="S",
-        help="tokens per sequence (with --max-seq-len: the first length to measure, default 256)",
+        help="tokens per sequence (with --find-seq-len: the first length to measure, default 256)",
     )
     parser.add_argument(
-        "--max-seq-len",
+        "--find-seq-len",
+        dest="max_seq_len",
         action="store_true",
         help="find the longest sequence for --batch-size instead of the largest batch",
     )
     parser.add_argument(
-        "--batch-size", type=positive_int, default=1, metavar="B", help="with --max-seq-len: the batch size (default 1)"
+        "--batch-size", type=positive_int, default=1, metavar="B",
+        help="with --find-seq-len: the batch size (default 1)",
     )
     parser.add_argument(
         "--target-batch",
@@ -51,30 +65,42 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="fraction of the memory to keep free at the peak (default 0.05)",
     )
-    parser.add_argument(
-        "--memory-limit",
+    capacity = parser.add_mutually_exclusive_group()
+    add_renamed(
+        capacity,
+        "--gpu-memory",
+        ["--memory-limit"],
+        dest="gpu_memory",
         type=_size,
         metavar="SIZE",
-        help="pretend the GPU has only this much (e.g. 24GiB); enforced with torch's per-process limit",
+        help="pretend the GPU has only this much (e.g. 24GiB; enforced with torch's per-process limit); with "
+             "--gpus: the memory of each of the N GPUs, NCCL's share held back",
     )
+    capacity.add_argument("--gpu", dest="gpu_memory", type=_gpu_size, metavar="NAME",
+                          help="pretend the GPU is this card (RTX-3090, A100-40GB): --gpu-memory of its size")
     parser.add_argument(
         "--start", type=positive_int, default=1, metavar="N", help="the first batch size to measure (default 1)"
     )
     parser.add_argument(
         "--max-batch", type=positive_int, default=4096, metavar="N", help="never try a larger batch (default 4096)"
     )
-    parser.add_argument(
-        "--max-len",
+    add_renamed(
+        parser,
+        "--max-seq-len",
+        ["--max-len"],
+        dest="max_len",
         type=positive_int,
+        nargs="?",
+        action=_MaxSeqLen,
         metavar="N",
-        help="with --max-seq-len: never try longer (default: the model's max_position_embeddings)",
+        help="with --find-seq-len: never try longer (default: the model's max_position_embeddings)",
     )
     parser.add_argument(
         "--multiple-of",
         type=positive_int,
         default=64,
         metavar="N",
-        help="with --max-seq-len: lengths are multiples of this (default 64)",
+        help="with --find-seq-len: lengths are multiples of this (default 64)",
     )
     parser.add_argument(
         "--max-trials",
@@ -90,12 +116,41 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=positive_int, metavar="N",
                         help="with a launcher command: rehearse it as rank 0 of N GPUs on this one (fake process "
                              "group) and find the micro-batch per GPU")
-    parser.add_argument("--gpu-memory", type=_size, metavar="SIZE",
-                        help="with --gpus: the memory of each of the N GPUs (e.g. 24GiB); NCCL's share is held back")
-    parser.add_argument("--device", type=index, default=0, metavar="I", help="CUDA device index (default 0)")
+    add_renamed(parser, "--devices", ["--device"], dest="device", type=one_device, default=0, metavar="I",
+                help="the GPU to run on, by its index as torch counts them (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_recipe_arguments(parser)
     add_command_argument(parser, "tune by running trial steps of it")  # last: it tracks the flags above
+    set_examples(parser,
+                 "vramscope tune --model-dir ./llama-2-7b --seq-len 2048 --gpu-memory 24GiB",
+                 "vramscope tune --model-dir ./llama-2-7b --find-seq-len --batch-size 4 --max-seq-len 8192",
+                 "vramscope tune --gpu RTX-3090 -- trl sft --model_name_or_path Qwen/Qwen2.5-0.5B "
+                 "--dataset_name trl-lib/Capybara --use_peft --output_dir out")
+
+
+class _MaxSeqLen(argparse.Action):
+    """``--max-seq-len N``: the longest length ``--find-seq-len`` tries. Bare ``--max-seq-len`` was that
+    search's switch until this release: it still switches it on, with the one-line note of a renamed flag."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values is None and option_string != "--max-seq-len":  # --max-len was never a switch
+            parser.error(f"{option_string} needs a length, e.g. --max-seq-len 8192")
+        elif values is None:
+            note_renamed(namespace, f"{option_string} (the switch)", "--find-seq-len")
+            namespace.max_seq_len = True
+        else:
+            setattr(namespace, self.dest, values)
+
+
+def _gpu_size(text: str) -> int:
+    from vramscope.planner.errors import PlanInputError
+    from vramscope.planner.gpus import get_gpu
+
+    try:
+        return get_gpu(text).memory_bytes
+    except PlanInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _fraction(text: str) -> float:
@@ -120,6 +175,7 @@ def _size(text: str) -> int:
 
 def _check(args: argparse.Namespace) -> dict[str, Any]:
     """Validate what argparse cannot; returns the model's config.json."""
+    check_lengths(args)
     model_dir = Path(args.model_dir)
     if not model_dir.is_dir():
         raise UsageError(f"--model-dir {model_dir} is not a folder; give a Hugging Face model folder")
@@ -132,12 +188,12 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"cannot read {config_path}: {exc}; check the file") from None
     if args.max_seq_len:
         if args.target_batch is not None:
-            raise UsageError("--target-batch goes with the batch search, not with --max-seq-len")
+            raise UsageError("--target-batch goes with the batch search, not with --find-seq-len")
         start = args.seq_len or 256
         if start < args.multiple_of:
             raise UsageError(f"--seq-len ({start}) must be at least --multiple-of ({args.multiple_of})")
         if args.max_len is not None and args.max_len < start:
-            raise UsageError(f"--max-len ({args.max_len}) must be at least the start length ({start})")
+            raise UsageError(f"--max-seq-len ({args.max_len}) must be at least the start length ({start})")
     else:
         if args.seq_len is None:
             raise UsageError(
@@ -152,10 +208,10 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     argv = command_argv(args)
-    if args.gpus is not None or args.gpu_memory is not None:
-        if argv is None or args.gpus is None:
-            raise UsageError("--gpus N (and --gpu-memory) rehearse a launcher command: vramscope tune --gpus 2 "
-                             "-- accelerate launch ... (--gpu-memory needs --gpus)")
+    if args.gpus is not None:
+        if argv is None:
+            raise UsageError("--gpus N rehearses a launcher command: vramscope tune --gpus 2 "
+                             "-- accelerate launch ...")
         from vramscope.cli.tune_rehearse import run_rehearsal
 
         return run_rehearsal(args, argv)
@@ -171,19 +227,19 @@ def run(args: argparse.Namespace) -> int:
     from vramscope.tune.cuda import CudaSetupError, claim_device
 
     try:
-        total = claim_device(args.device, args.memory_limit)
+        total = claim_device(args.device, args.gpu_memory)
     except CudaSetupError as exc:
         raise (UsageError(str(exc)) if exc.usage else CommandError(str(exc))) from None
 
     # Libraries print to stdout while loading; keep stdout for the result alone (e.g. for --json | jq).
     with contextlib.redirect_stdout(sys.stderr):
         result = _tune(args, config, spec)
-    out = result.to_dict()
+    out = {"schema_version": TUNE_SCHEMA_VERSION, **result.to_dict()}
     out.update(
         model_dir=str(args.model_dir),
         spec=spec.to_dict(),
         device=args.device,
-        memory_limit_bytes=args.memory_limit,
+        memory_limit_bytes=args.gpu_memory,
         gpu_total_bytes=total,
     )
     if args.max_seq_len:
@@ -220,7 +276,7 @@ def _tune(args: argparse.Namespace, config: dict[str, Any], spec: Any) -> Any:
         model_dir=str(args.model_dir), spec=spec, config=config, seq_len=args.seq_len, device=args.device,
         max_seq_len=args.max_seq_len, batch_size=args.batch_size, start=args.start, max_batch=args.max_batch,
         max_len=args.max_len, multiple_of=args.multiple_of, margin=args.margin, target_batch=args.target_batch,
-        max_trials=args.max_trials, memory_limit_bytes=args.memory_limit,
+        max_trials=args.max_trials, memory_limit_bytes=args.gpu_memory,
     )
     say(f"vramscope tune: loading {args.model_dir} ({_recipe(spec)})")
     try:

@@ -1,4 +1,4 @@
-"""``vramscope tune [--max-seq-len] -- <training command>``: tune the user's own command (see
+"""``vramscope tune [--find-seq-len] -- <training command>``: tune the user's own command (see
 :mod:`vramscope.tune.command`) and print the flag to set, in the command's own spelling."""
 
 from __future__ import annotations
@@ -11,20 +11,38 @@ from collections.abc import Sequence
 from typing import Any
 
 from vramscope.cli.command import SPEC_FIELDS, explicit, read_command
-from vramscope.cli.common import CommandError, UsageError
+from vramscope.cli.common import TUNE_SCHEMA_VERSION, CommandError, UsageError
+from vramscope.commands.errors import HOW_INSTEAD
 from vramscope.units import gib
 
+# What tune takes when a command cannot be read: the model folder and the recipe as flags.
+TUNE_INSTEAD = "tune the model itself with --model-dir DIR --seq-len S (and the recipe flags) instead"
+
 _NOT_WITH_A_COMMAND = ("model_dir", "target_batch", "device", *SPEC_FIELDS)
+_SHOWN = {"device": "--devices", "double_quant": "--no-double-quant", "attn": "--attn"}
+
+
+def check_lengths(args: argparse.Namespace) -> None:
+    """``--max-seq-len N`` bounds the length search: alone it would be ignored, so it is refused, with both
+    readings (``--seq-len N`` tunes the batch at N tokens, as TRL's ``max_seq_length`` would mean)."""
+    if args.max_len is not None and not args.max_seq_len:
+        raise UsageError(f"--max-seq-len {args.max_len} is the longest length --find-seq-len tries: add "
+                         f"--find-seq-len to find the longest sequence up to {args.max_len}, or give "
+                         f"--seq-len {args.max_len} to find the largest batch at {args.max_len} tokens")
 
 
 def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     given = explicit(args)
     clash = [name for name in _NOT_WITH_A_COMMAND if name in given]
     if clash:
-        flags = ", ".join("--" + n.replace("_", "-") for n in clash)
+        flags = ", ".join(_SHOWN.get(n, "--" + n.replace("_", "-")) for n in clash)
         raise UsageError(f"{flags} do not apply with a command: its own flags set the model and the recipe "
                          "(edit the command instead)")
-    inputs = read_command(args, argv)
+    check_lengths(args)
+    try:
+        inputs = read_command(args, argv)
+    except UsageError as exc:  # the reading's advice names plan's flags; tune's own way round is another
+        raise UsageError(str(exc).replace(HOW_INSTEAD, TUNE_INSTEAD)) from None
     parsed = inputs.parsed
     from vramscope.tune.cuda import cuda_missing
 
@@ -73,7 +91,7 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 margin=args.margin,
                 max_trials=max_trials,
                 trial_steps=args.trial_steps,
-                memory_limit_bytes=args.memory_limit,
+                memory_limit_bytes=args.gpu_memory,
                 timeout_s=float(args.trial_timeout),
                 on_trial=progress,
             )
@@ -84,7 +102,7 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise CommandError(f"{exc}; lower per_device_eval_batch_size, or set eval_accumulation_steps (or "
                                "preprocess_logits_for_metrics) so that the logits leave the GPU") from None
         raise CommandError(f"{exc}; lower the command's length or LoRA rank, or quantize the model") from None
-    out: dict[str, Any] = result.to_dict()
+    out: dict[str, Any] = {"schema_version": TUNE_SCHEMA_VERSION, **result.to_dict()}
     out["command"] = inputs.to_dict()
     if args.json:
         print(json.dumps(out, indent=2, default=str))

@@ -12,18 +12,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from vramscope.cli.command import SPEC_FIELDS, explicit, read_command
-from vramscope.cli.common import CommandError, UsageError
+from vramscope.cli.common import TUNE_SCHEMA_VERSION, CommandError, UsageError
 from vramscope.commands import CommandReadError
 from vramscope.units import gib
 
-_NOT_WITH_A_COMMAND = ("model_dir", "target_batch", "device", "memory_limit", *SPEC_FIELDS)
+_NOT_WITH_A_COMMAND = ("model_dir", "target_batch", "device", *SPEC_FIELDS)
 
 
 def run_rehearsal(args: argparse.Namespace, argv: Sequence[str]) -> int:
     given = explicit(args)
     clash = [name for name in _NOT_WITH_A_COMMAND if name in given]
     if clash:
-        flags = ", ".join("--" + n.replace("_", "-") for n in clash)
+        flags = ", ".join({"device": "--devices"}.get(n, "--" + n.replace("_", "-")) for n in clash)
         raise UsageError(f"{flags} do not apply to a rehearsal: the command's own flags set the model and the recipe, "
                          "--gpu-memory the memory of each GPU")
     inputs = read_command(args, argv)
@@ -90,7 +90,7 @@ def run_rehearsal(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except NoSizeFitsError as exc:
         raise CommandError(f"{exc} on a rank of {args.gpus}; try more GPUs, CPU offload or a shorter length"
                            ) from None
-    out: dict[str, Any] = result.to_dict()
+    out: dict[str, Any] = {"schema_version": TUNE_SCHEMA_VERSION, **result.to_dict()}
     out["command"] = inputs.to_dict()
     print(json.dumps(out, indent=2, default=str) if args.json else format_rehearsal(out))
     return 0
@@ -154,7 +154,8 @@ def _plan_only(args: argparse.Namespace, parsed: Any, launch: Any, why: str) -> 
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
     w = dist.worst
-    out = {"rehearsed": False, "why": why, "plan": dist.to_dict(), "peak_allocated_bytes": w.peak_allocated_bytes,
+    out = {"schema_version": TUNE_SCHEMA_VERSION, "rehearsed": False, "why": why,
+           "plan": dist.to_dict(), "peak_allocated_bytes": w.peak_allocated_bytes,
            "process_bytes": w.process_bytes,
            "fits": None if args.gpu_memory is None else w.device_bytes <= args.gpu_memory}
     if args.json:

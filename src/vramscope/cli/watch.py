@@ -1,4 +1,4 @@
-"""``vramscope watch [--interval S] [--gpus 0,1] [--csv FILE] [--once] [--json]``"""
+"""``vramscope watch [--interval S] [--devices 0,1] [--log FILE] [--once] [--json]``"""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from vramscope.backends.nvml import NvmlBackend
 from vramscope.cli.common import (
     UsageError,
     add_exporter_flags,
+    add_renamed,
     gpu_list,
     interval,
     log_megabytes,
     open_exporters_from_args,
     positive_int,
+    set_examples,
 )
 from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
 from vramscope.logs.sinks import CsvSink
@@ -30,33 +32,38 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval", type=interval, default=1.0, metavar="S", help="seconds between readings (default 1)"
     )
-    parser.add_argument("--gpus", type=gpu_list, metavar="0,1", help="only these GPUs (NVML indices)")
-    parser.add_argument("--csv", metavar="FILE", help="also log every reading to this CSV file")
-    parser.add_argument("--fsync", action="store_true", help="force every --csv row to disk (survives power loss)")
+    add_renamed(parser, "--devices", ["--gpus"], dest="gpus", type=gpu_list, metavar="0,1",
+                help="only these GPUs (NVML indices)")
+    add_renamed(parser, "--log", ["--csv"], metavar="FILE", help="also log every reading to this CSV file")
+    parser.add_argument("--fsync", action="store_true", help="force every --log row to disk (survives power loss)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace a --csv file that already exists; without it, that is refused")
+                        help="replace a --log file that already exists; without it, that is refused")
     parser.add_argument("--max-log-mb", dest="max_log_bytes", type=log_megabytes, metavar="MIB",
-                        help="start a new --csv file (FILE.1, FILE.2, ...) before one passes this size")
+                        help="start a new --log file (FILE.1, FILE.2, ...) before one passes this size")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N readings")
     parser.add_argument("--json", action="store_true",
                         help="print each reading as one JSON object on one line (with --once: one object)")
     add_exporter_flags(parser)  # --prometheus, --push, --push-interval, --push-job, --push-label (exporters/registry)
+    set_examples(parser,
+                 "vramscope watch --once",
+                 "vramscope watch --devices 0,1 --interval 2",
+                 "vramscope watch --log gpu-mem.csv --max-log-mb 100")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.once and args.prometheus is not None:
         raise UsageError("--once exits at once, so nothing could scrape --prometheus; drop --once or use --push")
-    if (args.max_log_bytes is not None or args.fsync) and not args.csv:
-        raise UsageError("--max-log-mb and --fsync apply to the --csv log; add --csv FILE")
-    if args.csv and not args.overwrite:
-        _refuse_an_existing_csv(args.csv)
+    if (args.max_log_bytes is not None or args.fsync) and not args.log:
+        raise UsageError("--max-log-mb and --fsync apply to the --log file; add --log FILE")
+    if args.log and not args.overwrite:
+        _refuse_an_existing_log(args.log)
     # Sinks of the sampler: every reading the loop takes reaches the exporter, whose HTTP server answers
     # scrapes on its own threads while the dashboard or plain loop runs.
     sinks: list[Sink] = open_exporters_from_args(args)
-    if args.csv:
+    if args.log:
         try:
-            sinks.append(CsvSink(args.csv, fsync=args.fsync, max_bytes=args.max_log_bytes, overwrite=args.overwrite))
+            sinks.append(CsvSink(args.log, fsync=args.fsync, max_bytes=args.max_log_bytes, overwrite=args.overwrite))
         except LogPathError as exc:
             for sink in sinks:  # free the exporter's port before reporting the bad path
                 sink.close()
@@ -67,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         first = sampler.sample_now()
         if not first.gpus:
-            why = nvml.init_error or ("no GPU matches --gpus" if args.gpus else "no GPU found")
+            why = nvml.init_error or ("no GPU matches --devices" if args.gpus else "no GPU found")
             print(f"vramscope: no NVIDIA GPU to watch ({why}); host memory only", file=sys.stderr)
             print(_json_line(first, why) if args.json else host_line(first.host))
             return 0
@@ -113,10 +120,10 @@ def _live(sampler: Sampler, args: argparse.Namespace) -> None:
     live(sampler.sample_now, list(sampler.history), args.interval, _ticks(args))
 
 
-def _refuse_an_existing_csv(path: str) -> None:
-    """A --csv file from an earlier watch is someone's record: refused as `run --log` refuses, with a free name."""
+def _refuse_an_existing_log(path: str) -> None:
+    """A --log file from an earlier watch is someone's record: refused as `run --log` refuses, with a free name."""
     existing = existing_log_files(path)
     if existing:
         free = free_log_name(path, taken=lambda name: bool(existing_log_files(name)))
-        raise UsageError(f"{existing[0]} already exists; give a new name, e.g. --csv {free}, "
+        raise UsageError(f"{existing[0]} already exists; give a new name, e.g. --log {free}, "
                          "or add --overwrite to replace it")

@@ -25,6 +25,8 @@ import os
 import weakref
 from typing import Any
 
+# prometheus_address is re-exported: users and tests import it from here.
+from vramscope.integrations.options import prometheus_address, prometheus_option  # noqa: F401
 from vramscope.training.guard import never_stops_training
 from vramscope.training.monitor import MemoryMonitor
 
@@ -54,14 +56,6 @@ _never_stops_training = never_stops_training
 _GUARD_CODE = _never_stops_training(lambda: None).__code__  # the guard's frames, to look past them
 
 
-def prometheus_address(port: int | str | None) -> str | None:
-    """``19400`` -> ``"127.0.0.1:19400"``; an address with a host is kept as it is."""
-    if port is None:
-        return None
-    text = str(port)
-    return text if ":" in text else f"127.0.0.1:{text}"
-
-
 class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     """A ``transformers.TrainerCallback`` that logs memory at training steps and warns about leaks.
 
@@ -73,8 +67,8 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         gpus: NVML indices to read (default: the GPUs this process uses).
         oom_snapshot: save an allocator snapshot and the step/batch context on a CUDA OOM (True:
             into ``<log stem>.oom/``; a path: into that folder).
-        prometheus_port: serve the samples and the analysis to Prometheus on this port (or
-            ``"HOST:PORT"``).
+        prometheus: serve the samples and the analysis to Prometheus on this port (or ``"HOST:PORT"``).
+        prometheus_port: the old name of ``prometheus`` (works until the next release, with a FutureWarning).
         warn: print throttled leak / OOM warnings while training.
         log_to_trainer: add the figures to the Trainer's ``logs`` in ``on_log``.
         max_seq_length: the longest sequence the data can hold; with the batch size it sets the
@@ -93,10 +87,11 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         interval: float | None = None,
         gpus: list[int] | None = None,
         oom_snapshot: bool | str | os.PathLike[str] = False,
-        prometheus_port: int | str | None = None,
+        prometheus: int | str | None = None,
         warn: bool = True,
         log_to_trainer: bool = True,
         max_seq_length: int | None = None,
+        prometheus_port: int | str | None = None,
         **monitor_options: Any,
     ) -> None:
         if _CallbackBase is object:
@@ -109,7 +104,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
             interval=interval,
             gpus=gpus,
             oom_snapshot=oom_snapshot,
-            prometheus=prometheus_address(prometheus_port),
+            prometheus=prometheus_option(prometheus, prometheus_port),
             warn=warn,
             **monitor_options,
         )

@@ -25,6 +25,7 @@ import importlib.util
 import os
 from typing import Any
 
+from vramscope.integrations.options import prometheus_option
 from vramscope.training.guard import never_stops_training
 from vramscope.training.hooks import batch_tokens
 from vramscope.training.monitor import MemoryMonitor
@@ -90,9 +91,10 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         interval: also sample every ``interval`` seconds between steps (None: step rows only).
         gpus: NVML indices to read (default: the GPUs this process uses).
         oom_snapshot: save an allocator snapshot and the step/batch context on a CUDA OOM.
-        prometheus: ``"[HOST:]PORT"`` to serve the samples and the analysis to Prometheus.
+        prometheus: ``"[HOST:]PORT"`` (or a port) to serve the samples and the analysis to Prometheus.
         warn: print throttled leak / OOM warnings while training.
         log_to_trainer: write the figures to the Trainer's loggers on the steps Lightning logs.
+        prometheus_port: the HF callback's old name of ``prometheus`` (accepted, with a FutureWarning).
         **monitor_options: passed to :class:`MemoryMonitor`, among them ``export={"push": "http://gw:9091", ...}``:
             any exporter of ``vramscope.exporters.registry``.
 
@@ -107,9 +109,10 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         interval: float | None = None,
         gpus: list[int] | None = None,
         oom_snapshot: bool | str | os.PathLike[str] = False,
-        prometheus: str | None = None,
+        prometheus: int | str | None = None,
         warn: bool = True,
         log_to_trainer: bool = True,
+        prometheus_port: int | str | None = None,
         **monitor_options: Any,
     ) -> None:
         if _CallbackBase is object:
@@ -123,7 +126,7 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
             interval=interval,
             gpus=gpus,
             oom_snapshot=oom_snapshot,
-            prometheus=prometheus,
+            prometheus=prometheus_option(prometheus, prometheus_port),
             warn=warn,
             **monitor_options,
         )

@@ -1,7 +1,7 @@
 """How the report names what it draws, in the renderers' one voice (the judgements themselves are the analysis':
 :mod:`vramscope.analysis.verdicts`, read from the typed results):
 
-* :func:`capacity_source`: where a device's capacity comes from (``--capacity``, NVML's total,
+* :func:`capacity_source`: where a device's capacity comes from (``--gpu-memory``, NVML's total,
   nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and names it;
 * :func:`forecast_limit_note`: why the forecast runs to a lower line than the capacity drawn.
 """
@@ -14,7 +14,7 @@ from vramscope.units import gib, human_precise
 def capacity_source(given: bool, log_format: str, has_total: bool) -> str | None:
     """Where the capacity a device is held against comes from, as people read it; None when unknown."""
     if given:
-        return "--capacity"
+        return "--gpu-memory"
     if not has_total:
         return None
     if log_format == "nvidia-smi":

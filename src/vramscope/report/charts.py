@@ -75,7 +75,7 @@ class Chart:
     spans: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     capacity_bytes: int | None = None
-    capacity_source: str | None = None  # "GPU total, NVML", "--capacity": the same on every chart of a device
+    capacity_source: str | None = None  # "GPU total, NVML", "--gpu-memory": the same on every chart of a device
     note: str | None = None  # the OOM forecast or the leak verdict, printed on the chart
     hover: list[Hover] = field(default_factory=list)  # the values under the pointer, per stretch of x
 

@@ -43,7 +43,7 @@ def oom_severity(result: AnalysisResult) -> Severity | None:
 
 
 def no_forecast_reason(result: AnalysisResult) -> str | None:
-    """Why the soonest device has no OOM forecast (the analysis names ``--capacity`` when it is unknown)."""
+    """Why the soonest device has no OOM forecast (the analysis names ``--gpu-memory`` when it is unknown)."""
     oom = soonest_oom(result)
     return None if oom is None else oom.reason
 

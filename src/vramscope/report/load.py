@@ -29,7 +29,7 @@ def report_file(path: str | os.PathLike[str], settings: RunSettings | None = Non
     :func:`vramscope.logs.reader.read_any_log` knows. A log read through a mapping, given or guessed,
     says which in ``read_as``.
     A memory breakdown beside the log (``<stem>.breakdown.json``) is the report's ``breakdown``.
-    ``capacity_bytes`` (``--capacity``) replaces the log's GPU total: see :func:`build_report`.
+    ``capacity_bytes`` (``--gpu-memory``) replaces the log's GPU total: see :func:`build_report`.
     The strategy the monitor recorded beside the log, and each rank against ``plan`` (``--plan``, from
     :func:`vramscope.report.plan_check.read_plan`) when one is given, are its ``parallelism``.
 

@@ -38,8 +38,9 @@ __all__ = [
 ]
 
 # What the forecast says when the log has no capacity: the report can be told it, so it names the option.
-CAPACITY_OPTION = "--capacity"  # how the report's given capacity is named in its verdicts
-CAPACITY_HINT = "capacity unknown (no GPU total in the log): give it with --capacity, e.g. --capacity 24GiB"
+CAPACITY_OPTION = "--gpu-memory"  # how the report's given capacity is named in its verdicts
+CAPACITY_HINT = f"capacity unknown (no GPU total in the log): give it with {CAPACITY_OPTION}, e.g. " \
+    f"{CAPACITY_OPTION} 24GiB"
 
 
 @dataclass
@@ -79,7 +80,7 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
         table: a log from :func:`vramscope.logs.reader.read_log`.
         buckets: min/max buckets per drawn series (two points each).
         settings: what ran (model, batch); adds the planner's recommendations with predicted savings.
-        capacity_bytes: the memory each GPU is held against (``--capacity``), in place of the log's
+        capacity_bytes: the memory each GPU is held against (``--gpu-memory``), in place of the log's
             GPU total: the headroom, the OOM forecast and the charts' capacity line use it.
 
     Raises:

@@ -22,7 +22,7 @@ class CudaProbe:
 
     Args:
         device: CUDA device index; None means the current device.
-        limit_bytes: plan for at most this much (does not enforce it; the CLI's ``--memory-limit`` sets
+        limit_bytes: plan for at most this much (does not enforce it; the CLI's ``--gpu-memory`` sets
             torch's per-process fraction so that an OOM really happens there).
     """
 
@@ -108,11 +108,11 @@ def claim_device(device: int, limit_bytes: int | None = None) -> int:
     import torch
 
     if device >= torch.cuda.device_count():
-        raise CudaSetupError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)", usage=True)
+        raise CudaSetupError(f"--devices {device}: torch sees {torch.cuda.device_count()} CUDA device(s)", usage=True)
     torch.cuda.set_device(device)
     total = int(torch.cuda.get_device_properties(device).total_memory)
     if limit_bytes is not None:
         if limit_bytes > total:
-            raise CudaSetupError(f"--memory-limit {gib(limit_bytes)} is more than the GPU's {gib(total)}", usage=True)
+            raise CudaSetupError(f"--gpu-memory {gib(limit_bytes)} is more than the GPU's {gib(total)}", usage=True)
         torch.cuda.set_per_process_memory_fraction(limit_bytes / total, device)
     return total

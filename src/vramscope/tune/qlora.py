@@ -128,6 +128,9 @@ def make_optimizer(model: Any, spec: QLoraSpec) -> Any:
     name = spec.optim
     if name == "adamw_torch":
         return torch.optim.AdamW(params, lr=spec.learning_rate)
+    if name == "adamw_torch_fused":  # HF's name for AdamW(fused=True): one kernel, CUDA tensors only
+        fused = bool(params) and all(p.is_cuda for p in params)
+        return torch.optim.AdamW(params, lr=spec.learning_rate, fused=fused or None)
     if name == "sgd":
         return torch.optim.SGD(params, lr=spec.learning_rate)
     if name in ("paged_adamw_32bit", "paged_adamw_8bit", "adamw_8bit"):
