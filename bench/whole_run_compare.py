@@ -60,7 +60,14 @@ def spec_of(inputs: dict[str, Any], command: str = "") -> QLoraSpec:
         gradient_checkpointing=checkpointing_of(inputs, command),
         attn=str(inputs.get("attn_implementation") or "sdpa"),
         optim=OPTIMIZERS.get(str(inputs.get("optim")), "paged_adamw_32bit"),
-        framework="trl" if inputs.get("framework") == "trl" else "hf")
+        framework=framework_of(inputs, command))
+
+
+def framework_of(inputs: dict[str, Any], command: str) -> str:
+    """The planner's framework entry: ``qlora`` for qlora.py with --bf16 (what the command reader picks too)."""
+    if inputs.get("framework") == "trl":
+        return "trl"
+    return "qlora" if "qlora.py" in command and inputs.get("bf16") else "hf"
 
 
 def longest_batch_seq(point: dict[str, Any]) -> int | None:
@@ -135,13 +142,21 @@ def run_phases_of(point: dict[str, Any]) -> tuple[RunPhases, int, int]:
     return RunPhases(**fields), batch, seq
 
 
-def load_bytes(p: Plan) -> tuple[int, str]:
+def load_bytes(p: Plan) -> int:
     """What loading leaves on the GPU: the weights (quantized, their constants, the parameters kept in 16 or
     32 bits) and the adapters, before any optimizer state or activation."""
     assert p.run is not None
     bd = p.run.train.phase_breakdowns["optimizer step"]
-    static = bd.quantized_weights + bd.quantization_constants + bd.unquantized_params + bd.lora_weights
-    return static, "the static weights and adapters (the planner has no loading transient)"
+    return bd.quantized_weights + bd.quantization_constants + bd.unquantized_params + bd.lora_weights
+
+
+def load_peak(point: dict[str, Any], p: Plan, batch: int, seq: int, run: RunPhases) -> int:
+    """Loading's peak: the static weights and adapters; qlora.py holds them as the hf recipe has them
+    (prepare_model_for_kbit_training's fp32, fp32 LoRA) until it casts them back to bf16 after get_peft_model."""
+    if p.framework != "qlora":
+        return load_bytes(p)
+    spec = spec_of(point["plan_inputs"], str(point.get("command") or "")).with_(framework="hf")
+    return load_bytes(plan(point["plan_inputs"]["model_config"], batch, seq, spec, run=run))
 
 
 def planned_for(point: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
@@ -162,14 +177,14 @@ def planned_for(point: dict[str, Any]) -> tuple[int | None, int | None, str | No
     assert p.run is not None
     phase = point["phase"]
     if phase == "load":
-        static, _ = load_bytes(p)
+        static = load_peak(point, p, batch, seq, run)
         if "precompute_ref" in p.run.phases:  # the step log's start row comes after the reference pass
             ref = p.run.phases["precompute_ref"]
             return max(static, ref.peak_allocated_bytes), None, None
         return static, None, None
     if phase == "whole-run":
         # the run's peak: the largest phase, or loading when it holds more than every phase after it
-        static, _ = load_bytes(p)
+        static = load_peak(point, p, batch, seq, run)
         peak = max([static] + [ph.peak_allocated_bytes for ph in p.run.phases.values()])
         process = max(ph.process_bytes for ph in p.run.phases.values())
         return peak, process, None
@@ -202,9 +217,54 @@ def summarize(rows: list[dict[str, Any]], key: str) -> str:
             f"({worst['run']} {worst['phase']})")
 
 
+TABLE_START = "<!-- whole-run-table: written by bench/whole_run_compare.py --docs -->"
+TABLE_END = "<!-- /whole-run-table -->"
+TRAINER_NAMES = {"Trainer": "HF Trainer", "Seq2SeqTrainer": "qlora.py (Seq2SeqTrainer)", "sft": "TRL SFT",
+                 "dpo": "TRL DPO", "grpo": "TRL GRPO"}
+
+
+def _cell(rows: list[dict[str, Any]], key: str) -> str:
+    errs = [r[key] for r in rows if r.get(key) is not None]
+    if not errs:
+        return "-"
+    worst = max(errs, key=abs)
+    return f"{statistics.median(abs(e) for e in errs):.2f}% / {worst:+.2f}%"
+
+
+def table(out: list[dict[str, Any]]) -> str:
+    """The errors per phase and trainer, as the markdown table docs/planner.md shows."""
+    lines = ["| phase | trainer | points (planned) | peak allocated: median / worst | process: median / worst |",
+             "|---|---|---|---|---|"]
+    for phase in ("load", "train", "eval", "generation", "whole-run"):
+        for trainer in TRAINER_NAMES:
+            rows = [r for r in out if r["phase"] == phase and r["trainer"] == trainer]
+            if not rows:
+                continue
+            planned = sum(1 for r in rows if r["planned_peak_allocated_bytes"] is not None)
+            lines.append(f"| {phase} | {TRAINER_NAMES[trainer]} | {len(rows)} ({planned}) | "
+                         f"{_cell(rows, 'peak_error_pct')} | {_cell(rows, 'process_error_pct')} |")
+    for label, rows in (("whole-run", [r for r in out if r["phase"] == "whole-run"]), ("every point", out)):
+        planned = sum(1 for r in rows if r["planned_peak_allocated_bytes"] is not None)
+        lines.append(f"| **{label}** | all | {len(rows)} ({planned}) | **{_cell(rows, 'peak_error_pct')}** | "
+                     f"**{_cell(rows, 'process_error_pct')}** |")
+    return "\n".join(lines)
+
+
+def write_docs(path: Path, out: list[dict[str, Any]]) -> None:
+    text = path.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        raise SystemExit(f"{path} has no {TABLE_START} ... {TABLE_END} block: add the two markers where the table "
+                         "goes")
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    path.write_text(f"{head}{TABLE_START}\n{table(out)}\n{TABLE_END}{tail}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--docs", type=Path, default=None, help="write the errors table into this markdown file "
+                    "(docs/planner.md) between its whole-run-table markers")
     args = ap.parse_args()
     files = sorted(args.results.glob("measured-*.json"))
     if not files:
@@ -237,6 +297,9 @@ def main() -> int:
               f"{summarize(rows, 'process_error_pct')}; {unplanned} of {len(rows)} not planned")
     print(f"  all        peak allocated: {summarize(out, 'peak_error_pct')}; process: "
           f"{summarize(out, 'process_error_pct')}")
+    if args.docs:
+        write_docs(args.docs, out)
+        print(f"table -> {args.docs}")
     return 0
 
 

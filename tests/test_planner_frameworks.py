@@ -233,3 +233,16 @@ def test_the_fitted_allocator_constants_are_the_ones_the_data_gives() -> None:
         fw = FRAMEWORK_TABLE[name]
         assert fw.fragmentation == pytest.approx(constants["fragmentation"], abs=0.002), name
         assert fw.cuda_context_bytes == constants["cuda_context_bytes"], name
+
+
+def test_qlora_py_with_bf16_keeps_lora_embeddings_and_lm_head_in_bf16() -> None:
+    # artidoro/qlora get_accelerate_model (7f4e95a, qlora.py:396-405): after prepare_model_for_kbit_training it
+    # casts every LoraLayer, embed_tokens and lm_head back to bf16; the hf recipe keeps them fp32.
+    hf = plan("Llama-2-7B", 1, 528, QLoraSpec(lora_dropout=0.1))
+    qlora = plan("Llama-2-7B", 1, 528, QLoraSpec(lora_dropout=0.1, framework="qlora"))
+    qb, hb = qlora.breakdown, hf.breakdown
+    assert qb.unquantized_params * 2 == hb.unquantized_params
+    assert qb.lora_weights * 2 == hb.lora_weights
+    pr = precision(QLoraSpec(framework="qlora"))
+    assert (pr.params, pr.lora_param, pr.autocast) == (2, 2, True)
+    assert qlora.peak_allocated_bytes < hf.peak_allocated_bytes

@@ -384,3 +384,28 @@ def test_the_generation_phase_matches_a_real_generate(vocab: int, intermediate: 
                              run, framework=CPU_HF)
     bd = phase.breakdown
     assert bd.kv_cache + bd.temporaries + bd.activations == pytest.approx(real, rel=0.05)
+
+
+# --- the whole run's corrections from the H200 (bench/results/whole-run) ------------------------------------
+
+def test_gradient_accumulation_keeps_the_gradients_through_the_next_forward() -> None:
+    # The Trainer zeroes the gradients only after the optimizer step: micro-batch 2..N run beside them.
+    s, spec = shape("Llama-2-7B"), QLoraSpec()
+    once = plan_run(s, spec, 1, 528, run=RunPhases(grad_accum=1)).phases["train"]
+    many = plan_run(s, spec, 1, 528, run=RunPhases(grad_accum=16)).phases["train"]
+    grads = once.breakdowns["optimizer step"].lora_gradients
+    assert grads > 0
+    assert once.breakdowns["forward"].lora_gradients == 0
+    assert many.breakdowns["forward"].lora_gradients == grads
+    assert many.moments["forward"] == once.moments["forward"] + grads
+    assert many.peak_allocated_bytes >= once.peak_allocated_bytes
+
+
+def test_an_evaluation_holds_at_least_the_pool_training_reserved() -> None:
+    # TRL's evaluation allocates less than its step; the step's pool stays reserved (no empty_cache).
+    p = plan_run(shape("Llama-3-8B"), QLoraSpec(framework="trl"), 2, 1024, run=RunPhases(eval_batch=4))
+    train, ev = p.phases["train"], p.phases["eval"]
+    assert ev.peak_allocated_bytes < train.peak_allocated_bytes
+    assert ev.peak_reserved_bytes == train.peak_reserved_bytes
+    assert ev.process_bytes >= train.process_bytes
+    assert any("pool" in n for n in ev.notes)

@@ -214,7 +214,9 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
     base = current.device_bytes
     deficit = peak - capacity if capacity is not None else None
     fw = framework_for(spec)
-    style = style or ("loop" if spec.framework.startswith("loop") else spec.framework)
+    # qlora.py takes HF TrainingArguments flags
+    style = style or ("loop" if spec.framework.startswith("loop") else "hf" if spec.framework == "qlora"
+                      else spec.framework)
 
     def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
             framework: Framework | None = None) -> None:

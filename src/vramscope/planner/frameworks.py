@@ -32,7 +32,7 @@ class Framework:
     """One training program's memory-relevant behaviour.
 
     Attributes:
-        name: ``hf``, ``trl`` or ``loop``.
+        name: ``hf``, ``trl``, ``qlora`` (qlora.py with --bf16), ``loop`` or ``loop-loss``.
         title: one line for people.
         prepares_kbit: calls ``prepare_model_for_kbit_training``: every bf16/fp16 parameter that is not
             4-bit (embeddings, norms, lm_head) becomes fp32, so the residual stream is fp32.
@@ -78,6 +78,14 @@ FRAMEWORK_TABLE: dict[str, Framework] = {
         name="trl", title="TRL SFTTrainer defaults (no kbit preparation, bf16 LoRA, fused chunked LM head)",
         prepares_kbit=False, autocast=True, adapters_half=True, logits="chunked", keeps_kv_cache=False,
         reentrant=False, fragmentation=(0.808, 0.0, 1.411, 0.0), cuda_context_bytes=758 * 1024**2),
+    # qlora.py (artidoro/qlora, get_accelerate_model): prepare_model_for_kbit_training upcasts to fp32, then with
+    # --bf16 it casts every LoraLayer, embed_tokens and lm_head back to bf16 (norms stay fp32); Seq2SeqTrainer is
+    # HF Trainer, so autocast, the dropped output and HF Trainer's allocator behaviour are hf's.
+    "qlora": Framework(
+        name="qlora", title="qlora.py --bf16 (HF Trainer; LoRA, embeddings and lm_head cast back to bf16 after "
+        "prepare_model_for_kbit_training)", prepares_kbit=False, autocast=True, adapters_half=True,
+        logits="dropped", keeps_kv_cache=False, reentrant=False, fragmentation=(1.718, 0.442, 1.907, 0.468),
+        cuda_context_bytes=758 * 1024**2),
     "loop": Framework(
         name="loop", title="hand-written loop keeping `out` (prepare_model_for_kbit_training, no autocast)",
         prepares_kbit=True, autocast=False, adapters_half=False, logits="kept", keeps_kv_cache=True,

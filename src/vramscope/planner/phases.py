@@ -246,13 +246,24 @@ def _phase(name: str, rows: int, seq: int, moments: dict[str, Breakdown], overhe
                      moments=allocated, notes=notes, device_bytes=process - paged_in_process, breakdowns=moments)
 
 
+def _accumulating(moments: dict[str, Breakdown], grad_accum: int) -> dict[str, Breakdown]:
+    """With ``gradient_accumulation_steps`` > 1 the Trainer calls ``zero_grad`` only after the optimizer step, so
+    every micro-batch after the first runs its forward and backward beside the LoRA gradients accumulated so far:
+    each moment holds the full gradients (the optimizer step's), not only those its backward has made."""
+    if grad_accum <= 1 or "optimizer step" not in moments:
+        return moments
+    grads = moments["optimizer step"].lora_gradients
+    return {k: replace(bd, lora_gradients=max(bd.lora_gradients, grads)) for k, bd in moments.items()}
+
+
 def _from_estimate(name: str, rows: int, seq: int, est: Estimate, extra: dict[str, Breakdown] | None = None,
-                   notes: tuple[str, ...] = ()) -> PhasePeak:
+                   notes: tuple[str, ...] = (), grad_accum: int = 1) -> PhasePeak:
     """A training step's estimate as a phase; ``extra`` moments (the reference forward) join its own."""
     moments = dict(est.phase_breakdowns)
     if est.breakdown.calibration:  # a calibration applies to the step's peak moment only
         moments[est.peak_phase] = replace(moments[est.peak_phase], calibration=est.breakdown.calibration)
     moments.update(extra or {})
+    moments = _accumulating(moments, grad_accum)
     return _phase(name, rows, seq, moments, est.breakdown.allocator_overhead, est.breakdown.cuda_context,
                   est.paged_in_process_bytes, notes)
 
@@ -276,20 +287,20 @@ def train_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
     t = run.trainer
     if t == "sft":
         est = estimate(shape, spec, batch, seq, hw, framework=framework)
-        return _from_estimate("train", batch, seq, est), est
+        return _from_estimate("train", batch, seq, est, grad_accum=run.grad_accum), est
     fw = _trl()
     if t == "reward":
         rows = 2 * batch
         est = estimate(shape, spec, rows, seq, hw, framework=replace(fw, logits="score"))
         return _from_estimate("train", rows, seq, est, notes=(
             "RewardTrainer: chosen and rejected as one forward of 2 x batch rows, a Linear(h, 1) score head: "
-            "no vocabulary-sized logits",)), est
+            "no vocabulary-sized logits",), grad_accum=run.grad_accum), est
     if t == "grpo":
         length = _grpo_prompt(run, seq) + _grpo_completion(run)
         est = estimate(shape, spec, batch, length, hw, framework=fw)
         return _from_estimate("train", batch, length, est, notes=(
             f"the loss step: {batch} completions of prompt + completion = {length} tokens through the fused head",
-        )), est
+        ), grad_accum=run.grad_accum), est
     rows = 2 * batch if t == "dpo" else batch
     est = estimate(shape, spec, rows, seq, hw, framework=fw)
     pr = precision(spec, fw)
@@ -306,7 +317,7 @@ def train_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
         extra["reference forward"] = _reference_moment(est, shape, spec, rows, seq, pr)
         notes.append("the reference is the adapter switched off: a second, no-grad forward of the same rows "
                      "after the policy's, beside its saved activations; it keeps only its log-probabilities")
-    return _from_estimate("train", rows, seq, est, extra, tuple(notes)), est
+    return _from_estimate("train", rows, seq, est, extra, tuple(notes), run.grad_accum), est
 
 
 def _grpo_prompt(run: RunPhases, seq: int) -> int:
@@ -438,6 +449,20 @@ def eval_phase(shape: ModelShape, spec: QLoraSpec, train: Estimate, hw: Hardware
                   tuple(notes))
 
 
+def _beside_training_pool(phase: PhasePeak, train: PhasePeak) -> PhasePeak:
+    """An evaluation in the middle of training runs in the allocator pool training left: neither HF Trainer nor
+    TRL empties the cache before ``evaluate()`` (only ``torch_empty_cache_steps`` would), so the process holds at
+    least what the training step reserved; the evaluation's own tensors reuse its free blocks or add segments."""
+    if phase.peak_reserved_bytes >= train.peak_reserved_bytes:
+        return phase
+    lift = train.peak_reserved_bytes - phase.peak_reserved_bytes
+    bd = replace(phase.breakdown, allocator_overhead=phase.breakdown.allocator_overhead + lift)
+    return replace(phase, peak_reserved_bytes=phase.peak_reserved_bytes + lift,
+                   process_bytes=phase.process_bytes + lift, device_bytes=phase.device_bytes + lift, breakdown=bd,
+                   notes=(*phase.notes, "the training step's allocator pool stays reserved through the evaluation "
+                                        f"({train.peak_reserved_bytes / 2**30:.2f} GiB)"))
+
+
 def kv_cache_bytes(shape: ModelShape, rows: int, tokens: int, dtype_bytes: int) -> int:
     """A DynamicCache of ``tokens`` positions: keys and values of every layer, [rows, kv_heads, tokens,
     head_dim] each."""
@@ -550,7 +575,8 @@ def plan_run(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         phases["eval"] = generation_phase(shape, spec, run.eval_batch, seq, est, hw, once, "eval")
     elif run.eval_batch is not None:
         fw = framework or FRAMEWORK_TABLE.get(spec.framework, FRAMEWORK_TABLE["hf"])
-        phases["eval"] = eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq)
+        phases["eval"] = _beside_training_pool(eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq),
+                                               train)
     peak = max(phases, key=lambda k: phases[k].device_bytes)
     return RunPlan(trainer=run.trainer, phases=phases, peak_phase=peak, events=_events(shape, spec, est, run),
                    train=est, notes=tuple(notes))
