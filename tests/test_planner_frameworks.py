@@ -246,3 +246,20 @@ def test_qlora_py_with_bf16_keeps_lora_embeddings_and_lm_head_in_bf16() -> None:
     pr = precision(QLoraSpec(framework="qlora"))
     assert (pr.params, pr.lora_param, pr.autocast) == (2, 2, True)
     assert qlora.peak_allocated_bytes < hf.peak_allocated_bytes
+
+
+def test_unsloth_keeps_its_checkpoints_on_the_host_from_512_tokens() -> None:
+    # use_gradient_checkpointing="unsloth": each layer's input goes to pinned host memory; the GPU keeps the one
+    # in flight and the next. Below 512 tokens Unsloth checkpoints on the GPU as TRL does.
+    s = resolve_model("Llama-3-8B")[1]
+    spec_u, spec_t = QLoraSpec(framework="unsloth"), QLoraSpec(framework="trl")
+    hid = 2 * s.hidden * 2 * 2048  # one bf16 hidden state of 2 x 2048 tokens
+    u, t = estimate(s, spec_u, 2, 2048), estimate(s, spec_t, 2, 2048)
+    assert u.host_offload_bytes == s.layers * hid and t.host_offload_bytes == 0
+    fwd_u, fwd_t = u.phase_breakdowns["forward"], t.phase_breakdowns["forward"]
+    assert fwd_t.activations - fwd_u.activations == (s.layers - 2) * hid
+    assert u.peak_allocated_bytes < t.peak_allocated_bytes
+    short_u, short_t = estimate(s, spec_u, 2, 256), estimate(s, spec_t, 2, 256)
+    assert short_u.peak_allocated_bytes == short_t.peak_allocated_bytes and short_u.host_offload_bytes == 0
+    p = plan("Llama-3-8B", 2, 2048, spec_u)
+    assert p.host_offload_bytes == s.layers * hid and p.to_dict()["host_offload_bytes"] == p.host_offload_bytes
