@@ -409,3 +409,15 @@ def test_an_evaluation_holds_at_least_the_pool_training_reserved() -> None:
     assert ev.peak_reserved_bytes == train.peak_reserved_bytes
     assert ev.process_bytes >= train.process_bytes
     assert any("pool" in n for n in ev.notes)
+
+
+def test_an_hf_evaluation_longer_than_the_step_opens_segments_for_its_fp32_loss_tensors() -> None:
+    # 4 x 1024 eval rows beside a 2 x 1024 step: the loss's fp32 upcast and log-softmax ([4096, V] each) are
+    # larger than any logits block the step freed (the H200: +4.2 GB on Llama-3.1-8B, two such tensors).
+    s = shape("Llama-3-8B")
+    p = plan_run(s, QLoraSpec(), 2, 1024, run=RunPhases(eval_batch=4))
+    train, ev = p.phases["train"], p.phases["eval"]
+    assert ev.peak_reserved_bytes == train.peak_reserved_bytes + 2 * 4 * 4096 * s.vocab
+    # eval rows no longer than the step's: the pool serves them, nothing beside it
+    same = plan_run(s, QLoraSpec(), 4, 1024, run=RunPhases(eval_batch=4)).phases
+    assert same["eval"].peak_reserved_bytes == same["train"].peak_reserved_bytes

@@ -449,18 +449,38 @@ def eval_phase(shape: ModelShape, spec: QLoraSpec, train: Estimate, hw: Hardware
                   tuple(notes))
 
 
-def _beside_training_pool(phase: PhasePeak, train: PhasePeak) -> PhasePeak:
+def _eval_segments(shape: ModelShape, fw: Framework, ev: PhasePeak, train: PhasePeak) -> int:
+    """What an HF Trainer evaluation reserves beside the training pool, in segments of its own.
+
+    HF's prediction_step builds the full logits and the loss (transformers' ``ForCausalLMLoss``) upcasts them to
+    fp32 and takes their log-softmax: two fp32 ``[rows x seq, vocab]`` tensors alive at once. When the eval rows
+    are longer than the step's, both are larger than any logits block the step freed, so the caching allocator
+    cannot serve them from its pool and opens segments for them. The predictions gathered on the GPU are
+    concatenated into a new, larger tensor at every step (``EvalLoopContainer``): none fits a freed block
+    either. TRL's fused head (and a reward model's score head) make no vocabulary-sized tensors: nothing."""
+    if fw.logits != "dropped":
+        return 0
+    eval_tokens, train_tokens = ev.rows * ev.seq, train.rows * train.seq
+    loss = 2 * 4 * eval_tokens * shape.vocab if eval_tokens > train_tokens else 0
+    return loss + ev.breakdown.eval_predictions
+
+
+def _beside_training_pool(phase: PhasePeak, train: PhasePeak, segments: int = 0) -> PhasePeak:
     """An evaluation in the middle of training runs in the allocator pool training left: neither HF Trainer nor
     TRL empties the cache before ``evaluate()`` (only ``torch_empty_cache_steps`` would), so the process holds at
-    least what the training step reserved; the evaluation's own tensors reuse its free blocks or add segments."""
-    if phase.peak_reserved_bytes >= train.peak_reserved_bytes:
+    least what the training step reserved, plus the ``segments`` its own tensors could not take from that pool
+    (:func:`_eval_segments`)."""
+    floor = train.peak_reserved_bytes + segments
+    if phase.peak_reserved_bytes >= floor:
         return phase
-    lift = train.peak_reserved_bytes - phase.peak_reserved_bytes
+    lift = floor - phase.peak_reserved_bytes
     bd = replace(phase.breakdown, allocator_overhead=phase.breakdown.allocator_overhead + lift)
     return replace(phase, peak_reserved_bytes=phase.peak_reserved_bytes + lift,
                    process_bytes=phase.process_bytes + lift, device_bytes=phase.device_bytes + lift, breakdown=bd,
                    notes=(*phase.notes, "the training step's allocator pool stays reserved through the evaluation "
-                                        f"({train.peak_reserved_bytes / 2**30:.2f} GiB)"))
+                                        f"({train.peak_reserved_bytes / 2**30:.2f} GiB)"
+                          + (f", and its larger fp32 logits and gathered predictions open {segments / 2**30:.2f} "
+                             "GiB of segments beside it" if segments else "")))
 
 
 def kv_cache_bytes(shape: ModelShape, rows: int, tokens: int, dtype_bytes: int) -> int:
@@ -575,8 +595,8 @@ def plan_run(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         phases["eval"] = generation_phase(shape, spec, run.eval_batch, seq, est, hw, once, "eval")
     elif run.eval_batch is not None:
         fw = framework or FRAMEWORK_TABLE.get(spec.framework, FRAMEWORK_TABLE["hf"])
-        phases["eval"] = _beside_training_pool(eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq),
-                                               train)
+        ev = eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq)
+        phases["eval"] = _beside_training_pool(ev, train, _eval_segments(shape, fw, ev, train))
     peak = max(phases, key=lambda k: phases[k].device_bytes)
     return RunPlan(trainer=run.trainer, phases=phases, peak_phase=peak, events=_events(shape, spec, est, run),
                    train=est, notes=tuple(notes))
