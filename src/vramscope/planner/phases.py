@@ -203,13 +203,16 @@ def _fused_head_nograd(shape: ModelShape, pr: Precision, tokens: int) -> int:
 
 def _full_logits_nograd(shape: ModelShape, fw: Framework, pr: Precision, tokens: int, with_loss: bool) -> int:
     """A full causal-LM head without grad: the logits, the loss's fp32 upcast and log-softmax (``with_loss``),
-    then accelerate's fp32 copy of the returned logits (under autocast)."""
+    then accelerate's fp32 copy of the returned logits (under autocast).
+
+    An fp32 lm_head under autocast is cast to half for the matmul; without grad nothing saves that copy (and
+    autocast caches only leaves that require grad), so it is freed when the matmul returns, before the loss."""
     TV = tokens * shape.vocab
     logits_b = 2 if fw.autocast else pr.params
     weight = 2 * shape.vocab * shape.hidden if fw.autocast and pr.params == 4 else 0
     loss = (4 if logits_b != 4 else 0) * TV + 4 * TV if with_loss else 0
     convert = 4 * TV if fw.autocast else 0
-    return weight + logits_b * TV + max(loss, convert)
+    return logits_b * TV + max(weight, loss, convert)
 
 
 def returned_logit_bytes(fw: Framework, pr: Precision) -> int:
