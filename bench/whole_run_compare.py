@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from vramscope.planner import Plan, plan  # noqa: E402
+from vramscope.planner import Plan, plan, resolve_model  # noqa: E402
 from vramscope.planner.phases import RunPhases  # noqa: E402
 from vramscope.recipe import QLoraSpec  # noqa: E402
 
@@ -151,12 +151,16 @@ def load_bytes(p: Plan) -> int:
 
 
 def load_peak(point: dict[str, Any], p: Plan, batch: int, seq: int, run: RunPhases) -> int:
-    """Loading's peak: the static weights and adapters; qlora.py holds them as the hf recipe has them
-    (prepare_model_for_kbit_training's fp32, fp32 LoRA) until it casts them back to bf16 after get_peft_model."""
+    """Loading's peak: the static weights and adapters. qlora.py holds them as the hf recipe has them
+    (prepare_model_for_kbit_training's fp32, fp32 LoRA) until its cast loop after get_peft_model; that loop walks
+    ``named_modules()``, whose first hit is ``embed_tokens``: its bf16 copy is made while the fp32 original and
+    every other fp32 tensor are still alive (qlora.py:396-405)."""
     if p.framework != "qlora":
         return load_bytes(p)
+    config = point["plan_inputs"]["model_config"]
     spec = spec_of(point["plan_inputs"], str(point.get("command") or "")).with_(framework="hf")
-    return load_bytes(plan(point["plan_inputs"]["model_config"], batch, seq, spec, run=run))
+    embedding = resolve_model(config)[1].embedding_params
+    return load_bytes(plan(config, batch, seq, spec, run=run)) + 2 * embedding
 
 
 def planned_for(point: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
