@@ -90,7 +90,8 @@ def test_trl_without_use_peft_is_a_full_fine_tune_and_refused(tmp_path: Path) ->
 def test_qlora_py_defaults_and_the_sequence_is_source_plus_target(tmp_path: Path) -> None:
     p = parse("python qlora.py --model_name_or_path huggyllama/llama-7b --bf16 --source_max_len 512 "
               "--target_max_len 512 --per_device_train_batch_size 4 --no_double_quant --lora_r 32", tmp_path)
-    assert (p.program, p.framework) == ("qlora", "hf")
+    # --bf16: qlora.py casts LoRA, embeddings and lm_head back to bf16 after kbit preparation (its own recipe)
+    assert (p.program, p.framework, p.spec.framework) == ("qlora", "qlora", "qlora")
     assert (p.batch_size, p.seq_len, p.grad_accum, p.max_steps) == (4, 1024, 16, 10000)
     s = p.spec
     assert (s.bits, s.double_quant, s.lora_r, s.lora_alpha, s.lora_dropout) == (4, False, 32, 16, 0.0)
@@ -99,6 +100,7 @@ def test_qlora_py_defaults_and_the_sequence_is_source_plus_target(tmp_path: Path
     q = parse("python qlora.py", tmp_path)
     assert q.model == "EleutherAI/pythia-12b" and q.seq_len == 1024 + 256 and q.batch_size == 1
     assert any("fp32" in n for n in q.notes)  # qlora.py without --bf16 computes in fp32
+    assert q.framework == "hf"  # and casts nothing back: the hf recipe
 
 
 def test_generic_hf_script_with_training_arguments(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ def test_llamafactory_in_its_three_forms(tmp_path: Path) -> None:
 def test_unsloth_checkpointing_unsloth_is_on_and_r_is_the_rank(tmp_path: Path) -> None:
     p = parse("python unsloth-cli.py --model_name unsloth/llama-3-8b --max_seq_length 4096 --load_in_4bit --r 32 "
               "--use_gradient_checkpointing unsloth", tmp_path)
-    assert (p.program, p.framework, p.spec.lora_r, p.spec.bits, p.seq_len) == ("unsloth", "trl", 32, 4, 4096)
+    assert (p.program, p.framework, p.spec.lora_r, p.spec.bits, p.seq_len) == ("unsloth", "unsloth", 32, 4, 4096)
     assert p.spec.gradient_checkpointing is True and p.memory.checkpoint_offload is True
     assert (p.batch_size, p.grad_accum, p.spec.optim) == (2, 4, "adamw_8bit")  # unsloth-cli.py's defaults
     (tmp_path / "nb.py").write_text(

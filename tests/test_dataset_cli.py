@@ -127,3 +127,12 @@ def test_a_pasted_command_is_planned_at_its_own_data(capsys: pytest.CaptureFixtu
     assert code == 0, out.err
     plan = json.loads(out.out)
     assert plan["dataset"]["longest_tokens"] == 1502 and (plan["batch_size"], plan["seq_len"]) == (4, 1502)
+
+
+@pytest.mark.parametrize("framework", ["qlora", "unsloth"])
+def test_the_qlora_and_unsloth_frameworks_read_their_datasets(capsys: pytest.CaptureFixture[str],
+                                                              files: tuple[str, str], framework: str) -> None:
+    # qlora.py tokenizes as an HF Trainer script, Unsloth as TRL's SFT: both plan at the longest batch.
+    data, tok = files
+    out = plan_json(capsys, "--seq-len", "4096", "--dataset", data, "--tokenizer", tok, "--framework", framework)
+    assert out["framework"] == framework and out["seq_len"] >= 1501

@@ -233,3 +233,33 @@ def test_the_fitted_allocator_constants_are_the_ones_the_data_gives() -> None:
         fw = FRAMEWORK_TABLE[name]
         assert fw.fragmentation == pytest.approx(constants["fragmentation"], abs=0.002), name
         assert fw.cuda_context_bytes == constants["cuda_context_bytes"], name
+
+
+def test_qlora_py_with_bf16_keeps_lora_embeddings_and_lm_head_in_bf16() -> None:
+    # artidoro/qlora get_accelerate_model (7f4e95a, qlora.py:396-405): after prepare_model_for_kbit_training it
+    # casts every LoraLayer, embed_tokens and lm_head back to bf16; the hf recipe keeps them fp32.
+    hf = plan("Llama-2-7B", 1, 528, QLoraSpec(lora_dropout=0.1))
+    qlora = plan("Llama-2-7B", 1, 528, QLoraSpec(lora_dropout=0.1, framework="qlora"))
+    qb, hb = qlora.breakdown, hf.breakdown
+    assert qb.unquantized_params * 2 == hb.unquantized_params
+    assert qb.lora_weights * 2 == hb.lora_weights
+    pr = precision(QLoraSpec(framework="qlora"))
+    assert (pr.params, pr.lora_param, pr.autocast) == (2, 2, True)
+    assert qlora.peak_allocated_bytes < hf.peak_allocated_bytes
+
+
+def test_unsloth_keeps_its_checkpoints_on_the_host_from_512_tokens() -> None:
+    # use_gradient_checkpointing="unsloth": each layer's input goes to pinned host memory; the GPU keeps the one
+    # in flight and the next. Below 512 tokens Unsloth checkpoints on the GPU as TRL does.
+    s = resolve_model("Llama-3-8B")[1]
+    spec_u, spec_t = QLoraSpec(framework="unsloth"), QLoraSpec(framework="trl")
+    hid = 2 * s.hidden * 2 * 2048  # one bf16 hidden state of 2 x 2048 tokens
+    u, t = estimate(s, spec_u, 2, 2048), estimate(s, spec_t, 2, 2048)
+    assert u.host_offload_bytes == s.layers * hid and t.host_offload_bytes == 0
+    fwd_u, fwd_t = u.phase_breakdowns["forward"], t.phase_breakdowns["forward"]
+    assert fwd_t.activations - fwd_u.activations == (s.layers - 2) * hid
+    assert u.peak_allocated_bytes < t.peak_allocated_bytes
+    short_u, short_t = estimate(s, spec_u, 2, 256), estimate(s, spec_t, 2, 256)
+    assert short_u.peak_allocated_bytes == short_t.peak_allocated_bytes and short_u.host_offload_bytes == 0
+    p = plan("Llama-3-8B", 2, 2048, spec_u)
+    assert p.host_offload_bytes == s.layers * hid and p.to_dict()["host_offload_bytes"] == p.host_offload_bytes

@@ -384,3 +384,56 @@ def test_the_generation_phase_matches_a_real_generate(vocab: int, intermediate: 
                              run, framework=CPU_HF)
     bd = phase.breakdown
     assert bd.kv_cache + bd.temporaries + bd.activations == pytest.approx(real, rel=0.05)
+
+
+# --- the whole run's corrections from the H200 (bench/results/whole-run) ------------------------------------
+
+def test_gradient_accumulation_keeps_the_gradients_through_the_next_forward() -> None:
+    # The Trainer zeroes the gradients only after the optimizer step: micro-batch 2..N run beside them.
+    s, spec = shape("Llama-2-7B"), QLoraSpec()
+    once = plan_run(s, spec, 1, 528, run=RunPhases(grad_accum=1)).phases["train"]
+    many = plan_run(s, spec, 1, 528, run=RunPhases(grad_accum=16)).phases["train"]
+    grads = once.breakdowns["optimizer step"].lora_gradients
+    assert grads > 0
+    assert once.breakdowns["forward"].lora_gradients == 0
+    assert many.breakdowns["forward"].lora_gradients == grads
+    assert many.moments["forward"] == once.moments["forward"] + grads
+    assert many.peak_allocated_bytes >= once.peak_allocated_bytes
+
+
+def test_an_evaluation_holds_at_least_the_pool_training_reserved() -> None:
+    # TRL's evaluation allocates less than its step; the step's pool stays reserved (no empty_cache).
+    p = plan_run(shape("Llama-3-8B"), QLoraSpec(framework="trl"), 2, 1024, run=RunPhases(eval_batch=4))
+    train, ev = p.phases["train"], p.phases["eval"]
+    assert ev.peak_allocated_bytes < train.peak_allocated_bytes
+    assert ev.peak_reserved_bytes == train.peak_reserved_bytes
+    assert ev.process_bytes >= train.process_bytes
+    assert any("pool" in n for n in ev.notes)
+
+
+def test_an_hf_evaluation_longer_than_the_step_opens_segments_for_its_fp32_loss_tensors() -> None:
+    # 4 x 1024 eval rows beside a 2 x 1024 step: the loss's fp32 upcast and log-softmax ([4096, V] each) are
+    # larger than any logits block the step freed (the H200: +4.2 GB on Llama-3.1-8B, two such tensors).
+    s = shape("Llama-3-8B")
+    p = plan_run(s, QLoraSpec(), 2, 1024, run=RunPhases(eval_batch=4))
+    train, ev = p.phases["train"], p.phases["eval"]
+    assert ev.peak_reserved_bytes == train.peak_reserved_bytes + 2 * 4 * 4096 * s.vocab
+    # eval rows no longer than the step's: the pool serves them, nothing beside it
+    same = plan_run(s, QLoraSpec(), 4, 1024, run=RunPhases(eval_batch=4)).phases
+    assert same["eval"].peak_reserved_bytes == same["train"].peak_reserved_bytes
+
+
+def test_a_no_grad_head_frees_its_half_weight_copy_before_the_loss() -> None:
+    # HF recipe: lm_head fp32 under bf16 autocast. Without grad the half copy lives only through the matmul, so
+    # the head's peak is the logits plus the larger of that copy and the loss' fp32 pair, not their sum.
+    from vramscope.planner.phases import _full_logits_nograd
+
+    s = shape("Llama-3-8B")
+    fw = FRAMEWORK_TABLE["hf"]
+    pr = precision(QLoraSpec(), fw)
+    T = 4096
+    TV = T * s.vocab
+    assert pr.params == 4 and fw.autocast
+    assert _full_logits_nograd(s, fw, pr, T, with_loss=True) == 2 * TV + max(2 * s.vocab * s.hidden, 8 * TV)
+    # a tiny eval batch: the copy is the larger
+    assert _full_logits_nograd(s, fw, pr, 8, with_loss=True) == 2 * 8 * s.vocab + 2 * s.vocab * s.hidden

@@ -228,6 +228,8 @@ def read_qlora(ctx: Context) -> Reading:
         out.spec["compute_dtype"] = "fp16"
     elif use_bf16:
         out.spec["compute_dtype"] = "bf16"
+        # get_accelerate_model casts LoRA, embed_tokens and lm_head back to bf16 after kbit preparation
+        out.framework = "qlora"
     else:
         out.spec["compute_dtype"] = "fp32"
         out.defaults["compute dtype"] = "fp32 (no --bf16 or --fp16)"

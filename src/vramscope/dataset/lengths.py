@@ -133,7 +133,7 @@ def dataset_plan_input(
 def _trainer(name: str | None) -> Trainer | None:
     if name is None:
         return None
-    word = {"trl": "sft", "loop": "hf", "loop-loss": "hf"}.get(name, name)
+    word = {"trl": "sft", "unsloth": "sft", "qlora": "hf", "loop": "hf", "loop-loss": "hf"}.get(name, name)
     if word not in TRAINERS:
         raise DatasetError(f"unknown trainer {name!r}; choose one of {', '.join(TRAINERS)}")
     return word  # type: ignore[return-value]

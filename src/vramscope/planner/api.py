@@ -69,6 +69,7 @@ class Plan:
     # The whole run (planner/phases.py): every phase's peak, the one that sets the totals above, the events
     # between steps. ``phases`` and ``peak_phase`` above stay the training step's own moments.
     run: RunPlan | None = None
+    host_offload_bytes: int = 0  # pinned host memory for offloaded checkpoints (--framework unsloth)
     run_phases: RunPhases = field(default_factory=RunPhases)
     # What the user must know before anything else (MoE experts that 4-bit loading leaves 16-bit).
     warnings: tuple[str, ...] = ()
@@ -96,6 +97,7 @@ class Plan:
             "events": {e.name: e.to_dict() for e in self.run.events} if self.run is not None else {},
             "trainable_params": self.trainable_params, "total_params": self.total_params,
             "framework": self.framework, "framework_title": self.framework_title,
+            "host_offload_bytes": self.host_offload_bytes,
             "from_framework": dict(self.from_framework),
         }
         if self.gpu_memory_bytes is not None:
@@ -222,7 +224,9 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
     base = current.device_bytes
     deficit = peak - capacity if capacity is not None else None
     fw = framework_for(spec)
-    style = style or ("loop" if spec.framework.startswith("loop") else spec.framework)
+    # qlora.py takes HF TrainingArguments flags
+    style = style or ("loop" if spec.framework.startswith("loop") else "hf" if spec.framework == "qlora"
+                      else spec.framework)
 
     def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
             framework: Framework | None = None) -> None:
@@ -304,7 +308,7 @@ def _framework_recommendations(add: Any, spec: QLoraSpec, fw: Framework, batch: 
         add("model_dtype", spec.with_(compute_dtype="bf16"), batch, seq,
             "load the model in bf16 (trl.scripts.sft's default float32 keeps embeddings, norms and lm_head in fp32 "
             "and dequantizes to fp32): saves {saving:.2f} GiB", {"dtype": "bfloat16"})
-    if fw.name != "trl" and spec.bits in (4, 8):
+    if fw.name not in ("trl", "unsloth") and spec.bits in (4, 8):
         add("framework", spec.with_(framework="trl"), batch, seq,
             "train with TRL's SFTTrainer (TRL keeps LoRA in bf16, skips the fp32 upcast and never builds the "
             "batch x sequence x vocabulary logits): saves {saving:.2f} GiB", {"framework": "trl"})
@@ -502,7 +506,7 @@ def plan(
         notes=tuple(notes), cannot_fit_reason=reason, max_seq_len_at_context=at_context,
         framework=spec.framework, from_framework=component_notes(spec), moe=bool(shape.experts),
         framework_title=framework_for(spec).title.replace("bf16 autocast", f"{spec.compute_dtype} autocast"),
-        run=whole, run_phases=run, warnings=warnings,
+        run=whole, run_phases=run, warnings=warnings, host_offload_bytes=whole.train.host_offload_bytes,
     )
 
 

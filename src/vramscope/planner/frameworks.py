@@ -21,6 +21,8 @@ from vramscope.recipe import FRAMEWORKS, QLoraSpec
 # entries at a time into one reused buffer in the compute dtype, in forward and again in backward.
 TOKEN_TILE = 4096
 VOCAB_TILE = 32768
+# Unsloth offloads checkpoints only for runs of at least this many tokens (below it, ordinary checkpointing).
+OFFLOAD_MIN_SEQ = 512
 
 # The breakdown lines whose size depends on the framework (``Plan.framework_components``).
 FRAMEWORK_COMPONENTS = ("unquantized_params", "lora_weights", "lora_gradients", "activations", "logits_and_loss",
@@ -32,7 +34,7 @@ class Framework:
     """One training program's memory-relevant behaviour.
 
     Attributes:
-        name: ``hf``, ``trl`` or ``loop``.
+        name: ``hf``, ``trl``, ``qlora`` (qlora.py with --bf16), ``unsloth``, ``loop`` or ``loop-loss``.
         title: one line for people.
         prepares_kbit: calls ``prepare_model_for_kbit_training``: every bf16/fp16 parameter that is not
             4-bit (embeddings, norms, lm_head) becomes fp32, so the residual stream is fp32.
@@ -52,6 +54,9 @@ class Framework:
             the materialised logits), with and without checkpointing. The caching allocator's splitting is not
             derived; these are fitted to this framework's H200 points (``fit_framework_constants`` in
             bench/planner_accuracy.py reproduces them) and used unless ``Hardware.fragmentation`` is given.
+        offloads_checkpoints: with gradient checkpointing on, each layer's input (the checkpoint) is copied to
+            pinned host memory as the forward leaves the layer and copied back for its backward (Unsloth's
+            ``use_gradient_checkpointing="unsloth"``), from :data:`OFFLOAD_MIN_SEQ` tokens on.
         cuda_context_bytes: the process's GPU memory outside torch's allocator (CUDA context, kernels, cuBLAS
             handles; TRL's and accelerate's extra kernels): the largest NVML process - peak reserved seen on the
             H200 for this framework; used unless ``Hardware.cuda_context_bytes`` is given.
@@ -67,6 +72,7 @@ class Framework:
     reentrant: bool
     fragmentation: tuple[float, float, float, float] = (0.615, 0.269, 1.037, 0.026)
     cuda_context_bytes: int = 745 * 1024**2
+    offloads_checkpoints: bool = False
 
 
 FRAMEWORK_TABLE: dict[str, Framework] = {
@@ -78,6 +84,21 @@ FRAMEWORK_TABLE: dict[str, Framework] = {
         name="trl", title="TRL SFTTrainer defaults (no kbit preparation, bf16 LoRA, fused chunked LM head)",
         prepares_kbit=False, autocast=True, adapters_half=True, logits="chunked", keeps_kv_cache=False,
         reentrant=False, fragmentation=(0.808, 0.0, 1.411, 0.0), cuda_context_bytes=758 * 1024**2),
+    # qlora.py (artidoro/qlora, get_accelerate_model): prepare_model_for_kbit_training upcasts to fp32, then with
+    # --bf16 it casts every LoraLayer, embed_tokens and lm_head back to bf16 (norms stay fp32); Seq2SeqTrainer is
+    # HF Trainer, so autocast, the dropped output and HF Trainer's allocator behaviour are hf's.
+    "qlora": Framework(
+        name="qlora", title="qlora.py --bf16 (HF Trainer; LoRA, embeddings and lm_head cast back to bf16 after "
+        "prepare_model_for_kbit_training)", prepares_kbit=False, autocast=True, adapters_half=True,
+        logits="dropped", keeps_kv_cache=False, reentrant=False, fragmentation=(1.718, 0.442, 1.907, 0.468),
+        cuda_context_bytes=758 * 1024**2),
+    # Unsloth: TRL's trainers (dtypes, fused head, allocator behaviour: trl's) under Unsloth's patches, whose
+    # use_gradient_checkpointing="unsloth" keeps the checkpoints on the host. Not measured (docs/planner.md).
+    "unsloth": Framework(
+        name="unsloth", title="Unsloth (TRL's trainer; checkpoints offloaded to pinned host memory)",
+        prepares_kbit=False, autocast=True, adapters_half=True, logits="chunked", keeps_kv_cache=False,
+        reentrant=False, fragmentation=(0.808, 0.0, 1.411, 0.0), cuda_context_bytes=758 * 1024**2,
+        offloads_checkpoints=True),
     "loop": Framework(
         name="loop", title="hand-written loop keeping `out` (prepare_model_for_kbit_training, no autocast)",
         prepares_kbit=True, autocast=False, adapters_half=False, logits="kept", keeps_kv_cache=True,

@@ -27,7 +27,15 @@ import math
 from dataclasses import dataclass, field, fields
 
 from vramscope.planner.errors import PlanInputError
-from vramscope.planner.frameworks import TOKEN_TILE, VOCAB_TILE, Framework, Precision, framework_for, precision
+from vramscope.planner.frameworks import (
+    OFFLOAD_MIN_SEQ,
+    TOKEN_TILE,
+    VOCAB_TILE,
+    Framework,
+    Precision,
+    framework_for,
+    precision,
+)
 from vramscope.planner.layer import (
     backward_temporaries,
     forward_temporaries,
@@ -157,6 +165,7 @@ class Estimate:
     framework: str = "hf"
     kv_cache_bytes: int = 0
     logits_bytes: int = 0
+    host_offload_bytes: int = 0  # pinned host memory holding offloaded checkpoints (Unsloth)
 
     @property
     def device_bytes(self) -> int:
@@ -360,7 +369,14 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     # One 4-D mask shared by all layers: float in the stream dtype for eager, bool for SDPA.
     eager_mask = (sd if spec.attn == "eager" else 1) * batch * seq * seq if has_mask(shape, spec, seq) else 0
     copies = L * lora_weight_copies(shape, spec, pr)
-    if spec.gradient_checkpointing:
+    offloaded = spec.gradient_checkpointing and fw.offloads_checkpoints and seq >= OFFLOAD_MIN_SEQ
+    host_offload = L * hid if offloaded else 0
+    if offloaded:
+        # Unsloth: every checkpoint goes to pinned host memory; the GPU holds the one being copied out (forward)
+        # or back in (backward) and the next one in flight.
+        stash = min(L, 2) * hid
+        forward_extra = copies
+    elif spec.gradient_checkpointing:
         stash = L * hid  # checkpointing (either kind) keeps each layer's input
         # autocast's cache holds every layer's half LoRA weights until the forward returns
         forward_extra = copies
@@ -436,6 +452,6 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         breakdown=bd, phases={k: v[0] for k, v in phases.items()}, trainable_params=lora_params,
         per_layer_activation_bytes=S, paged_in_process_bytes=paged_counted,
         phase_breakdowns={k: v[1] for k, v in phases.items()}, framework=fw.name,
-        kv_cache_bytes=kv_cache, logits_bytes=lg.materialised,
+        kv_cache_bytes=kv_cache, logits_bytes=lg.materialised, host_offload_bytes=host_offload,
     )
 

@@ -203,13 +203,16 @@ def _fused_head_nograd(shape: ModelShape, pr: Precision, tokens: int) -> int:
 
 def _full_logits_nograd(shape: ModelShape, fw: Framework, pr: Precision, tokens: int, with_loss: bool) -> int:
     """A full causal-LM head without grad: the logits, the loss's fp32 upcast and log-softmax (``with_loss``),
-    then accelerate's fp32 copy of the returned logits (under autocast)."""
+    then accelerate's fp32 copy of the returned logits (under autocast).
+
+    An fp32 lm_head under autocast is cast to half for the matmul; without grad nothing saves that copy (and
+    autocast caches only leaves that require grad), so it is freed when the matmul returns, before the loss."""
     TV = tokens * shape.vocab
     logits_b = 2 if fw.autocast else pr.params
     weight = 2 * shape.vocab * shape.hidden if fw.autocast and pr.params == 4 else 0
     loss = (4 if logits_b != 4 else 0) * TV + 4 * TV if with_loss else 0
     convert = 4 * TV if fw.autocast else 0
-    return weight + logits_b * TV + max(loss, convert)
+    return logits_b * TV + max(weight, loss, convert)
 
 
 def returned_logit_bytes(fw: Framework, pr: Precision) -> int:
@@ -246,13 +249,24 @@ def _phase(name: str, rows: int, seq: int, moments: dict[str, Breakdown], overhe
                      moments=allocated, notes=notes, device_bytes=process - paged_in_process, breakdowns=moments)
 
 
+def _accumulating(moments: dict[str, Breakdown], grad_accum: int) -> dict[str, Breakdown]:
+    """With ``gradient_accumulation_steps`` > 1 the Trainer calls ``zero_grad`` only after the optimizer step, so
+    every micro-batch after the first runs its forward and backward beside the LoRA gradients accumulated so far:
+    each moment holds the full gradients (the optimizer step's), not only those its backward has made."""
+    if grad_accum <= 1 or "optimizer step" not in moments:
+        return moments
+    grads = moments["optimizer step"].lora_gradients
+    return {k: replace(bd, lora_gradients=max(bd.lora_gradients, grads)) for k, bd in moments.items()}
+
+
 def _from_estimate(name: str, rows: int, seq: int, est: Estimate, extra: dict[str, Breakdown] | None = None,
-                   notes: tuple[str, ...] = ()) -> PhasePeak:
+                   notes: tuple[str, ...] = (), grad_accum: int = 1) -> PhasePeak:
     """A training step's estimate as a phase; ``extra`` moments (the reference forward) join its own."""
     moments = dict(est.phase_breakdowns)
     if est.breakdown.calibration:  # a calibration applies to the step's peak moment only
         moments[est.peak_phase] = replace(moments[est.peak_phase], calibration=est.breakdown.calibration)
     moments.update(extra or {})
+    moments = _accumulating(moments, grad_accum)
     return _phase(name, rows, seq, moments, est.breakdown.allocator_overhead, est.breakdown.cuda_context,
                   est.paged_in_process_bytes, notes)
 
@@ -276,20 +290,20 @@ def train_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
     t = run.trainer
     if t == "sft":
         est = estimate(shape, spec, batch, seq, hw, framework=framework)
-        return _from_estimate("train", batch, seq, est), est
+        return _from_estimate("train", batch, seq, est, grad_accum=run.grad_accum), est
     fw = _trl()
     if t == "reward":
         rows = 2 * batch
         est = estimate(shape, spec, rows, seq, hw, framework=replace(fw, logits="score"))
         return _from_estimate("train", rows, seq, est, notes=(
             "RewardTrainer: chosen and rejected as one forward of 2 x batch rows, a Linear(h, 1) score head: "
-            "no vocabulary-sized logits",)), est
+            "no vocabulary-sized logits",), grad_accum=run.grad_accum), est
     if t == "grpo":
         length = _grpo_prompt(run, seq) + _grpo_completion(run)
         est = estimate(shape, spec, batch, length, hw, framework=fw)
         return _from_estimate("train", batch, length, est, notes=(
             f"the loss step: {batch} completions of prompt + completion = {length} tokens through the fused head",
-        )), est
+        ), grad_accum=run.grad_accum), est
     rows = 2 * batch if t == "dpo" else batch
     est = estimate(shape, spec, rows, seq, hw, framework=fw)
     pr = precision(spec, fw)
@@ -306,7 +320,7 @@ def train_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
         extra["reference forward"] = _reference_moment(est, shape, spec, rows, seq, pr)
         notes.append("the reference is the adapter switched off: a second, no-grad forward of the same rows "
                      "after the policy's, beside its saved activations; it keeps only its log-probabilities")
-    return _from_estimate("train", rows, seq, est, extra, tuple(notes)), est
+    return _from_estimate("train", rows, seq, est, extra, tuple(notes), run.grad_accum), est
 
 
 def _grpo_prompt(run: RunPhases, seq: int) -> int:
@@ -438,6 +452,40 @@ def eval_phase(shape: ModelShape, spec: QLoraSpec, train: Estimate, hw: Hardware
                   tuple(notes))
 
 
+def _eval_segments(shape: ModelShape, fw: Framework, ev: PhasePeak, train: PhasePeak) -> int:
+    """What an HF Trainer evaluation reserves beside the training pool, in segments of its own.
+
+    HF's prediction_step builds the full logits and the loss (transformers' ``ForCausalLMLoss``) upcasts them to
+    fp32 and takes their log-softmax: two fp32 ``[rows x seq, vocab]`` tensors alive at once. When the eval rows
+    are longer than the step's, both are larger than any logits block the step freed, so the caching allocator
+    cannot serve them from its pool and opens segments for them. The predictions gathered on the GPU are
+    concatenated into a new, larger tensor at every step (``EvalLoopContainer``): none fits a freed block
+    either. TRL's fused head (and a reward model's score head) make no vocabulary-sized tensors: nothing."""
+    if fw.logits != "dropped":
+        return 0
+    eval_tokens, train_tokens = ev.rows * ev.seq, train.rows * train.seq
+    loss = 2 * 4 * eval_tokens * shape.vocab if eval_tokens > train_tokens else 0
+    return loss + ev.breakdown.eval_predictions
+
+
+def _beside_training_pool(phase: PhasePeak, train: PhasePeak, segments: int = 0) -> PhasePeak:
+    """An evaluation in the middle of training runs in the allocator pool training left: neither HF Trainer nor
+    TRL empties the cache before ``evaluate()`` (only ``torch_empty_cache_steps`` would), so the process holds at
+    least what the training step reserved, plus the ``segments`` its own tensors could not take from that pool
+    (:func:`_eval_segments`)."""
+    floor = train.peak_reserved_bytes + segments
+    if phase.peak_reserved_bytes >= floor:
+        return phase
+    lift = floor - phase.peak_reserved_bytes
+    bd = replace(phase.breakdown, allocator_overhead=phase.breakdown.allocator_overhead + lift)
+    return replace(phase, peak_reserved_bytes=phase.peak_reserved_bytes + lift,
+                   process_bytes=phase.process_bytes + lift, device_bytes=phase.device_bytes + lift, breakdown=bd,
+                   notes=(*phase.notes, "the training step's allocator pool stays reserved through the evaluation "
+                                        f"({train.peak_reserved_bytes / 2**30:.2f} GiB)"
+                          + (f", and its larger fp32 logits and gathered predictions open {segments / 2**30:.2f} "
+                             "GiB of segments beside it" if segments else "")))
+
+
 def kv_cache_bytes(shape: ModelShape, rows: int, tokens: int, dtype_bytes: int) -> int:
     """A DynamicCache of ``tokens`` positions: keys and values of every layer, [rows, kv_heads, tokens,
     head_dim] each."""
@@ -550,7 +598,8 @@ def plan_run(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         phases["eval"] = generation_phase(shape, spec, run.eval_batch, seq, est, hw, once, "eval")
     elif run.eval_batch is not None:
         fw = framework or FRAMEWORK_TABLE.get(spec.framework, FRAMEWORK_TABLE["hf"])
-        phases["eval"] = eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq)
+        ev = eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq)
+        phases["eval"] = _beside_training_pool(ev, train, _eval_segments(shape, fw, ev, train))
     peak = max(phases, key=lambda k: phases[k].device_bytes)
     return RunPlan(trainer=run.trainer, phases=phases, peak_phase=peak, events=_events(shape, spec, est, run),
                    train=est, notes=tuple(notes))
