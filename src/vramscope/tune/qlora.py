@@ -22,6 +22,15 @@ from vramscope.recipe import OPTIMIZERS, QLoraSpec
 __all__ = ["OPTIMIZERS", "QLoraSpec", "build_trainer", "load_model", "make_optimizer", "write_random_checkpoint"]
 
 
+
+# The planner's frameworks that run the step the way another one does here: qlora.py is an HF Trainer script (its
+# bf16 casts are made at load), Unsloth a TRL SFTTrainer (its offloaded checkpoints are host memory, not a step).
+RUNS_AS = {"qlora": "hf", "unsloth": "trl"}
+
+
+def runs_as(framework: str) -> str:
+    return RUNS_AS.get(framework, framework)
+
 def require(*modules: str, extra: str = "hf") -> None:
     """Raise an ImportError that names the install command when an optional library is missing."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
@@ -89,9 +98,14 @@ def load_model(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: str |
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if not quantized and cuda:
         model = model.to(device or "cuda")
-    trl = spec.framework == "trl"
+    trl = runs_as(spec.framework) == "trl"
     if quantized and not trl:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing)
+        if spec.framework == "qlora" and spec.compute_dtype != "fp32":
+            # qlora.py with --bf16 casts LoRA, embed_tokens and lm_head back to bf16 after the preparation
+            for name, module in model.named_modules():
+                if "lora_" in name or name.endswith(("embed_tokens", "lm_head")):
+                    module.to(torch_dtype(spec.compute_dtype))
     elif spec.gradient_checkpointing:
         # TRL (through HF Trainer) enables non-reentrant checkpointing and input gradients, and no kbit preparation
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": not trl})
@@ -177,7 +191,7 @@ class Trainer:
         import torch
 
         ids = self.batch(batch_size, seq_len)
-        framework = self.spec.framework if self.spec is not None else "hf"
+        framework = runs_as(self.spec.framework if self.spec is not None else "hf")
         autocast = framework in ("hf", "trl") and ids.is_cuda
         dtype = torch_dtype(self.spec.compute_dtype if self.spec is not None else "bf16")
         with torch.autocast("cuda", dtype=dtype if dtype != torch.float32 else torch.bfloat16, enabled=autocast):
