@@ -333,3 +333,28 @@ def test_a_batch_the_hook_cannot_read_never_reaches_the_users_forward(caplog: py
                 mon.step(step)
     warned = [r for r in caplog.records if "batch hook failed" in r.getMessage()]
     assert len(warned) == 1  # once, not per step
+
+
+def test_the_w_and_b_mlflow_recipe_logs_every_logged_step_once(tmp_path: Path) -> None:
+    """docs/training.md's recipe, with a stand-in tracker that records what `wandb.log` / `mlflow.log_metrics` get."""
+    logged: list[tuple[int, dict[str, float]]] = []
+
+    def tracker_log(metrics: dict[str, float], step: int) -> None:  # wandb.log(..., step=) / mlflow.log_metrics
+        logged.append((step, dict(metrics)))
+
+    model, opt = tiny_model()
+    with MemoryMonitor(log=tmp_path / "memory_log.csv", warn=False) as mon:
+        mon.watch_model(model)
+        for step in range(1, 31):
+            train_step(model, opt, 2, 8)
+            mon.step(step)
+            if step % 10 == 0:
+                tracker_log({"loss": 1.0, **mon.figures()}, step=step)
+        with mon.phase("eval"):
+            train_step(model, opt, 4, 16)
+        tracker_log({f"eval_{k}": v for k, v in mon.figures().items()}, step=30)
+    assert [s for s, _ in logged] == [10, 20, 30, 30]
+    for _, metrics in logged[:3]:
+        assert metrics["mem/peak_rss_gib"] > 0 and metrics["mem/host_rss_gib"] > 0  # on a CPU: host memory
+        assert all(isinstance(v, float) for v in metrics.values())
+    assert logged[3][1] and all(k.startswith("eval_mem/") for k in logged[3][1])
