@@ -27,3 +27,33 @@ def test_run_without_a_log_says_nothing_was_kept_and_how_to_keep_it() -> None:
     assert out.returncode == 0, out.stderr
     line = next(line for line in out.stderr.splitlines() if "samples:" in line)
     assert "none kept (no --log)" in line and "vramscope run --log mem.csv" in line
+
+
+def test_a_report_says_what_it_is_doing_on_a_terminal_and_nothing_in_a_pipe(tmp_path: Path) -> None:
+    import os
+    import pty
+
+    log = tmp_path / "m.csv"
+    assert vramscope("run", "--log", str(log), "--", sys.executable, "-c", "pass").returncode == 0
+    html = tmp_path / "m.html"
+    master, slave = pty.openpty()  # a real terminal for stderr: the progress line shows, then is cleared
+    try:
+        done = subprocess.run([sys.executable, "-m", "vramscope", "report", str(log), "--html", str(html)],
+                              stdout=subprocess.PIPE, stderr=slave, text=True, timeout=60)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert done.returncode == 0
+    text = seen.decode()
+    assert "vramscope: reading and analysing" in text and "drawing html" in text and "\r\x1b[K" in text
+    piped = vramscope("report", str(log), "--html", str(tmp_path / "n.html"))
+    assert "reading and analysing" not in piped.stderr and "\x1b[K" not in piped.stderr

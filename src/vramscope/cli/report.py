@@ -73,6 +73,36 @@ def register(parser: argparse.ArgumentParser) -> None:
                  "vramscope report run1.csv run2.csv --json")
 
 
+class Progress:
+    """What a long report is doing, on one line of a terminal's stderr, cleared when done; silent elsewhere (a pipe,
+    a file, CI), so that logs and scripts see only the report. A 1M-row log takes seconds to read."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.on = bool(getattr(stream, "isatty", lambda: False)())
+        self.shown = False
+
+    def say(self, text: str) -> None:
+        if self.on:
+            self.stream.write(f"\r\x1b[Kvramscope: {text}...")
+            self.stream.flush()
+            self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def _size_of(path: str) -> str:
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return ""
+    return f" ({size / 2**20:.0f} MiB)" if size >= 2**20 else ""
+
+
 def _columns(text: str) -> list[ColumnSpec]:
     try:
         return parse_columns(text)
@@ -103,12 +133,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     capacity = capacity_option(args.capacity)
     reports: list[LogReport] = []
+    progress = Progress(sys.stderr)
     for path in args.logs:
+        progress.say(f"reading and analysing {printable(path)}{_size_of(path)}")
         try:
             reports.append(report_file(path, settings=settings, capacity_bytes=capacity, columns=args.columns,
                                        plan=plan))
         except (LogFormatError, EmptyLogError, PlanInputError) as exc:
+            progress.done()
             raise UsageError(str(exc)) from None
+        progress.done()
         read_as = reports[-1].read_as
         if read_as and args.columns is None:
             # A guess should be seen: the units especially (GiB is assumed for a "gb" column).
@@ -117,12 +151,15 @@ def run(args: argparse.Namespace) -> int:
 
     # Everything is rendered before anything is written: a failure leaves no output at all.
     files: list[tuple[str, bytes]] = []
+    if args.html or args.png:
+        progress.say("drawing " + " and ".join(flag.removeprefix("--") for flag, _ in outputs))
     if args.html:
         files.append((args.html, render_html(reports).encode("utf-8")))
     if args.png:
         from vramscope.report.png import render_png
 
         files.append((args.png, render_png(reports)))
+    progress.done()
     for path, content in files:
         _write(path, content)
     written = [path for path, _ in files]
