@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -128,6 +129,10 @@ def _refuse_double_dash_values(argv: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # pyarrow's default allocator (mimalloc) reserves about 1 GiB of address space at its first use: a report under
+    # a memory limit (ulimit -v, a batch system's cap) would fail on what it never touches. vramscope's own process
+    # only: set before pyarrow is imported, and never over the user's choice.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s")
@@ -149,8 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # `vramscope plan --json | head`: the reader left; say nothing more, as Unix tools do.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as exc:

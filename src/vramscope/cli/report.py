@@ -75,24 +75,27 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 class Progress:
     """What a long report is doing, on one line of a terminal's stderr, cleared when done; silent elsewhere (a pipe,
-    a file, CI), so that logs and scripts see only the report. A 1M-row log takes seconds to read."""
+    a file, CI), so that logs and scripts see only the report. A 1M-row log takes seconds to read. The line is
+    overwritten with spaces, not a terminal escape: nothing vramscope prints holds one (tests/test_terminal_safety)."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.on = bool(getattr(stream, "isatty", lambda: False)())
-        self.shown = False
+        self.width = 0
 
     def say(self, text: str) -> None:
         if self.on:
-            self.stream.write(f"\r\x1b[Kvramscope: {text}...")
+            self.done()
+            line = f"vramscope: {text}..."
+            self.stream.write("\r" + line)
             self.stream.flush()
-            self.shown = True
+            self.width = len(line)
 
     def done(self) -> None:
-        if self.shown:
-            self.stream.write("\r\x1b[K")
+        if self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
             self.stream.flush()
-            self.shown = False
+            self.width = 0
 
 
 def _size_of(path: str) -> str:

@@ -29,6 +29,19 @@ def report(path: str | os.PathLike[str], **options: Any) -> LogReport:
     return report_file(path, **options)
 
 
+def _notebook_html(self: LogReport) -> str:
+    """How a notebook shows a report: the same page as ``report --html``, in a frame of its own (its styles and
+    scripts stay inside it)."""
+    from html import escape
+
+    page = escape(render_html([self]), quote=True)
+    return f'<iframe srcdoc="{page}" style="width:100%;height:900px;border:0" title="vramscope report"></iframe>'
+
+
+# Set here, where the page's renderer is imported, so that the report's model never imports what draws it.
+LogReport._repr_html_ = _notebook_html  # type: ignore[attr-defined]
+
+
 class _CallableModule(types.ModuleType):
     """``vramscope.report`` is this package and also the function people call: ``vramscope.report(path)``."""
 

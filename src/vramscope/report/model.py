@@ -57,15 +57,6 @@ class LogReport:
     breakdown: MemoryBreakdown | None = None  # what held memory, from the monitor's file beside the log
     parallelism: ParallelismCheck | None = None  # the strategy beside the log, and each rank against --plan
 
-    def _repr_html_(self) -> str:
-        """How a notebook shows a report: the same page as ``report --html``, in a frame of its own (its styles
-        and scripts stay inside it)."""
-        from html import escape
-
-        from vramscope.report.html import render_html
-
-        page = escape(render_html([self]), quote=True)
-        return f'<iframe srcdoc="{page}" style="width:100%;height:900px;border:0" title="vramscope report"></iframe>'
 
 
 class EmptyLogError(ValueError):
