@@ -23,7 +23,8 @@ import contextlib
 import gc
 import importlib.util
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from vramscope.planner.api import ModelRef, capacity_of, resolve_model
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.memory import Hardware, estimate, validate_spec
 from vramscope.planner.registry import get_config
+from vramscope.planner.trace.autocast import cuda_autocast, outputs_to_fp32
 from vramscope.planner.trace.counter import LiveBytes
 from vramscope.planner.trace.standins import KERNELS_USED, BnbOptimizerStandIn, cuda_kernels, quantize_linears
 from vramscope.recipe import FRAMEWORKS, QLoraSpec
@@ -308,11 +310,12 @@ def _label(counter: LiveBytes, model: Any, standins: list[Any]) -> None:
 
 def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, device: Any,
               optimizer: torch.optim.Optimizer, *, steps: int = STEPS, counter: LiveBytes | None = None,
-              before_last_step: Any = None) -> None:
+              before_last_step: Any = None, autocast: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
     """The framework's training steps on random full rows: forward, backward, (clip,) optimizer step.
 
     ``counter`` (a trace) gets the phases and categories; ``before_last_step`` is called when the steady-state
-    step starts (a real run resets torch's peak there). The same code drives the trace and the real GPU step
+    step starts (a real run resets torch's peak there); ``autocast`` makes the context the ``hf`` forward runs
+    in (the HF Trainer's ``bf16=True``). The same code drives the trace and the real GPU step
     of ``bench/trace_vs_real.py``.
     """
     params = [p for p in model.parameters() if p.requires_grad]
@@ -351,7 +354,12 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
                 elif spec.framework == "loop":
                     held = model(input_ids=ids, labels=labels)
                     loss = held.loss
-                else:  # hf (the Trainer drops the output before backward) and loop-loss
+                elif autocast is not None:  # hf: accelerate's autocast, then its fp32 copies of the outputs
+                    with autocast():
+                        out = model(input_ids=ids, labels=labels)
+                    loss = outputs_to_fp32(out).loss
+                    del out  # the Trainer drops the output before backward
+                else:  # hf without autocast and loop-loss
                     loss = model(input_ids=ids, labels=labels).loss
             with phase("backward", "temporaries"):
                 loss.backward()
@@ -402,6 +410,16 @@ def _quiet() -> Iterator[None]:
                 lg.setLevel(level)
 
 
+def _autocast_for(spec: QLoraSpec) -> Callable[[], AbstractContextManager[Any]] | None:
+    """The HF Trainer's ``bf16=True`` (``fp16=True`` for an fp16 compute dtype): CUDA's autocast on the
+    trace's CPU tensors. TRL's step is traced without it (its bf16 model and adapters leave autocast nothing
+    to cast but its Triton kernels' inputs, which the trace stands in for); the loops run none."""
+    if spec.framework != "hf":
+        return None
+    half = torch.float16 if spec.compute_dtype == "fp16" else torch.bfloat16
+    return lambda: cuda_autocast(half)
+
+
 def _trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: QLoraSpec, fake: bool, steps: int,
                 cuda_sdpa: bool, vocab: int, start: float) -> TraceResult:
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -428,7 +446,8 @@ def _trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: 
         ctx = _trl_cuda_logprob() if spec.framework == "trl" else contextlib.nullcontext()
         opt = _optimizer([p for p in model.parameters() if p.requires_grad], spec)
         with ctx, _unpacked_rows():
-            run_steps(model, spec, batch_size, seq_len, vocab, device, opt, steps=steps, counter=counter)
+            run_steps(model, spec, batch_size, seq_len, vocab, device, opt, steps=steps, counter=counter,
+                      autocast=_autocast_for(spec))
         kernels = dict(KERNELS_USED)
     paged = opt.paged_bytes if isinstance(opt, BnbOptimizerStandIn) else 0
     seconds = time.perf_counter() - start
