@@ -249,6 +249,10 @@ def _prepare_as_framework(model: Any, spec: QLoraSpec) -> Any:
         model = get_peft_model(model, _lora_config(spec))
         if ckpt and spec.framework == "hf":
             _trainer_checkpointing(model)
+        if spec.framework == "hf":
+            # the Trainer's last word in __init__ (transformers 5): config.use_cache = args.use_cache, False by
+            # default, so a step without checkpointing builds no KV cache in its forward either
+            model.config.use_cache = False
     else:  # trl: SFTTrainer.__init__ (TRL 1.16), then the Trainer's checkpointing
         from trl.trainer.utils import add_fused_lm_head
 
