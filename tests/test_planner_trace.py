@@ -253,6 +253,7 @@ def test_plan_trace_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     for step in ("1/2", "2/2"):
         for what in ("forward", "backward", "optimizer step"):
             assert any(s.startswith(f"tracing: step {step}: {what} (") for s in shown), (step, what)
+    assert any(s.startswith("tracing: step 2/2: forward, layer 2/2 (") for s in shown)  # the decoder layers
     assert err.endswith("\r\x1b[K")  # the line is cleared before the table prints
 
 

@@ -362,11 +362,16 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
         hooks.append(nn.modules.module.register_module_forward_hook(lambda m, a, o: c.exit_forward(),
                                                                    always_call=True))
 
+    now = [""]  # the step and phase, for the progress line
+
     def phase(name: str, category: str) -> Any:
         if progress is not None and name != "inputs":
-            progress(f"step {step + 1}/{steps}: {name}")
+            now[0] = f"step {step + 1}/{steps}: {name}"
+            progress(now[0])
         return counter.phase(name, category) if counter is not None else contextlib.nullcontext()
 
+    if progress is not None:
+        hooks += _layer_progress(model, progress, lambda: now[0])
     held: Any = None  # the loop's output, alive until the next forward returns
     try:
         for step in range(steps):
@@ -409,6 +414,22 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
     finally:
         for h in hooks:
             h.remove()
+
+
+def _layer_progress(model: nn.Module, progress: Progress, where: Callable[[], str]) -> list[Any]:
+    """Hooks that tell ``progress`` which decoder layer (the longest ``ModuleList``) runs, the slow part of a
+    trace of a deep model: ``where()`` names the step and phase (a checkpoint's recompute shows in backward)."""
+    layers = max((m for m in model.modules() if isinstance(m, nn.ModuleList)), key=len, default=None)
+    if layers is None or len(layers) < 2:
+        return []
+    count = len(layers)
+
+    def tell(i: int) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            progress(f"{where()}, layer {i + 1}/{count}")
+        return hook
+
+    return [layer.register_forward_pre_hook(tell(i)) for i, layer in enumerate(layers)]
 
 
 def trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: QLoraSpec, *, fake: bool = True,
