@@ -3,7 +3,8 @@
 The analytic planner (:mod:`vramscope.planner.memory`) models a step; this traces one. The model is built from
 its config with transformers (on the meta device, no weights), 4-bit linears become stand-ins that hold what
 bitsandbytes holds, peft wraps it, the framework prepares it as its own code does (``hf``: peft's
-``prepare_model_for_kbit_training`` and the HF Trainer's checkpointing; ``trl``: TRL's SFTTrainer: no kbit
+``prepare_model_for_kbit_training``, the HF Trainer's checkpointing and ``use_cache=False``, its forward under
+the Trainer's bf16 autocast (:mod:`vramscope.planner.trace.autocast`); ``trl``: TRL's SFTTrainer: no kbit
 preparation, bf16 LoRA, input grads, TRL's own fused LM head with entropy and accuracy; ``loop``: a
 hand-written loop that keeps the output until the next forward), and then two real steps (forward,
 backward, gradient clipping where the Trainer clips, optimizer step) run under ``FakeTensorMode`` while
