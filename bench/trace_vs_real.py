@@ -128,7 +128,9 @@ def real_point(point: tuple[str, int | None, str, int, int, bool], ckpt_dir: Pat
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
 
-    run_steps(model, spec, b, s, int(cfg["vocab_size"]), "cuda", opt, before_last_step=reset)
+    # the hf step under the HF Trainer's bf16 autocast, as the trace runs it (planner/trace/autocast.py)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if fw == "hf" else None
+    run_steps(model, spec, b, s, int(cfg["vocab_size"]), "cuda", opt, before_last_step=reset, autocast=autocast)
     torch.cuda.synchronize()
     row = {"real_peak_allocated": torch.cuda.max_memory_allocated(),
            "real_peak_reserved": torch.cuda.max_memory_reserved(), "real_static_allocated": static}

@@ -41,6 +41,7 @@ LIBRARY_PLACES: dict[str, tuple[str, ...]] = {
         "vramscope.planner.trace.engine",
         "vramscope.planner.trace.counter",
         "vramscope.planner.trace.standins",
+        "vramscope.planner.trace.autocast",  # CUDA's autocast policy on the trace's CPU tensors
     ),
 }
 # Modules that import torch outside its places today, each to leave this list when its floor is rebuilt

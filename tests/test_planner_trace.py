@@ -143,3 +143,125 @@ def test_plan_trace_without_peft_names_the_install_command(tmp_path: Path) -> No
                           env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'vramscope[hf]'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# -- the HF Trainer's autocast, the model's own attention, progress ---------------------------------------------
+# Small configs of the issue's three architectures (Llama-2-13B, Mistral-Nemo-12B with head_dim != hidden/heads,
+# Gemma-2-9B with soft-capping, a sliding window and no SDPA in transformers 5).
+ARCH_BASE: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
+                             "max_position_embeddings": 1024}
+ARCHS: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama", **ARCH_BASE},
+    "mistral": {"model_type": "mistral", **ARCH_BASE, "head_dim": 96, "sliding_window": None},
+    "gemma2": {"model_type": "gemma2", **ARCH_BASE, "head_dim": 64, "sliding_window": 512,
+               "query_pre_attn_scalar": 64, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+}
+
+
+def test_cuda_autocast_casts_as_cuda_does() -> None:
+    import torch
+
+    from vramscope.planner.trace.autocast import cuda_autocast, outputs_to_fp32
+
+    x = torch.randn(4, 8)
+    w = torch.nn.Parameter(torch.randn(6, 8))
+    assert not torch.is_autocast_enabled()
+    with cuda_autocast(torch.bfloat16):
+        assert torch.is_autocast_enabled()  # what peft asks before casting the LoRA input itself
+        y = torch.nn.functional.linear(x, w)
+        assert y.dtype == torch.bfloat16  # a matmul runs in half
+        assert torch.softmax(y, -1).dtype == torch.float32  # CUDA's fp32_set_opt_dtype (the CPU keeps bf16)
+        assert y.sum().dtype == torch.float32 and y.pow(2).dtype == torch.float32 and y.exp().dtype == torch.float32
+        assert torch.rsqrt(y.abs() + 1).dtype == torch.float32
+        assert (y * 2).dtype == torch.bfloat16 and torch.tanh(y).dtype == torch.bfloat16  # outside every list
+        with torch.autocast("cpu", enabled=False):  # transformers' rotary embedding turns autocast off
+            assert torch.matmul(x, x.T).dtype == torch.float32
+            assert y.sum().dtype == torch.bfloat16
+    assert not torch.is_autocast_enabled()
+    assert torch.nn.functional.linear(x, w).dtype == torch.float32
+    out = outputs_to_fp32({"logits": y, "loss": y.float().sum(), "ids": torch.zeros(2, dtype=torch.long)})
+    assert out["logits"].dtype == torch.float32 and out["ids"].dtype == torch.long
+
+
+@pytest.mark.parametrize(("arch", "ckpt"), [("llama", False), ("mistral", False), ("mistral", True),
+                                            ("gemma2", False)])
+def test_traced_hf_step_under_autocast_matches_the_analytic_plan(arch: str, ckpt: bool) -> None:
+    pytest.importorskip("bitsandbytes")
+    spec = QLoraSpec(framework="hf", gradient_checkpointing=ckpt, lora_r=8)
+    traced = trace_plan(ARCHS[arch], 2, 256, spec)
+    analytic = plan(ARCHS[arch], 2, 256, traced.spec)
+    # what the step itself holds (both add the same modelled cuBLAS workspaces on top)
+    workspaces = traced.breakdown["cublas_workspaces"]
+    step = analytic.peak_allocated_bytes - workspaces
+    assert abs(traced.traced_peak_bytes - step) / step < 0.05, (traced.traced_peak_bytes, step)
+    assert any("autocast" in t for t in traced.traced)
+    # without autocast the fp32 stream that prepare_model_for_kbit_training leaves reaches the LoRA matmuls and
+    # SDPA in fp32 (on the full Mistral-Nemo-12B, 1 x 2048: SDPA's math kernel, +62% against the H200)
+    plain = trace_step(ARCHS[arch], 2, 256, QLoraSpec(framework="loop-loss", gradient_checkpointing=ckpt, lora_r=8))
+    assert plain.peak_bytes > traced.traced_peak_bytes
+
+
+def test_gemma2_is_traced_with_its_own_eager_attention() -> None:
+    pytest.importorskip("bitsandbytes")
+    traced = trace_plan(ARCHS["gemma2"], 1, 128, QLoraSpec(framework="hf", lora_r=8))  # the recipe says sdpa
+    assert traced.spec.attn == "eager"
+    assert "no sdpa attention" in traced.notes[0] and "eager" in traced.notes[0]
+    assert not any("SDPA kernels" in t for t in traced.traced)  # eager attention calls no SDPA
+
+
+def test_flash_attention_2_is_traced_as_sdpas_flash_kernel() -> None:
+    pytest.importorskip("bitsandbytes")
+    traced = trace_plan(ARCHS["llama"], 1, 128, QLoraSpec(framework="hf", lora_r=8, attn="flash_attention_2"))
+    assert traced.spec.attn == "sdpa" and "flash_attention_2 traced as SDPA's flash kernel" in traced.notes[0]
+    assert any("flash x" in t for t in traced.traced)
+
+
+def _plan_in_a_pty(tmp_path: Path, extra: list[str]) -> tuple[int, str, str]:
+    """``vramscope plan --trace`` in a child whose stderr is a terminal; returns (code, stdout, stderr)."""
+    import os
+    import pty
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "vramscope", "plan", "--config", str(tmp_path), "--batch-size",
+                             "1", "--seq-len", "16", "--lora-r", "4", "--trace", *extra],
+                            stdout=subprocess.PIPE, stderr=slave, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    out, _ = proc.communicate(timeout=300)
+    return proc.returncode, out, b"".join(chunks).decode()
+
+
+def test_plan_trace_shows_progress_on_a_terminal(tmp_path: Path) -> None:
+    pytest.importorskip("bitsandbytes")
+    code, out, err = _plan_in_a_pty(tmp_path, [])
+    assert code == 0 and "peak allocated" in out
+    shown = [part.removeprefix("\x1b[K") for part in err.split("\r") if part.strip("\x1b[K")]
+    assert shown[0].startswith("tracing: building the model on the meta device")
+    assert any(s.startswith("tracing: preparing it as hf does") for s in shown)
+    for step in ("1/2", "2/2"):
+        for what in ("forward", "backward", "optimizer step"):
+            assert any(s.startswith(f"tracing: step {step}: {what} (") for s in shown), (step, what)
+    assert any(s.startswith("tracing: step 2/2: forward, layer 2/2 (") for s in shown)  # the decoder layers
+    assert err.endswith("\r\x1b[K")  # the line is cleared before the table prints
+
+
+def test_plan_trace_shows_no_progress_with_json_or_off_a_terminal(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("bitsandbytes")
+    code, out, err = _plan_in_a_pty(tmp_path, ["--json"])
+    assert code == 0 and json.loads(out)["engine"] == "trace" and err == ""
+    code, _, err = _plan(["--config", str(tmp_path), "--batch-size", "1", "--seq-len", "16", "--lora-r", "4",
+                          "--trace"], capsys)
+    assert code == 0 and err == ""

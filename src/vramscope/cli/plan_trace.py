@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+import time
+from typing import Any, TextIO
 
 from vramscope.cli.common import PLAN_SCHEMA_VERSION
 from vramscope.cli.labels import BREAKDOWN_LABELS
@@ -49,12 +51,38 @@ def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec) -> int:
     from vramscope.planner.trace.engine import require_trace_libraries, trace_plan
 
     require_trace_libraries(spec.bits)
-    result = trace_plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu)
+    line = ProgressLine(sys.stderr) if sys.stderr.isatty() and not args.json else None
+    try:
+        result = trace_plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
+                            progress=line)
+    finally:
+        if line is not None:
+            line.clear()
     if args.json:
         print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict()}, indent=2))
     else:
         print(format_trace(result))
     return 0
+
+
+class ProgressLine:
+    """One updating stderr line while the trace runs (it takes seconds to a minute): what it is doing and
+    how long it has been at it. Only on a terminal and not with ``--json``; cleared when the trace ends."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.start = time.monotonic()
+        self.shown = False
+
+    def __call__(self, what: str) -> None:
+        self.stream.write(f"\r\x1b[Ktracing: {what} ({time.monotonic() - self.start:.0f} s)")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 def format_trace(p: Any) -> str:

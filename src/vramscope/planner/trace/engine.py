@@ -3,7 +3,8 @@
 The analytic planner (:mod:`vramscope.planner.memory`) models a step; this traces one. The model is built from
 its config with transformers (on the meta device, no weights), 4-bit linears become stand-ins that hold what
 bitsandbytes holds, peft wraps it, the framework prepares it as its own code does (``hf``: peft's
-``prepare_model_for_kbit_training`` and the HF Trainer's checkpointing; ``trl``: TRL's SFTTrainer: no kbit
+``prepare_model_for_kbit_training``, the HF Trainer's checkpointing and ``use_cache=False``, its forward under
+the Trainer's bf16 autocast (:mod:`vramscope.planner.trace.autocast`); ``trl``: TRL's SFTTrainer: no kbit
 preparation, bf16 LoRA, input grads, TRL's own fused LM head with entropy and accuracy; ``loop``: a
 hand-written loop that keeps the output until the next forward), and then two real steps (forward,
 backward, gradient clipping where the Trainer clips, optimizer step) run under ``FakeTensorMode`` while
@@ -20,10 +21,12 @@ are made explicitly (:func:`~vramscope.planner.trace.standins.cuda_kernels`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib.util
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +37,7 @@ from vramscope.planner.api import ModelRef, capacity_of, resolve_model
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.memory import Hardware, estimate, validate_spec
 from vramscope.planner.registry import get_config
+from vramscope.planner.trace.autocast import cuda_autocast, outputs_to_fp32
 from vramscope.planner.trace.counter import LiveBytes
 from vramscope.planner.trace.standins import KERNELS_USED, BnbOptimizerStandIn, cuda_kernels, quantize_linears
 from vramscope.recipe import FRAMEWORKS, QLoraSpec
@@ -42,6 +46,8 @@ INSTALL = "pip install 'vramscope[hf]'"
 # The breakdown's order (the analytic plan's): what the model holds, then what the step makes.
 CATEGORY_ORDER = ("quantized_weights", "quantization_constants", "unquantized_params", "buffers", "lora_weights",
                   "lora_gradients", "optimizer_states", "activations", "logits_and_loss", "temporaries", "other")
+# Hears what the trace is doing, one short phrase at a time (the CLI's progress line).
+Progress = Callable[[str], None]
 # Tokens each step sees: random ids over the whole vocabulary, every position a label (packed full rows).
 STEPS = 2
 
@@ -113,6 +119,8 @@ class TraceResult:
     trainable_params: int
     seconds: float
     sdpa_kernels: dict[str, int] = field(default_factory=dict)
+    attn: str = "sdpa"
+    attn_note: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -123,18 +131,41 @@ def _dtype(name: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
-def _build_on_meta(config: Mapping[str, Any], spec: QLoraSpec) -> Any:
+def _build_on_meta(config: Mapping[str, Any], spec: QLoraSpec) -> tuple[Any, str, str | None]:
+    """The model on the meta device with the attention the run gets, that attention's name, and a note when
+    it is not the recipe's.
+
+    A run that names no attention gets transformers' default for the architecture, and the recipe cannot say
+    "none" (its default is ``sdpa``): where transformers refuses ``sdpa`` for the architecture (Gemma-2 in
+    transformers 5) the run gets the architecture's own (eager), and so does the trace. flash-attn's kernels
+    cannot run on fake tensors; SDPA's flash kernel, which saves the same output and log-sum-exp, stands in.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    asked = "sdpa" if spec.attn == "flash_attention_2" else spec.attn
+    note = ("flash_attention_2 traced as SDPA's flash kernel (flash-attn cannot run on fake tensors; both save "
+            "the output and the log-sum-exp)") if asked != spec.attn else None
     try:
         cfg = AutoConfig.for_model(**dict(config))
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(cfg, dtype=_dtype(spec.compute_dtype),
-                                                    attn_implementation=spec.attn)
+        try:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(cfg, dtype=_dtype(spec.compute_dtype),
+                                                         attn_implementation=asked)
+        except ValueError as exc:
+            if "attention implementation" not in str(exc):
+                raise
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**dict(config)),
+                                                         dtype=_dtype(spec.compute_dtype))
+            used = str(model.config._attn_implementation)
+            note = (f"{type(model).__name__} has no {asked} attention in this transformers; traced with its "
+                    f"own ({used}), which a run that names none gets")
+            return model, used, note
     except (ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TraceError(f"transformers cannot build this model from its config ({first}); "
                          "plan without --trace uses the analytic model") from None
+    return model, asked, note
 
 
 def _materialize(model: nn.Module, device: str) -> None:
@@ -219,6 +250,10 @@ def _prepare_as_framework(model: Any, spec: QLoraSpec) -> Any:
         model = get_peft_model(model, _lora_config(spec))
         if ckpt and spec.framework == "hf":
             _trainer_checkpointing(model)
+        if spec.framework == "hf":
+            # the Trainer's last word in __init__ (transformers 5): config.use_cache = args.use_cache, False by
+            # default, so a step without checkpointing builds no KV cache in its forward either
+            model.config.use_cache = False
     else:  # trl: SFTTrainer.__init__ (TRL 1.16), then the Trainer's checkpointing
         from trl.trainer.utils import add_fused_lm_head
 
@@ -308,12 +343,14 @@ def _label(counter: LiveBytes, model: Any, standins: list[Any]) -> None:
 
 def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, device: Any,
               optimizer: torch.optim.Optimizer, *, steps: int = STEPS, counter: LiveBytes | None = None,
-              before_last_step: Any = None) -> None:
+              before_last_step: Any = None, autocast: Callable[[], AbstractContextManager[Any]] | None = None,
+              progress: Progress | None = None) -> None:
     """The framework's training steps on random full rows: forward, backward, (clip,) optimizer step.
 
     ``counter`` (a trace) gets the phases and categories; ``before_last_step`` is called when the steady-state
-    step starts (a real run resets torch's peak there). The same code drives the trace and the real GPU step
-    of ``bench/trace_vs_real.py``.
+    step starts (a real run resets torch's peak there); ``autocast`` makes the context the ``hf`` forward runs
+    in (the HF Trainer's ``bf16=True``); ``progress`` hears each phase as it starts. The same code drives the
+    trace and the real GPU step of ``bench/trace_vs_real.py``.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     hooks: list[Any] = []
@@ -326,9 +363,16 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
         hooks.append(nn.modules.module.register_module_forward_hook(lambda m, a, o: c.exit_forward(),
                                                                    always_call=True))
 
+    now = [""]  # the step and phase, for the progress line
+
     def phase(name: str, category: str) -> Any:
+        if progress is not None and name != "inputs":
+            now[0] = f"step {step + 1}/{steps}: {name}"
+            progress(now[0])
         return counter.phase(name, category) if counter is not None else contextlib.nullcontext()
 
+    if progress is not None:
+        hooks += _layer_progress(model, progress, lambda: now[0])
     held: Any = None  # the loop's output, alive until the next forward returns
     try:
         for step in range(steps):
@@ -351,7 +395,12 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
                 elif spec.framework == "loop":
                     held = model(input_ids=ids, labels=labels)
                     loss = held.loss
-                else:  # hf (the Trainer drops the output before backward) and loop-loss
+                elif autocast is not None:  # hf: accelerate's autocast, then its fp32 copies of the outputs
+                    with autocast():
+                        out = model(input_ids=ids, labels=labels)
+                    loss = outputs_to_fp32(out).loss
+                    del out  # the Trainer drops the output before backward
+                else:  # hf without autocast and loop-loss
                     loss = model(input_ids=ids, labels=labels).loss
             with phase("backward", "temporaries"):
                 loss.backward()
@@ -368,10 +417,27 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
             h.remove()
 
 
+def _layer_progress(model: nn.Module, progress: Progress, where: Callable[[], str]) -> list[Any]:
+    """Hooks that tell ``progress`` which decoder layer (the longest ``ModuleList``) runs, the slow part of a
+    trace of a deep model: ``where()`` names the step and phase (a checkpoint's recompute shows in backward)."""
+    layers = max((m for m in model.modules() if isinstance(m, nn.ModuleList)), key=len, default=None)
+    if layers is None or len(layers) < 2:
+        return []
+    count = len(layers)
+
+    def tell(i: int) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            progress(f"{where()}, layer {i + 1}/{count}")
+        return hook
+
+    return [layer.register_forward_pre_hook(tell(i)) for i, layer in enumerate(layers)]
+
+
 def trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: QLoraSpec, *, fake: bool = True,
-               steps: int = STEPS, cuda_sdpa: bool = True) -> TraceResult:
+               steps: int = STEPS, cuda_sdpa: bool = True, progress: Progress | None = None) -> TraceResult:
     """Build, prepare and step the model; count live bytes (fake tensors by default, real CPU ones with
-    ``fake=False``, which is how the tests check the fake trace against a real step)."""
+    ``fake=False``, which is how the tests check the fake trace against a real step); ``progress`` hears what
+    it is doing (building, preparing, each step's phases)."""
     require_trace_libraries(spec.bits)
     if spec.bits == 8:
         raise TraceError("8-bit (LLM.int8) bases are not traced yet; plan without --trace models them")
@@ -380,7 +446,8 @@ def trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: Q
         raise TraceError("the config has no vocab_size; plan --trace needs it to make token ids")
     start = time.perf_counter()
     with _quiet():
-        return _trace_step(config, batch_size, seq_len, spec, fake, steps, cuda_sdpa, vocab, start)
+        return _trace_step(config, batch_size, seq_len, spec, fake, steps, cuda_sdpa, vocab, start,
+                           progress or (lambda what: None))
 
 
 @contextlib.contextmanager
@@ -402,11 +469,22 @@ def _quiet() -> Iterator[None]:
                 lg.setLevel(level)
 
 
+def _autocast_for(spec: QLoraSpec) -> Callable[[], AbstractContextManager[Any]] | None:
+    """The HF Trainer's ``bf16=True`` (``fp16=True`` for an fp16 compute dtype): CUDA's autocast on the
+    trace's CPU tensors. TRL's step is traced without it (its bf16 model and adapters leave autocast nothing
+    to cast but its Triton kernels' inputs, which the trace stands in for); the loops run none."""
+    if spec.framework != "hf":
+        return None
+    half = torch.float16 if spec.compute_dtype == "fp16" else torch.bfloat16
+    return lambda: cuda_autocast(half)
+
+
 def _trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: QLoraSpec, fake: bool, steps: int,
-                cuda_sdpa: bool, vocab: int, start: float) -> TraceResult:
+                cuda_sdpa: bool, vocab: int, start: float, progress: Progress) -> TraceResult:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    model = _build_on_meta(config, spec)
+    progress("building the model on the meta device")
+    model, attn, attn_note = _build_on_meta(config, spec)
     standins: list[Any] = []
     if spec.bits == 4:
         standins = quantize_linears(model, _dtype(spec.compute_dtype), spec.quant_type, spec.double_quant,
@@ -420,6 +498,7 @@ def _trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: 
         _materialize(model, device)
         for s in standins:
             s.finish()
+        progress(f"preparing it as {spec.framework} does (peft LoRA)")
         with counter.phase("setup", "other"):
             model = prepare_model(model, spec)
         gc.collect()
@@ -428,23 +507,25 @@ def _trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: 
         ctx = _trl_cuda_logprob() if spec.framework == "trl" else contextlib.nullcontext()
         opt = _optimizer([p for p in model.parameters() if p.requires_grad], spec)
         with ctx, _unpacked_rows():
-            run_steps(model, spec, batch_size, seq_len, vocab, device, opt, steps=steps, counter=counter)
+            run_steps(model, spec, batch_size, seq_len, vocab, device, opt, steps=steps, counter=counter,
+                      autocast=_autocast_for(spec), progress=progress)
         kernels = dict(KERNELS_USED)
     paged = opt.paged_bytes if isinstance(opt, BnbOptimizerStandIn) else 0
     seconds = time.perf_counter() - start
     phases = {k: v for k, v in counter.phase_peaks.items() if k != "setup"}
     return TraceResult(peak_bytes=counter.peak, peak_phase=counter.peak_phase, breakdown=dict(counter.peak_breakdown),
                        phases=phases, paged_bytes=paged, trainable_params=trainable, seconds=seconds,
-                       sdpa_kernels=kernels)
+                       sdpa_kernels=kernels, attn=attn, attn_note=attn_note)
 
 
 def trace_plan(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec | None = None, *,
                gpu_memory: int | str | None = None, gpu: str | None = None,
-               hardware: Hardware | None = None) -> TracePlan:
+               hardware: Hardware | None = None, progress: Progress | None = None) -> TracePlan:
     """Trace one QLoRA/LoRA step of ``model`` and return its memory as a :class:`TracePlan`.
 
     Peak allocated is the traced peak plus the cuBLAS workspaces; reserved and process memory add the
-    analytic planner's fragmentation and CUDA context for the same shapes.
+    analytic planner's fragmentation and CUDA context for the same shapes. The plan's ``spec`` names the
+    attention that was traced (the architecture's own where transformers refuses the recipe's; see the notes).
 
     Raises:
         PlanInputError: bad model, sizes or recipe (as :func:`~vramscope.planner.plan`).
@@ -463,7 +544,8 @@ def trace_plan(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec |
         raise PlanInputError("plan --trace needs a registry name or a config.json, not a ModelShape")
     cap, hw = capacity_of(gpu_memory, gpu)
     hw = hardware or hw
-    result = trace_step(config, batch_size, seq_len, spec)
+    result = trace_step(config, batch_size, seq_len, spec, progress=progress)
+    spec = dataclasses.replace(spec, attn=result.attn)
     analytic = estimate(shape, spec, batch_size, seq_len, hw)
     workspaces = hw.cublas_workspace_bytes * hw.cublas_handles
     peak_alloc = result.peak_bytes + workspaces
@@ -489,11 +571,16 @@ def trace_plan(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec |
     if result.sdpa_kernels:
         traced.append("SDPA kernels as CUDA picks them: " + ", ".join(f"{k} x{v}" for k, v in
                                                                     sorted(result.sdpa_kernels.items())))
+    if _autocast_for(spec) is not None:
+        traced.append(f"the HF Trainer's {spec.compute_dtype if spec.compute_dtype != 'fp32' else 'bf16'} "
+                      "autocast (CUDA's policy) and accelerate's fp32 outputs")
     if spec.bits == 4:
         traced.append("4-bit linears as stand-ins holding bitsandbytes' bytes and dequantized transients")
     notes = ["fake CPU tensors with CUDA's kernel choices (SDPA backend, fused dropout), 512-byte blocks",
              "bitsandbytes' fused 4-bit GEMM (up to 1536 tokens, shape-dependent) needs no dequantized weight; "
              "the trace always allocates it, which errs high"]
+    if result.attn_note:
+        notes.insert(0, result.attn_note)
     fits = None
     if cap is not None:
         fits = process - paged_counted <= cap

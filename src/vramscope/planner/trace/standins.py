@@ -216,6 +216,11 @@ def cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     """``F.scaled_dot_product_attention`` with the kernel CUDA's dispatcher picks (flash, then memory-efficient,
     then math), called directly so that a fake CPU tensor saves what the CUDA kernel saves."""
     aten = torch.ops.aten
+    if torch.is_autocast_enabled("cpu"):  # CUDA autocast casts SDPA's float inputs (the trace's cuda_autocast)
+        half = torch.get_autocast_dtype("cpu")
+        query, key, value = (t.to(half) if t.is_floating_point() else t for t in (query, key, value))
+        if isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(half)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     math_extra_scores = MATH_EXTRA_SCORES
     if _flash_ok(query, key, attn_mask):
