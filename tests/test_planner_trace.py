@@ -265,3 +265,13 @@ def test_plan_trace_shows_no_progress_with_json_or_off_a_terminal(tmp_path: Path
     code, _, err = _plan(["--config", str(tmp_path), "--batch-size", "1", "--seq-len", "16", "--lora-r", "4",
                           "--trace"], capsys)
     assert code == 0 and err == ""
+
+
+def test_frameworks_the_trace_does_not_run_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from vramscope.cli import main
+
+    for framework in ("qlora", "unsloth"):
+        code = main(["plan", "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "128", "--framework",
+                     framework, "--trace"])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and f"not {framework}'s" in err

@@ -42,6 +42,8 @@ from vramscope.planner.trace.counter import LiveBytes
 from vramscope.planner.trace.standins import KERNELS_USED, BnbOptimizerStandIn, cuda_kernels, quantize_linears
 from vramscope.recipe import FRAMEWORKS, QLoraSpec
 
+TRACED = ("hf", "trl", "loop", "loop-loss")  # the frameworks whose step the trace runs
+
 INSTALL = "pip install 'vramscope[hf]'"
 # The breakdown's order (the analytic plan's): what the model holds, then what the step makes.
 CATEGORY_ORDER = ("quantized_weights", "quantization_constants", "unquantized_params", "buffers", "lora_weights",
@@ -535,6 +537,10 @@ def trace_plan(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec |
     validate_spec(spec)
     if spec.framework not in FRAMEWORKS:
         raise PlanInputError(f"unknown framework {spec.framework!r}; choose one of {', '.join(FRAMEWORKS)}")
+    if spec.framework not in TRACED:
+        # qlora.py's bf16 casts and Unsloth's offloaded checkpoints are not reproduced on fake tensors
+        raise PlanInputError(f"--trace runs {', '.join(TRACED)} steps, not {spec.framework}'s: plan it without "
+                             "--trace (the analytic plan models it)")
     for what, value in (("batch size", batch_size), ("sequence length", seq_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise PlanInputError(f"{what} must be a positive whole number, got {value!r}")
