@@ -60,7 +60,6 @@ SOAK = textwrap.dedent(
     from vramscope.sampling.peaks import PeakTracker
     from vramscope.backends.host import HostBackend
     from vramscope.backends.nvml import NvmlBackend
-    from vramscope.logs.reader import read_log
     from vramscope.sampling.sampler import Collector, Sampler
     from vramscope.logs.sinks import CsvSink, log_parts
     from vramscope.exporters import PrometheusSink
@@ -110,6 +109,8 @@ SOAK = textwrap.dedent(
     sampler.close()
     exporter.close()
     parts = log_parts(os.path.join(out_dir, "soak.csv"))
+    # Imported only now: the reader (pyarrow) is no part of a sampling process, whose RSS is measured above.
+    from vramscope.logs.reader import read_log
     table = read_log(parts[0])
     print(json.dumps({
         "rss": rss, "traced": traced, "samples_taken": sampler.samples_taken, "history": len(sampler.history),
