@@ -11,8 +11,10 @@ demo: setup
 	.venv/bin/vramscope run --overwrite --log out/demo_memory.csv -- .venv/bin/python examples/train_tiny_lora.py
 	.venv/bin/vramscope report out/demo_memory.steps.csv
 
+# Both cores (pytest-xdist); worksteal hands a worker's queued tests to an idle one, so the slow process tests
+# (real trainers, pty, signals) do not finish on one core alone.
 test: setup
-	.venv/bin/python -m pytest -q -n auto
+	.venv/bin/python -m pytest -q -n auto --dist worksteal
 
 lint: setup
 	.venv/bin/ruff check src tests bench examples
