@@ -143,3 +143,16 @@ def test_the_users_max_memory_allocated_reads_as_without_vramscope(tmp_path: Pat
     assert watched["steps"] == sorted(watched["steps"]), watched["steps"]
     assert watched["end"] == pytest.approx(plain["end"], rel=0.02)
     assert (tmp_path / "mem.csv").exists()
+
+
+def test_a_rows_read_and_reset_is_the_read_then_the_reset() -> None:
+    sim = SimulatedAllocator()
+    ledger = PeakLedger(sim.nested, sim.reset)
+    sim.alloc(800)
+    sim.free(700)
+    ledger.user_reset(0)  # the user's reset mid-step: vramscope's row still sees 800
+    sim.alloc(50)
+    stats = ledger.own_read_and_reset(0)
+    assert stats["allocated_bytes"]["all"]["peak"] == 800 and stats["allocated_bytes"]["all"]["current"] == 150
+    assert own_peak(ledger) == 150  # reset: the next row starts from what is held now
+    assert user_peak(ledger) == 150  # the user's own peak since their reset survives vramscope's

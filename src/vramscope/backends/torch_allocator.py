@@ -83,6 +83,15 @@ class PeakLedger:
         with self._lock:
             return _raised(self._read(device), self._own_carry.get(device, {}))
 
+    def own_read_and_reset(self, device: int) -> dict[str, Any]:
+        """:meth:`own_stats` and :meth:`own_reset` from one reading of torch's stats (a row's hot path)."""
+        with self._lock:
+            real = self._read(device)
+            stats = _raised(real, self._own_carry.pop(device, {}))
+            _fold(self._user_carry.setdefault(device, {}), _peaks(real))
+            self._reset(device)
+            return stats
+
     def own_reset(self, device: int) -> None:
         """vramscope's reset after a reading: the user's view keeps every peak it hid."""
         with self._lock:
@@ -205,11 +214,10 @@ class TorchAllocatorBackend:
     def read(self) -> tuple[AllocatorReading, ...]:
         readings = []
         for device in self.devices():
-            if self._reset_peak or _LEDGER is not None:
-                ledger = self._peak_ledger()
-                stats = _flat(ledger.own_stats(device))
-                if self._reset_peak:
-                    ledger.own_reset(device)
+            if self._reset_peak:
+                stats = _flat(self._peak_ledger().own_read_and_reset(device))
+            elif _LEDGER is not None:
+                stats = _flat(_LEDGER.own_stats(device))
             else:  # nothing was ever reset: torch's counters are both views
                 stats = self._torch.cuda.memory_stats(device)
             readings.append(reading_from_stats(device, stats, self._uuid(device)))

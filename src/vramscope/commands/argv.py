@@ -144,17 +144,11 @@ class Reader:
         return out
 
     def integer(self, *names: str) -> int | None:
-        value = self.text(*names)
-        if value is None or value.lower() in ("none", "null"):
+        number = self.number(*names)
+        if number is None:
             return None
-        try:
-            number = float(value)
-        except ValueError:
-            raise CommandReadError(f"{self._written(names)} {value!r} is not a number") from None
-        if not math.isfinite(number):
-            raise CommandReadError(f"{self._written(names)} {value!r} is not a finite number; give a number")
         if number != int(number):
-            raise CommandReadError(f"{self._written(names)} {value!r} is not a whole number")
+            raise CommandReadError(f"{self._written(names)} {number:g} is not a whole number")
         return int(number)
 
     def number(self, *names: str) -> float | None:

@@ -194,7 +194,7 @@ def _ints(array: pa.Array, kind: pa.DataType) -> Column:
         number = _floats(array, kind)
         whole = number.known & (np.abs(number.values) <= cellparse.MAX_CELL_INT)
         return Column(np.trunc(np.where(whole, number.values, 0)).astype(np.int64), whole)
-    return _from_text(array, np.int64, _PLAIN_INT, pa.int64(), cellparse.int_of)
+    return numbers_by_rule(array, np.int64, _PLAIN_INT, pa.int64(), cellparse.int_of, _MAYBE_NUMBER)
 
 
 def _floats(array: pa.Array, kind: pa.DataType) -> Column:
@@ -206,12 +206,14 @@ def _floats(array: pa.Array, kind: pa.DataType) -> Column:
         known = _known(array) & np.isfinite(values)  # "nan", "inf", "1e999": unknown, as float_of says
         values[~known] = 0.0
         return Column(values, known)
-    return _from_text(array, np.float64, _PLAIN_FLOAT, pa.float64(), cellparse.float_of)
+    return numbers_by_rule(array, np.float64, _PLAIN_FLOAT, pa.float64(), cellparse.float_of, _MAYBE_NUMBER)
 
 
-def _from_text(array: pa.Array, dtype: type, plain_pattern: str, kind: pa.DataType,
-               one: object) -> Column:
-    """Text cells as numbers: plain ones cast for the whole column, the rest that may be numbers one by one."""
+def numbers_by_rule(array: pa.Array, dtype: type, plain_pattern: str, kind: pa.DataType, one: object,
+                    maybe_pattern: str | None = None) -> Column:
+    """Text cells as numbers: cells matching ``plain_pattern`` cast for the whole column, the others (those matching
+    ``maybe_pattern``; every filled one when None) by ``one``, once per distinct text (a damaged column repeats its
+    odd cells)."""
     n = len(array)
     if array.null_count == n:
         return cellparse.unknown_column(n, dtype)
@@ -219,17 +221,16 @@ def _from_text(array: pa.Array, dtype: type, plain_pattern: str, kind: pa.DataTy
     known = numpy_of(plain)
     values: np.ndarray = np.zeros(n, dtype=dtype)
     values[known] = numpy_of(pc.cast(pc.filter(array, plain), kind))
-    maybe = pc.and_(pc.invert(plain), pc.fill_null(pc.match_substring_regex(array, _MAYBE_NUMBER), False))
-    odd = np.flatnonzero(numpy_of(maybe))
-    if len(odd):
-        convert = one  # int_of or float_of
-        seen: dict[str, int | float | None] = {}  # a damaged column repeats its odd cells
-        for i, text in zip(odd.tolist(), array.take(array_of(odd.astype(np.int64))).to_pylist(), strict=True):
-            if text not in seen:
-                seen[text] = convert(text)  # type: ignore[operator]
-            value = seen[text]
-            if value is not None:
-                values[i] = value
-                known[i] = True
+    others = pc.is_valid(array) if maybe_pattern is None else pc.fill_null(
+        pc.match_substring_regex(array, maybe_pattern), False)
+    odd = np.flatnonzero(numpy_of(pc.and_(pc.invert(plain), others)))
+    seen: dict[str, int | float | None] = {}
+    for i, text in zip(odd.tolist(), array.take(array_of(odd.astype(np.int64))).to_pylist(), strict=True):
+        if text not in seen:
+            seen[text] = one(text)  # type: ignore[operator]
+        value = seen[text]
+        if value is not None:
+            values[i] = value
+            known[i] = True
     values[~known] = 0
     return Column(values, known)

@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 
 from vramscope.logs import cells as cellparse
 from vramscope.logs import smi_samples
-from vramscope.logs.arrow_columns import ArrowColumn, array_of, numpy_of
+from vramscope.logs.arrow_columns import ArrowColumn, array_of, numbers_by_rule, numpy_of
 from vramscope.logs.cells import Column, Labels
 from vramscope.logs.csv_reader import csv_columns
 from vramscope.logs.errors import LogFormatError
@@ -113,29 +113,7 @@ def _arrow_columns(body: bytes, width: int) -> list[pa.Array]:
 def _numbers(cells: pa.Array) -> Column:
     """The first number in each cell ("20000 MiB", "45 %", "20000"), as floats; none (unknown) for "[N/A]"."""
     plain = pc.replace_substring_regex(cells, _UNIT_SUFFIX, "")
-    return _by_rule(plain, _PLAIN_FLOAT, pa.float64(), np.float64, _first_number)
-
-
-def _by_rule(cells: pa.Array, pattern: str, kind: pa.DataType, dtype: type, one: object) -> Column:
-    """Cells matching ``pattern`` cast for the whole column, every other filled one by ``one`` (per cell)."""
-    n = len(cells)
-    if cells.null_count == n:
-        return cellparse.unknown_column(n, dtype)
-    plain = pc.fill_null(pc.match_substring_regex(cells, pattern), False)
-    known = numpy_of(plain)
-    values: np.ndarray = np.zeros(n, dtype=dtype)
-    values[known] = numpy_of(pc.cast(pc.filter(cells, plain), kind))
-    odd = np.flatnonzero(numpy_of(pc.and_(pc.invert(plain), pc.is_valid(cells))))
-    seen: dict[str, float | None] = {}
-    for i, text in zip(odd.tolist(), cells.take(array_of(odd.astype(np.int64))).to_pylist(), strict=True):
-        if text not in seen:
-            seen[text] = one(text)  # type: ignore[operator]
-        value = seen[text]
-        if value is not None:
-            values[i] = value
-            known[i] = True
-    values[~known] = 0
-    return Column(values, known)
+    return numbers_by_rule(plain, np.float64, _PLAIN_FLOAT, pa.float64(), _first_number)
 
 
 def _first_number(cell: str) -> float | None:
@@ -147,8 +125,8 @@ def _first_number(cell: str) -> float | None:
 def _mib_bytes(cells: pa.Array) -> Column:
     """MiB cells as bytes: whole MiB below 2**43 (within int64 as bytes) cast for the whole column, the rest
     (fractions, "[N/A]", 400 nines) by :func:`_first_number`."""
-    mib = _by_rule(pc.replace_substring_regex(cells, _UNIT_SUFFIX, ""), _WHOLE_MIB, pa.float64(), np.float64,
-                   _first_number)
+    mib = numbers_by_rule(pc.replace_substring_regex(cells, _UNIT_SUFFIX, ""), np.float64, _WHOLE_MIB, pa.float64(),
+                          _first_number)
     size = mib.values * MIB
     known = mib.known & (np.abs(size) <= cellparse.MAX_CELL_INT)  # 400 nines overflow: unknown
     return Column(np.where(known, size, 0).astype(np.int64), known)
