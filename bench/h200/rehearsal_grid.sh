@@ -36,7 +36,7 @@ while read -r name cmd; do
   fi
 done < $OUT/trl.commands
 
-timeout -k 10 430 $PY bench/rehearsal_grid.py --out $OUT/multigpu --budget 380 --parallel 6 --gpu-budget 80 $DRY \
+timeout -k 10 430 $PY bench/rehearsal_grid.py --out $OUT/multigpu --budget 380 --parallel 6 --gpu-budget ${GRID_GPU_BUDGET:-80} $DRY \
   2>&1 | grep -v -i "warnings.warn\|UserWarning\|FutureWarning\|Writing model shards" | tee $OUT/multigpu/grid.log \
   | tail -n 40
 echo "grid exit ${PIPESTATUS[0]}"

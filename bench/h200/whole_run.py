@@ -176,9 +176,15 @@ def all_points(qlora_dir: Path | None) -> list[Point]:
                    "--max_completion_length", "256", "--max_steps", "3", "--lora_r", "16", "--lora_alpha", "32",
                    "--beta", "0.04"))
     for moe in ("Qwen1.5-MoE-A2.7B-4L", "Mixtral-8x7B-2L"):
-        pts.append(trl(moe, "sft", "ids", 2, 1024, "ids-1024", 14, "--max_length", "1024", "--max_steps", "4"))
+        # peft has no default targets for qwen2_moe/mixtral (seen on the H200 2026-12-01: "Please specify
+        # `target_modules`"), so the user names every linear layer; and for Mixtral's fused 3-D experts peft's
+        # ParamWrapper takes no dropout ("lora.ParamWrapper does not work with lora_dropout != 0").
+        no_dropout = ["--lora_dropout", "0"] if moe.startswith("Mixtral") else []
+        pts.append(trl(moe, "sft", "ids", 2, 1024, "ids-1024", 14, "--max_length", "1024", "--max_steps", "4",
+                       "--lora_target_modules", "all-linear", *no_dropout))
         pts.append(hf(moe, "evalloss", 2, 1024, "ids-1024", 16, "--eval", "loss", "--eval-batch", "4",
-                      "--eval-steps", "2", "--max-steps", "4"))
+                      "--eval-steps", "2", "--max-steps", "4",
+                      *(["--lora-dropout", "0"] if moe.startswith("Mixtral") else [])))
     return pts
 
 

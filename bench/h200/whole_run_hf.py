@@ -77,6 +77,8 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--lora-r", type=int, default=64)
     ap.add_argument("--lora-alpha", type=int, default=16)
+    # 0 for fused 3-D experts: peft's ParamWrapper refuses any other dropout (Mixtral under transformers 5).
+    ap.add_argument("--lora-dropout", type=float, default=0.05)
     ap.add_argument("--optim", default="paged_adamw_32bit")
     ap.add_argument("--group-by-length", action="store_true")
     ap.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
@@ -89,7 +91,7 @@ def main() -> None:
                                                  dtype=torch.bfloat16 if gpu else torch.float32,
                                                  device_map={"": 0} if gpu else None, attn_implementation="sdpa")
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
-    model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.05,
+    model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                                              target_modules="all-linear", task_type="CAUSAL_LM"))
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     train = TokenRows(args.data / "train.jsonl", args.max_len)
