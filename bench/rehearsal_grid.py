@@ -505,7 +505,7 @@ def trl_commands(folder: Path, python: str = "python3") -> dict[str, list[str]]:
     sft = ["-m", "trl.scripts.sft", "--model_name_or_path", str(model), "--dataset_name", str(data),
            "--use_peft", "--load_in_4bit", "--use_bnb_nested_quant", "--bnb_4bit_quant_storage", "bfloat16",
            "--dtype", "bfloat16", "--lora_r", "64", "--lora_alpha", "16", "--lora_target_modules", "all-linear",
-           "--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}', "--bf16",
+           "--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}', "--bf16", "True",
            "--per_device_train_batch_size", "1", "--max_length", "2048",
            "--output_dir", str(folder / "out"), "--report_to", "none", "--max_steps", "100"]
     tune = [python, "-m", "vramscope", "tune", "--gpus", "2", "--gpu-memory", "24GiB", "--"]
