@@ -42,8 +42,9 @@ def fsdp_version_of(value: Any, where: str) -> int:
     text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else None
     if text in ("1", "2"):
         return int(text)
-    raise CommandReadError(f"{where}: fsdp_version {value!r} is not 1 or 2 (1: FullyShardedDataParallel, "
-                           "2: fully_shard); fix it")
+    shown = text if text is not None and text.isdigit() else repr(value)
+    raise CommandReadError(f"{where}: {shown} is not an FSDP version; set it to 1 (FullyShardedDataParallel) or 2 "
+                           "(fully_shard)")
 
 
 def trainer_default() -> tuple[int, str]:
