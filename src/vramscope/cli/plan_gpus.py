@@ -69,7 +69,8 @@ def plan_gpus(model: Any, spec: QLoraSpec, args: argparse.Namespace, hardware: H
             hw = hardware
         dist = None
         if args.strategy is not None:
-            par = parallelism(args.gpus, args.strategy, args.offload, layers=shape.layers)
+            par = parallelism(args.gpus, args.strategy, args.offload, layers=shape.layers,
+                              fsdp_version=getattr(args, "fsdp_version", None) or 1)  # set by plan -- <command>
             dist = estimate_distributed(shape, spec, args.batch_size, args.seq_len, par, hw)
         table = fit_table(shape, spec, args.batch_size, args.seq_len, args.gpus, cap, hw,
                           target_batch=args.target_batch)

@@ -129,11 +129,14 @@ class Parallelism:
         return NCCL_BYTES_TWO_RANKS if self.world_size == 2 else NCCL_BYTES_MORE_RANKS
 
     def to_dict(self) -> dict[str, Any]:
-        return {"world_size": self.world_size, "strategy": self.strategy, "offload": self.offload}
+        out: dict[str, Any] = {"world_size": self.world_size, "strategy": self.strategy, "offload": self.offload}
+        if self.strategy == "fsdp":
+            out["fsdp_version"] = self.fsdp_version
+        return out
 
 
 def parallelism(world_size: int, strategy: str | None = None, offload: str | None = None, *,
-                layers: int | None = None, deepspeed: bool | None = None) -> Parallelism:
+                layers: int | None = None, deepspeed: bool | None = None, fsdp_version: int = 1) -> Parallelism:
     """Check a (world size, strategy, offload) triple, e.g. from ``--gpus/--strategy/--offload`` or a parsed
     launch command, and return it as a :class:`Parallelism`.
 
@@ -144,6 +147,7 @@ def parallelism(world_size: int, strategy: str | None = None, offload: str | Non
         offload: one of :data:`OFFLOADS`; None = ``"none"``.
         layers: the model's decoder layers, to check a split.
         deepspeed: whether the command names DeepSpeed (None: not a command, e.g. the flags alone).
+        fsdp_version: 1 or 2 under FSDP (``plan -- <command>`` passes the command's; see :class:`Parallelism`).
 
     Raises:
         PlanInputError: a combination that cannot run; the message says what would.
@@ -172,7 +176,7 @@ def parallelism(world_size: int, strategy: str | None = None, offload: str | Non
         if layers is not None and world_size > layers:
             raise PlanInputError(f"cannot split {layers} decoder layers over {world_size} GPUs; "
                                  f"use at most --gpus {layers}, or a data-parallel strategy")
-    return Parallelism(world_size=world_size, strategy=strat, offload=off)
+    return Parallelism(world_size=world_size, strategy=strat, offload=off, fsdp_version=fsdp_version)
 
 
 @dataclass(frozen=True)
