@@ -75,6 +75,26 @@ def test_the_cli_prints_the_document_and_it_reads_back_key_for_key(
         assert largest.device_bytes == data["gpus"]["plan"]["worst_device_bytes"]
 
 
+def test_the_dataset_part_reads_back_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tokenizers")
+    from dataset_tokenizer import make_tokenizer, words
+
+    tok = make_tokenizer(tmp_path / "tok")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": words(40 + 30 * i, i)}) + "\n" for i in range(20)), encoding="utf-8")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "a"}\nnot json\n', encoding="utf-8")
+    for argv in (["--seq-len", "1024", "--dataset", str(data), "--tokenizer", str(tok), "--framework", "trl"],
+                 ["--seq-len", "1024", "--dataset", str(data), "--tokenizer", str(tok), "--gpus", "2",
+                  "--strategy", "ddp"],
+                 ["--seq-len", "2048", "--dataset", str(broken)]):
+        text = printed(capsys, ["--json", "--model", "Llama-2-7B", "--batch-size", "4", *argv])
+        doc = PlanDocument.from_json(json.loads(text))
+        assert doc.dataset is not None and doc.dumps() + "\n" == text
+    assert doc.dataset == dataset_failure(str(broken), doc.dataset["error"], 4, 2048)
+    assert "not JSON" in str(doc.dataset["error"])
+
+
 def test_a_document_built_from_the_planners_results_round_trips() -> None:
     spec = QLoraSpec()
     one = plan("Llama-2-13B", 2, 4096, spec, gpu="A100-40GB")
