@@ -12,6 +12,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from vramscope.exporters.relay import ENV_RELAY, RelayReceiver
+from vramscope.training.settings import MonitorSettings
 from vramscope.types import Sink
 
 log = logging.getLogger("vramscope.runner")
@@ -37,15 +38,13 @@ def relay_into(callback: Any, env: Mapping[str, str]) -> bool:
     ``run --prometheus/--push`` carries its series as it carries the injected one's. Only adds a sink: the
     callback's log, options and figures stay the user's. True when it was added."""
     path = env.get(ENV_RELAY)
-    options = getattr(callback, "_monitor_options", None)
+    settings = getattr(callback, "settings", None)
     monitor = getattr(callback, "monitor", None)
-    if not path or not isinstance(options, dict) or monitor is None:
+    if not path or not isinstance(settings, MonitorSettings) or monitor is None:
         return False
-    export = dict(options.get("export") or {})
-    if export.get("relay"):
+    if settings.export.get("relay"):
         return False
-    export["relay"] = path
-    options["export"] = export  # a monitor made again (train() once more) has it too
+    callback.settings = settings.with_export("relay", path)  # a monitor made again (train() once more) has it too
     if not monitor.started and not monitor.closed:
-        monitor.export["relay"] = path
+        monitor.configure(export=callback.settings.export)
     return True
