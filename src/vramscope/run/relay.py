@@ -12,7 +12,6 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from vramscope.exporters.relay import ENV_RELAY, RelayReceiver
-from vramscope.training.settings import MonitorSettings
 from vramscope.types import Sink
 
 log = logging.getLogger("vramscope.runner")
@@ -38,13 +37,9 @@ def relay_into(callback: Any, env: Mapping[str, str]) -> bool:
     ``run --prometheus/--push`` carries its series as it carries the injected one's. Only adds a sink: the
     callback's log, options and figures stay the user's. True when it was added."""
     path = env.get(ENV_RELAY)
-    settings = getattr(callback, "settings", None)
-    monitor = getattr(callback, "monitor", None)
-    if not path or not isinstance(settings, MonitorSettings) or monitor is None:
+    if not path:
         return False
-    if settings.export.get("relay"):
-        return False
-    callback.settings = settings.with_export("relay", path)  # a monitor made again (train() once more) has it too
-    if not monitor.started and not monitor.closed:
-        monitor.configure(export=callback.settings.export)
-    return True
+    # Deferred: the callback's module has it loaded already; `vramscope run`'s parent never needs it otherwise.
+    from vramscope.integrations.options import export_also
+
+    return export_also(callback, "relay", path)
