@@ -57,8 +57,10 @@ def test_logits_kept_for_compute_metrics_are_concatenated_into_ever_larger_segme
     # moved to the host every 2 batches: the 2-batch container is the largest segment ever needed
     assert eval_loop_segments([block], loss, block, 100, accumulate_every=2) < eval_loop_segments(
         [block], loss, block, 4)
-    # a long eval set without host moves: the k-th concatenation opens k batches (closed form past 8 steps)
-    assert eval_loop_segments([block], loss, block, 10) == eval_loop_segments([block], loss, block, 8) + 19 * block
+    # a long eval set without host moves: the k-th concatenation opens k batches while the GPU has room; past
+    # the replayed steps the allocator's release of its cached blocks bounds reserved, not their sum
+    assert eval_loop_segments([block], loss, block, 8) == eval_loop_segments([block], loss, block, 7) + 8 * block
+    assert eval_loop_segments([block], loss, block, 10**6) == eval_loop_segments([block], loss, block, 8)
 
 
 @pytest.mark.parametrize(("config", "spec", "measured_mib"), [

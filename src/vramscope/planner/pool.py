@@ -31,6 +31,7 @@ from vramscope.units import MIB
 
 LARGE = 10 * MIB  # requests above this get a segment of exactly their (rounded) size
 ROUND_LARGE = 2 * MIB
+REPLAYED_STEPS = 8  # eval batches replayed with their cached containers (see eval_loop_segments)
 _MLP_IN = ("gate_proj", "up_proj", "gate_up_proj", "dense_h_to_4h")
 
 
@@ -102,7 +103,7 @@ def eval_loop_segments(pool: Sequence[int], moments: Sequence[Sequence[int]], he
         return cache.opened
     if accumulate_every:
         steps = min(steps, 2 * accumulate_every + 1)  # after the first move to the host the cycles repeat
-    replayed = min(steps, 8)
+    replayed = min(steps, REPLAYED_STEPS)
     container = 0  # the block holding the gathered predictions
     gathered = 0  # batches in it
     for _ in range(replayed):
@@ -119,13 +120,11 @@ def eval_loop_segments(pool: Sequence[int], moments: Sequence[Sequence[int]], he
         if accumulate_every and gathered == accumulate_every:
             cache.release(container)
             container, gathered = 0, 0
-    # Past the replayed steps, until the first move to the host: every concatenation is larger than any block
-    # freed so far, so the k-th opens a segment of k batches; the forward's logits fit the freed containers.
-    last = min(steps, accumulate_every) if accumulate_every else steps
-    if last <= replayed:
-        return cache.opened
-    batches = (last * (last + 1) - replayed * (replayed + 1)) // 2  # replayed + 1 ... last
-    return cache.opened + held * batches
+    # Past the replayed steps each concatenation would open a larger segment still, the old containers staying
+    # cached, but only while the GPU has room: on a failed cudaMalloc the allocator releases its unused cached
+    # blocks and retries (``release_cached_blocks``), so a long evaluation's reserved is bounded by the GPU, and
+    # its allocated peak (the containers alive at once, planned step by step in phases.py) decides the fit.
+    return cache.opened
 
 
 def _act_bytes(fw: Framework, pr: Precision) -> int:
