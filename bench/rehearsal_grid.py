@@ -48,6 +48,7 @@ WORLDS = (2, 4, 8, 16)
 GPU_NEED = {"tiny": 0, "7b": 8 << 30, "13b": 12 << 30, "70b": 40 << 30}
 BUDGET_S = 380
 CASE_TIMEOUT_S = 240
+PLANNED_FRAMEWORK = "loop-loss"  # what the child's loop is, for the planner (see plan())
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,18 @@ def plan(case: Case, config: dict[str, Any]) -> dict[str, Any]:
     from vramscope.planner.shapes import shape_from_config
     from vramscope.recipe import QLoraSpec
 
-    spec = QLoraSpec(optim="adamw_torch")  # bitsandbytes' paged optimizers do not take FSDP2's DTensors
+    # The child's loop (below) has no autocast and keeps only the loss: the planner's ``loop-loss`` framework
+    # (prepare_model_for_kbit_training's fp32 stream, fp32 LoRA, fp32 q/k/v into SDPA). Planning it as the HF
+    # Trainer's bf16-autocast run (``hf``, the grid's first plan) put half LoRA and SDPA inputs where the run had
+    # fp32 ones: 2-7% high on 7B/13B, and 1.8 GiB low on the 70B shape, whose grouped-query fp32 attention takes
+    # SDPA's math kernel (B x 64 heads x S x S fp32 scores). bitsandbytes' paged optimizers do not take FSDP2's
+    # DTensors: torch's AdamW.
+    spec = QLoraSpec(optim="adamw_torch", framework=PLANNED_FRAMEWORK)
     par = Parallelism(world_size=case.world_size, strategy=case.strategy, offload=case.offload,
                       fsdp_version=2)  # the grid wraps with FSDP2 fully_shard
     dist = estimate_distributed(shape_from_config(config), spec, case.batch, case.seq, par)
     w = dist.worst
-    return {"planned_peak_allocated_bytes": w.peak_allocated_bytes,
+    return {"planned_framework": spec.framework, "planned_peak_allocated_bytes": w.peak_allocated_bytes,
             "planned_peak_reserved_bytes": w.peak_reserved_bytes, "planned_process_bytes": w.process_bytes,
             "planned_host_bytes": w.host_bytes,
             "planned_nccl_bytes": w.parts.get("nccl_buffers", 0), "planned_peak_phase": w.peak_phase}
@@ -206,6 +213,29 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _pinned_host_bytes() -> int | None:
+    """Bytes of pinned blocks torch's host caching allocator holds (None where this torch has no such stats)."""
+    import torch
+
+    try:
+        stats = torch.cuda.host_memory_stats()
+    except (AttributeError, RuntimeError):
+        return None
+    value = stats.get("allocated_bytes.current", stats.get("reserved_bytes.current"))
+    return int(value) if value is not None else None
+
+
+def _cpu_state_bytes(optimizer: Any) -> int:
+    """Bytes of the optimizer's states that live on the CPU (the offload's AdamW moments), scalar steps aside."""
+    total = 0
+    for state in optimizer.state.values():
+        for t in state.values():
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if getattr(local, "device", None) is not None and local.device.type == "cpu" and local.dim() > 0:
+                total += local.numel() * local.element_size()
+    return total
+
+
 def child(case: Case, ckpt: str | None, tiny: bool) -> int:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(case.world_size),
                       LOCAL_WORLD_SIZE=str(case.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
@@ -259,10 +289,11 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
         vocab = int(config_of(case.arch)["vocab_size"])
         gen = torch.Generator().manual_seed(0)
         rss_peak = 0
+        rss_steps: list[int] = []
         process_peak = 0
         for _ in range(3):
             ids = torch.randint(0, vocab, (case.batch, case.seq), generator=gen).to(device)
-            loss = wrapped(input_ids=ids, labels=ids).loss  # no autocast: bench/fsdp_world1.py's loop, same plan
+            loss = wrapped(input_ids=ids, labels=ids).loss  # no autocast: planned as PLANNED_FRAMEWORK
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -270,6 +301,7 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
             if cuda:
                 torch.cuda.synchronize()
             rss_peak = max(rss_peak, _rss())
+            rss_steps.append(_rss())
             if sampler is not None:
                 process_peak = max(process_peak, sampler.sample_now().process_bytes(0) or 0)
         if cuda:
@@ -280,6 +312,13 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
                 process_peak = max(process_peak, sample.process_bytes(0) or 0)
             out["measured_process_bytes"] = process_peak or None
         out["rss_peak_bytes"] = rss_peak
+        # RSS grows by about 0.56 GiB over the first step in every case, offload or not (CUDA's lazily loaded
+        # kernel modules, cuBLAS and autograd's threads): the offload's own host memory is counted directly too,
+        # the pinned host allocator's blocks (shards and gradients, rounded to powers of two) and the optimizer's
+        # CPU states (pageable).
+        out["rss_steps_bytes"] = rss_steps
+        out["host_pinned_bytes"] = _pinned_host_bytes() if cuda else None
+        out["host_optimizer_cpu_bytes"] = _cpu_state_bytes(optimizer)
         # What the offload keeps on the host: the rise of RSS from the loaded model, just before the wrap, to the
         # steps' worst (the pinned shards the wrap moves there, their gradients and the AdamW states on the CPU).
         # Measured without offload too: there it is the noise of the reading (the plan says 0).
@@ -323,7 +362,8 @@ def row(case: Case, result: dict[str, Any], planned: dict[str, Any]) -> dict[str
     """One object of the results file: the issue's fields first, then everything else seen."""
     keys = ("status", "error", "measured_peak_reserved_bytes", "measured_process_bytes", "parameters",
             "parameters_held", "wrapped_allocated_bytes", "rss_start_bytes", "rss_before_wrap_bytes",
-            "rss_wrapped_bytes", "rss_peak_bytes",
+            "rss_wrapped_bytes", "rss_peak_bytes", "rss_steps_bytes", "host_pinned_bytes",
+            "host_optimizer_cpu_bytes",
             "backend", "load_seconds", "seconds")
     out = {"strategy": case.strategy, "world_size": case.world_size, "how": "fake_pg", "rank": 0,
            "arch": ARCHS.get(case.arch, case.arch), "batch": case.batch, "seq": case.seq, "offload": case.offload,
