@@ -13,6 +13,7 @@ their sum is written beside it as ``counted_host_bytes``.
 
     python bench/multigpu_compare.py                     # writes bench/results/multigpu/points.json, prints the table
     python bench/multigpu_compare.py --grid G.json --out P.json
+    python bench/multigpu_compare.py --grid bench/results/multigpu/rehearsal_grid_autocast.json   # points_autocast.json
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def case_of(row: dict[str, Any]) -> grid.Case:
     arch = ARCH_KEYS.get(row["arch"], row["arch"])
     return grid.Case(arch=arch, strategy=row["strategy"], world_size=int(row["world_size"]), offload=row["offload"],
                      batch=int(row["batch"]), seq=int(row["seq"]),
-                     build=row.get("build") or ("meta" if arch == "70b" else "checkpoint"))
+                     build=row.get("build") or ("meta" if arch == "70b" else "checkpoint"),
+                     precision=row.get("precision") or "fp32")
 
 
 def _rss_growth(row: dict[str, Any]) -> int | None:
@@ -49,7 +51,8 @@ def _rss_growth(row: dict[str, Any]) -> int | None:
 def _twin(rows: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any] | None:
     for other in rows:
         if (other.get("status") == "ok" and other["offload"] == "none" and other["arch"] == row["arch"]
-                and other["strategy"] == row["strategy"] and other["world_size"] == row["world_size"]):
+                and other["strategy"] == row["strategy"] and other["world_size"] == row["world_size"]
+                and other.get("precision", "fp32") == row.get("precision", "fp32")):
             return other
     return None
 
@@ -83,7 +86,8 @@ def point(rows: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
         "planned_peak_allocated_bytes": planned["planned_peak_allocated_bytes"],
         "measured_host_bytes": measured_host,
         "planned_host_bytes": planned["planned_host_bytes"],
-        "status": row.get("status"), "build": case.build, "planned_framework": planned["planned_framework"],
+        "status": row.get("status"), "build": case.build, "precision": case.precision,
+        "planned_framework": planned["planned_framework"],
         "planned_peak_phase": planned["planned_peak_phase"],
         "allocated_error": _error(planned["planned_peak_allocated_bytes"],
                                   row.get("measured_peak_allocated_bytes") if ok else None),
@@ -147,6 +151,13 @@ def table(points: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def points_file(grid_file: Path) -> Path:
+    """points.json beside rehearsal_grid.json; points_autocast.json beside rehearsal_grid_autocast.json."""
+    name = grid_file.name
+    return grid_file.with_name(name.replace("rehearsal_grid", "points") if name.startswith("rehearsal_grid")
+                               else "points.json")
+
+
 class GridError(Exception):
     """A grid file this script cannot read; the message says what to pass instead."""
 
@@ -168,13 +179,14 @@ def compare(grid_file: Path, out_file: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", type=Path, default=RESULTS / "rehearsal_grid.json")
-    parser.add_argument("--out", type=Path, default=None, help="default: points.json beside --grid")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: beside --grid, points.json (points_autocast.json for ..._autocast.json)")
     args = parser.parse_args(argv)
     if not args.grid.is_file():
         print(f"no grid at {args.grid}; run bench/rehearsal_grid.py first (or pass --grid)", file=sys.stderr)
         return 2
     try:
-        result = compare(args.grid, args.out or args.grid.with_name("points.json"))
+        result = compare(args.grid, args.out or points_file(args.grid))
     except GridError as exc:
         print(exc, file=sys.stderr)
         return 2
