@@ -6,7 +6,7 @@ docs/distributed.md printed.
 
 Host memory under offload is what the offload adds: the rise of the process's RSS over the steps (from just before
 the wrap) less the same rise of the case's twin without offload (same shape, strategy and world size). Every
-case's RSS grows by about 0.56 GiB over its first step, offload or not (CUDA's lazily loaded kernel modules,
+case's RSS grows by about 0.56 GiB over its steps, offload or not (CUDA's lazily loaded kernel modules,
 cuBLAS, autograd's threads); the plan's host figure has none of that. Where the grid has direct counts
 (``host_pinned_bytes``: the pinned host allocator's blocks; ``host_optimizer_cpu_bytes``: the CPU AdamW states),
 their sum is written beside it as ``counted_host_bytes``.

@@ -321,7 +321,7 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
                 process_peak = max(process_peak, sample.process_bytes(0) or 0)
             out["measured_process_bytes"] = process_peak or None
         out["rss_peak_bytes"] = rss_peak
-        # RSS grows by about 0.56 GiB over the first step in every case, offload or not (CUDA's lazily loaded
+        # RSS grows by about 0.56 GiB over the steps in every case, offload or not (CUDA's lazily loaded
         # kernel modules, cuBLAS and autograd's threads): the offload's own host memory is counted directly too,
         # the pinned host allocator's blocks (shards and gradients, rounded to powers of two) and the optimizer's
         # CPU states (pageable).

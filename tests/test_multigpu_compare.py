@@ -64,7 +64,7 @@ def test_host_under_offload_is_the_rss_growth_less_the_no_offload_twins(tmp_path
     own = next(r for r in pick if r["offload"] == "params")
     growth = lambda r: r["rss_peak_bytes"] - r["rss_before_wrap_bytes"]  # noqa: E731
     assert off["measured_host_bytes"] == growth(own) - growth(twin)
-    assert off["host_baseline_bytes"] == growth(twin) > 500 * 2**20  # the first step's ~0.56 GiB, offload or not
+    assert off["host_baseline_bytes"] == growth(twin) > 500 * 2**20  # the steps' ~0.56 GiB, offload or not
     assert abs(off["host_error"]) < 0.10
     alone = next(p for p in points if p["arch"] == "Llama-2-13B")
     assert alone["measured_host_bytes"] is None and alone["host_error"] is None  # no twin, no figure
