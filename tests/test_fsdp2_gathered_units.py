@@ -135,6 +135,10 @@ def test_the_fsdp2_rank_gathers_one_unit_at_the_loss_and_two_in_the_layers_backw
     assert gathered[2]["layer backward (last)"] == gathered[2]["layer backward (first)"] == root + 2 * unit
     assert gathered[1]["forward"] == gathered[1]["layer backward (last)"] == root + 2 * unit  # FSDP1 unchanged
     assert gathered[1]["optimizer step"] == gathered[2]["optimizer step"] == 0
+    # One rank defers no all-gather free (FSDP2 copies at world size 1): the count stays as it was.
+    one = _shard_phase(Parallelism(1, "fsdp", fsdp_version=2), shape, single.phase_breakdowns["forward"], "forward",
+                       sz, 4.0)[0]
+    assert one["gathered_params"] == root + 2 * unit
     v1, v2 = (estimate_distributed(shape, spec, 1, 2048, Parallelism(4, "fsdp", fsdp_version=v), single=single).worst
               for v in (1, 2))
     assert v1.peak_phase == v2.peak_phase == single.peak_phase  # the loss stays the peak, one unit lower

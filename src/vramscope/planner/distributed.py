@@ -340,10 +340,11 @@ def _fsdp_units(par: Parallelism, bd: Breakdown, phase: str) -> int:
     layer's unsharded parameters and its own all-gather output, whose free waits for the next all-gather). At the
     loss FSDP2 holds one: every layer is resharded, but the last layer's all-gather output is freed only in the
     root's post-forward (``FSDPCommContext.all_gather_state``), after the loss; in the loss backward, what the
-    root's pre-backward prefetches of the last layers (``_backward_prefetch``). FSDP1 keeps the fuller count.
+    root's pre-backward prefetches of the last layers (``_backward_prefetch``). FSDP1 keeps the fuller count, and
+    so does one rank (FSDP2 at world size 1 copies instead of gathering and defers no free; not modelled apart).
     """
     at_loss = phase in LOSS_PHASES and bd.logits_and_loss > 0  # not a layer's own forward temporaries
-    if par.fsdp_version == 2 and at_loss:
+    if par.fsdp_version == 2 and at_loss and par.world_size > 1:
         return 1 if phase == "forward" else par.fsdp_prefetch_units
     return 1 + par.fsdp_prefetch_units
 
