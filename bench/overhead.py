@@ -386,10 +386,10 @@ def analysis_cost(histories: list[int], repeats: int, step_s: float | None) -> d
         from vramscope import MemoryMonitor
     except ImportError as exc:
         return {"available": False, "reason": f"vramscope.MemoryMonitor is not importable: {exc}"}
-    defaults = MemoryMonitor()
+    defaults = MemoryMonitor().settings  # the monitor's options live in its MonitorSettings
     every = int(getattr(defaults, "analyze_every", 0) or 0)
     min_interval = float(getattr(defaults, "analyze_min_interval_s", 0.0) or 0.0)
-    if not hasattr(defaults, "update_analysis") or every < 1:
+    if not hasattr(MemoryMonitor, "update_analysis") or every < 1:
         return {"available": False, "reason": "MemoryMonitor has no update_analysis/analyze_every"}
     # No log file, no printed warnings, and the periodic analysis off: it runs only when timed here.
     monitor = MemoryMonitor(log=None, every_n_steps=1, warn=False, analyze_every=10**9)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 session 6, call C (one GPU, ~8 min): the 12-block overhead benchmark again, alone on the GPU, on the tree
+# H200 session 6, call C (one GPU, ~8 min): the overhead benchmark again (14 blocks of 4 timed steps per arm, 56 steps an arm where call A had 36), alone on the GPU, on the tree
 # with the cheaper step path and the per-hook timing (issue 24); then side by side: the TRL rehearsals of issue 27
 # (`tune --gpus 2` behind accelerate FSDP and torchrun; call B's passed a bare --bf16, which TRL 1.16 refuses under
 # transformers 5.17), the two gpu tests call B had no time for, and the mixture-of-experts points of issue 28.
@@ -9,10 +9,10 @@ export PYTHONPATH=$PWD/.site:$PWD/src PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=
   HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false NCCL_NVLS_ENABLE=0
 mkdir -p $OUT/bench
 git log -1 --format=%H > $OUT/tree.txt; git status --short >> $OUT/tree.txt
-timeout -k 10 290 python3 bench/overhead.py --out $OUT/bench --arms none,hf_callback,loop_monitor,run_10hz \
-  --min-blocks 12 --max-blocks 12 --budget-s 0 > $OUT/overhead.log 2>&1
+timeout -k 10 345 python3 bench/overhead.py --out $OUT/bench --arms none,hf_callback,loop_monitor,run_10hz \
+  --min-blocks 14 --max-blocks 14 --steps-per-block 4 --budget-s 0 > $OUT/overhead.log 2>  --min-blocks 12 --max-blocks 12 --budget-s 0 > $OUT/overhead.log 2>&11
 echo "overhead exit $? at ${SECONDS}s"; grep -v -i warn $OUT/overhead.log | tail -n 9
-left=$((570 - SECONDS))
+left=$((575 - SECONDS))
 TRL=$(mktemp -d)
 python3 bench/rehearsal_grid.py --trl $TRL > $OUT/trl.commands 2> $OUT/trl-make.log || cat $OUT/trl-make.log
 while read -r name cmd; do
