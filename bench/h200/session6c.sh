@@ -10,7 +10,7 @@ export PYTHONPATH=$PWD/.site:$PWD/src PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=
 mkdir -p $OUT/bench
 git log -1 --format=%H > $OUT/tree.txt; git status --short >> $OUT/tree.txt
 timeout -k 10 345 python3 bench/overhead.py --out $OUT/bench --arms none,hf_callback,loop_monitor,run_10hz \
-  --min-blocks 14 --max-blocks 14 --steps-per-block 4 --budget-s 0 > $OUT/overhead.log 2>  --min-blocks 12 --max-blocks 12 --budget-s 0 > $OUT/overhead.log 2>&11
+  --min-blocks 14 --max-blocks 14 --steps-per-block 4 --budget-s 0 > $OUT/overhead.log 2>&1
 echo "overhead exit $? at ${SECONDS}s"; grep -v -i warn $OUT/overhead.log | tail -n 9
 left=$((575 - SECONDS))
 TRL=$(mktemp -d)
