@@ -87,6 +87,7 @@ def test_a_registered_framework_is_a_choice_of_the_cli(capsys: pytest.CaptureFix
     assert code == 2 and "my-loop" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_registered_framework_is_traced_and_built_as_its_build_says(tmp_path: Path) -> None:
     pytest.importorskip("peft")
     pytest.importorskip("transformers")
@@ -171,7 +172,7 @@ def framework_string_checks(source: str) -> list[str]:
         else:
             hit = isinstance(node, ast.Subscript) and keyed(node.value) and _names_a_framework(node.slice)
         if hit:
-            found.append(f"{node.lineno}: {ast.unparse(node)}")
+            found.append(f"{getattr(node, 'lineno', 0)}: {ast.unparse(node)}")
     return found
 
 
