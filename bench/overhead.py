@@ -24,8 +24,19 @@ timed between two ``cuda.synchronize()``; the step's loss is read with ``float()
 runs, so the GPU is idle while the monitor works and its whole cost shows in the step time (in a real
 Trainer the host runs ahead and part of it is hidden: these numbers are an upper bound).
 
-Writes ``overhead.json``: every step, per-arm median and spread, and ``step_time_overhead_pct`` per arm
-against the baseline of the same run.
+The cost is also timed directly, free of the step time's noise (a block's median step moves by about
++-1 % on its own, more than the goal): ``perf_counter`` around each of an arm's hooks inside the step
+(``before_step``, ``pre_optimizer``, ``post_optimizer``, ``after_step``: the callback's events, the loop's
+``mon.step``, nvidia-smi's subprocess) gives every step's ``hook_seconds``, and per arm the median, p95 and
+max of it and ``hook_pct_of_step`` (the median hook time over the baseline's median step). It leaves out
+what an arm costs outside its hooks: the callback's forward pre-hook (a read of the batch's shape, inside
+the model's forward) and, for ``run_10hz``, everything: its sampler is a background thread, so its hook
+time is ~0 and the step-time ratio remains its measure (its thread takes the GIL from the training's).
+
+Writes ``overhead.json``: every step (with its ``hook_seconds`` and ``hook_cpu_seconds``, the thread's CPU
+time in the hooks: far below the wall time, the thread waited), per-arm median and spread,
+``step_time_overhead_pct`` per arm against the baseline of the same run with its 95 % CI, and
+``hook_seconds`` / ``hook_cpu_seconds`` / ``hook_pct_of_step`` per arm.
 """
 
 from __future__ import annotations
@@ -273,27 +284,54 @@ def _csv_rows(path: Path | None) -> int | None:
         return max(0, sum(1 for _ in handle) - 1)
 
 
-def train_step(trainer: Any, arm: Arm, batch: int, seq: int) -> float:
+class HookClock:
+    """Time spent inside an arm's hooks during one step: wall (``perf_counter``) and this thread's CPU
+    (``thread_time``) around each call. The wall time is the cost; where it is far above the CPU time the
+    thread waited (for the GIL, for I/O, or for a core on a busy host)."""
+
+    def __init__(self, arm: Arm) -> None:
+        self.arm = arm
+        self.seconds = 0.0
+        self.cpu_seconds = 0.0
+
+    def call(self, hook: Any, *args: Any) -> None:
+        cpu = time.thread_time()
+        started = time.perf_counter()
+        try:
+            hook(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.cpu_seconds += time.thread_time() - cpu
+
+
+def train_step(trainer: Any, clock: HookClock, batch: int, seq: int) -> float:
     """One step of the shared trainer with the optimizer step split out, so that a callback receives
     on_pre_optimizer_step / on_optimizer_step as under Trainer. Same work as qlora.Trainer.step."""
     ids = trainer.batch(batch, seq)
     out = trainer.model(input_ids=ids, labels=ids)
     out.loss.backward()
-    arm.pre_optimizer()
+    clock.call(clock.arm.pre_optimizer)
     trainer.optimizer.step()
-    arm.post_optimizer()
+    clock.call(clock.arm.post_optimizer)
     trainer.optimizer.zero_grad(set_to_none=True)
     return float(out.loss.detach())
 
 
-def timed_step(trainer: Any, arm: Arm, step: int, batch: int, seq: int) -> tuple[float, float]:
+def timed_step(trainer: Any, arm: Arm, step: int, batch: int, seq: int) -> tuple[float, float, HookClock]:
+    """(step seconds, loss, the time inside the arm's hooks) of one step."""
+    clock = HookClock(arm)
     common.synchronize()
     started = time.perf_counter()
-    arm.before_step(step)
-    loss = train_step(trainer, arm, batch, seq)
-    arm.after_step(step)
+    clock.call(arm.before_step, step)
+    loss = train_step(trainer, clock, batch, seq)
+    clock.call(arm.after_step, step)
     common.synchronize()
-    return time.perf_counter() - started, loss
+    return time.perf_counter() - started, loss, clock
+
+
+def hook_fields(clock: HookClock) -> dict[str, float]:
+    """A step's hook times, as its entry in ``steps`` carries them."""
+    return {"hook_seconds": clock.seconds, "hook_cpu_seconds": clock.cpu_seconds}
 
 
 def make_arms(
@@ -417,7 +455,51 @@ def analyse(steps: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
     if len(base_blocks) > 1 and base:
         spread = [abs(x / statistics.median(base_blocks) - 1) * 100 for x in base_blocks]
         result["baseline_block_spread_pct"] = statistics.median(spread)
+    result.update(hook_cost(timed, arms, base))
     return result
+
+
+def hook_cost(timed: list[dict[str, Any]], arms: list[str], base_step_s: float | None) -> dict[str, Any]:
+    """The arms' own time inside their hooks, per timed step: ``hook_seconds`` (median, p95, max, ...) per arm
+    (the baseline's is the floor: four empty calls and the clock) and ``hook_pct_of_step``, the median hook
+    time as a share of the baseline's median step. ~0 for ``run_10hz``: its work is on a thread."""
+    seconds: dict[str, Any] = {}
+    cpu: dict[str, Any] = {}
+    pct: dict[str, float] = {}
+    for arm in arms:
+        mine = [s for s in timed if s["arm"] == arm and s.get("hook_seconds") is not None]
+        if not mine:
+            continue
+        values = sorted(s["hook_seconds"] for s in mine)
+        seconds[arm] = {**common.summarize(values), "p95": _quantile(values, 0.95)}
+        cpu_values = sorted(s["hook_cpu_seconds"] for s in mine)
+        cpu[arm] = {**common.summarize(cpu_values), "p95": _quantile(cpu_values, 0.95)}
+        if arm != "none" and base_step_s:
+            pct[arm] = statistics.median(values) / base_step_s * 100
+    return {"hook_seconds": seconds, "hook_cpu_seconds": cpu, "hook_pct_of_step": pct}
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted values, interpolated between the two nearest (numpy's default)."""
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def hook_line(analysis: dict[str, Any], arm: str) -> str:
+    """The arm's time inside its hooks, for the final log line."""
+    hooks = analysis["hook_seconds"].get(arm)
+    if hooks is None:
+        return "hooks not timed"
+    pct = analysis["hook_pct_of_step"].get(arm)
+    pct_text = f" = {pct:.3f} % of a step" if pct is not None else ""
+    thread = " (its sampler is a thread: the step time is its measure)" if arm == "run_10hz" else ""
+    cpu = analysis["hook_cpu_seconds"][arm]["median"]
+    return (
+        f"hooks median {hooks['median'] * 1e6:.0f} us (CPU {cpu * 1e6:.0f} us), p95 {hooks['p95'] * 1e6:.0f} us, "
+        f"max {hooks['max'] * 1e6:.0f} us{pct_text}{thread}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,8 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     # Peaks of the training alone; later, monitors (and transformers' tracker) reset the counter.
     warm_memory = cuda_peaks(reset=True)
     for _ in range(args.warmup):
-        seconds, loss = timed_step(trainer, baseline, -1, args.batch, args.seq)
-        steps.append({"block": None, "arm": "none", "kind": "warmup", "seconds": seconds, "loss": loss})
+        seconds, loss, hooks = timed_step(trainer, baseline, -1, args.batch, args.seq)
+        steps.append(
+            {"block": None, "arm": "none", "kind": "warmup", "seconds": seconds, "loss": loss, **hook_fields(hooks)}
+        )
     warm_memory = cuda_peaks(reset=False)
     warm = [s["seconds"] for s in steps[-2:]] or [0.0]
     per_block_steps = len(active) * (args.settle + args.steps_per_block)
@@ -506,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 arm.start(block)
                 for k in range(args.settle + args.steps_per_block):
-                    seconds, loss = timed_step(trainer, arm, step_index, args.batch, args.seq)
+                    seconds, loss, hooks = timed_step(trainer, arm, step_index, args.batch, args.seq)
                     steps.append(
                         {
                             "block": block,
@@ -516,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                             "kind": "settle" if k < args.settle else "timed",
                             "seconds": seconds,
                             "loss": loss,
+                            **hook_fields(hooks),
                         }
                     )
                     step_index += 1
@@ -570,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
             "orders": orders,
             "run_interval_s": args.interval,
             "timing": "perf_counter between cuda.synchronize() calls; loss read before the monitor runs",
+            "hook_timing": "perf_counter (hook_seconds) and thread_time (hook_cpu_seconds) around each of the "
+            "arm's calls inside the step (before_step, pre_optimizer, post_optimizer, after_step), summed per step",
         },
         "goal_pct": GOAL_PCT,
         **analysis,
@@ -588,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     for arm, pct in analysis["step_time_overhead_pct"].items():
         ci = analysis["step_time_overhead_ci95_pct"].get(arm)
         ci_text = f" (95% CI {ci[0]:+.2f} .. {ci[1]:+.2f})" if ci else ""
-        common.log(f"{arm}: {pct:+.2f} %{ci_text}")
+        common.log(f"{arm}: {pct:+.2f} %{ci_text}; {hook_line(analysis, arm)}")
     common.log(f"wrote {path} in {payload['wall_s']:.0f} s")
     return 0
 

@@ -22,11 +22,13 @@ weights above the 4-bit model (``--arch 70b``; the same modules from_pretrained 
     python bench/rehearsal_grid.py --dry-run                # every case's command and plan, no torch needed
     python bench/rehearsal_grid.py --tiny --out /tmp/grid   # CPU: a tiny 4-bit Llama through the same code
     python bench/rehearsal_grid.py --out $OUT/multigpu      # the H200 (bench/h200/rehearsal_grid.sh)
+    python bench/rehearsal_grid.py --precision autocast --out $OUT/multigpu   # bf16 autocast: ..._autocast.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -48,6 +50,9 @@ WORLDS = (2, 4, 8, 16)
 GPU_NEED = {"tiny": 0, "7b": 8 << 30, "13b": 12 << 30, "70b": 40 << 30}
 BUDGET_S = 380
 CASE_TIMEOUT_S = 240
+# What the child's loop is, for the planner (see plan()): without autocast, a loop keeping only the loss; under
+# bf16 autocast (``--precision autocast``), the HF Trainer's dtypes (its compute_loss keeps only the loss too).
+PLANNED_FRAMEWORK = {"fp32": "loop-loss", "autocast": "hf"}
 
 
 @dataclass(frozen=True)
@@ -59,13 +64,15 @@ class Case:
     batch: int
     seq: int
     build: str  # "checkpoint" (from_pretrained of a random checkpoint) or "meta" (per-layer quantization)
+    precision: str = "fp32"  # "fp32" (no autocast: kbit preparation's fp32 stream) or "autocast" (bf16 autocast)
 
     @property
     def name(self) -> str:
-        return f"{self.arch}-{self.strategy}{self.world_size}" + ("-offload" if self.offload != "none" else "")
+        return (f"{self.arch}-{self.strategy}{self.world_size}" + ("-offload" if self.offload != "none" else "")
+                + ("-autocast" if self.precision == "autocast" else ""))
 
 
-def cases(archs: list[str], worlds: tuple[int, ...], tiny: bool) -> list[Case]:
+def cases(archs: list[str], worlds: tuple[int, ...], tiny: bool, precision: str = "fp32") -> list[Case]:
     """FSDP at every world size with and without parameter offload, DDP at the smallest; in the order they run,
     world size by world size, so that the budget's end cuts the largest world sizes, not a whole shape. 70B goes to
     8 ranks at most, and has no DDP: a whole 70B replica per rank is no answer on any GPU."""
@@ -77,11 +84,11 @@ def cases(archs: list[str], worlds: tuple[int, ...], tiny: bool) -> list[Case]:
                 continue
             build = "meta" if arch == "70b" else "checkpoint"
             for offload in ("none",) if tiny else ("none", "params"):  # CPU offload needs a GPU to offload from
-                out.append(Case(arch, "fsdp", w, offload, batch, seq, build))
+                out.append(Case(arch, "fsdp", w, offload, batch, seq, build, precision))
             if arch != "70b" and w == worlds[0]:
-                out.append(Case(arch, "ddp", w, "none", batch, seq, build))
+                out.append(Case(arch, "ddp", w, "none", batch, seq, build, precision))
     if tiny:  # the meta build too, on the CPU
-        out.append(Case("tiny", "fsdp", 4, "none", batch, seq, "meta"))
+        out.append(Case("tiny", "fsdp", 4, "none", batch, seq, "meta", precision))
     return out
 
 
@@ -99,12 +106,18 @@ def plan(case: Case, config: dict[str, Any]) -> dict[str, Any]:
     from vramscope.planner.shapes import shape_from_config
     from vramscope.recipe import QLoraSpec
 
-    spec = QLoraSpec(optim="adamw_torch")  # bitsandbytes' paged optimizers do not take FSDP2's DTensors
+    # The child's loop (below) has no autocast and keeps only the loss: the planner's ``loop-loss`` framework
+    # (prepare_model_for_kbit_training's fp32 stream, fp32 LoRA, fp32 q/k/v into SDPA). Planning it as the HF
+    # Trainer's bf16-autocast run (``hf``, the grid's first plan) put half LoRA and SDPA inputs where the run had
+    # fp32 ones: 2-7% high on 7B/13B, and 1.8 GiB low on the 70B shape, whose grouped-query fp32 attention takes
+    # SDPA's math kernel (B x 64 heads x S x S fp32 scores). bitsandbytes' paged optimizers do not take FSDP2's
+    # DTensors: torch's AdamW.
+    spec = QLoraSpec(optim="adamw_torch", framework=PLANNED_FRAMEWORK[case.precision])
     par = Parallelism(world_size=case.world_size, strategy=case.strategy, offload=case.offload,
                       fsdp_version=2)  # the grid wraps with FSDP2 fully_shard
     dist = estimate_distributed(shape_from_config(config), spec, case.batch, case.seq, par)
     w = dist.worst
-    return {"planned_peak_allocated_bytes": w.peak_allocated_bytes,
+    return {"planned_framework": spec.framework, "planned_peak_allocated_bytes": w.peak_allocated_bytes,
             "planned_peak_reserved_bytes": w.peak_reserved_bytes, "planned_process_bytes": w.process_bytes,
             "planned_host_bytes": w.host_bytes,
             "planned_nccl_bytes": w.parts.get("nccl_buffers", 0), "planned_peak_phase": w.peak_phase}
@@ -206,6 +219,29 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _pinned_host_bytes() -> int | None:
+    """Bytes of pinned blocks torch's host caching allocator holds (None where this torch has no such stats)."""
+    import torch
+
+    try:
+        stats = torch.cuda.host_memory_stats()
+    except (AttributeError, RuntimeError):
+        return None
+    value = stats.get("allocated_bytes.current", stats.get("reserved_bytes.current"))
+    return int(value) if value is not None else None
+
+
+def _cpu_state_bytes(optimizer: Any) -> int:
+    """Bytes of the optimizer's states that live on the CPU (the offload's AdamW moments), scalar steps aside."""
+    total = 0
+    for state in optimizer.state.values():
+        for t in state.values():
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if getattr(local, "device", None) is not None and local.device.type == "cpu" and local.dim() > 0:
+                total += local.numel() * local.element_size()
+    return total
+
+
 def child(case: Case, ckpt: str | None, tiny: bool) -> int:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(case.world_size),
                       LOCAL_WORLD_SIZE=str(case.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
@@ -259,10 +295,14 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
         vocab = int(config_of(case.arch)["vocab_size"])
         gen = torch.Generator().manual_seed(0)
         rss_peak = 0
+        rss_steps: list[int] = []
         process_peak = 0
         for _ in range(3):
             ids = torch.randint(0, vocab, (case.batch, case.seq), generator=gen).to(device)
-            loss = wrapped(input_ids=ids, labels=ids).loss  # no autocast: bench/fsdp_world1.py's loop, same plan
+            # bf16 autocast around the forward alone, as accelerate's mixed precision runs it; or none
+            with (torch.autocast(device.type, dtype=torch.bfloat16) if case.precision == "autocast"
+                  else contextlib.nullcontext()):
+                loss = wrapped(input_ids=ids, labels=ids).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -270,6 +310,7 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
             if cuda:
                 torch.cuda.synchronize()
             rss_peak = max(rss_peak, _rss())
+            rss_steps.append(_rss())
             if sampler is not None:
                 process_peak = max(process_peak, sampler.sample_now().process_bytes(0) or 0)
         if cuda:
@@ -280,6 +321,13 @@ def child(case: Case, ckpt: str | None, tiny: bool) -> int:
                 process_peak = max(process_peak, sample.process_bytes(0) or 0)
             out["measured_process_bytes"] = process_peak or None
         out["rss_peak_bytes"] = rss_peak
+        # RSS grows by about 0.56 GiB over the steps in every case, offload or not (CUDA's lazily loaded
+        # kernel modules, cuBLAS and autograd's threads): the offload's own host memory is counted directly too,
+        # the pinned host allocator's blocks (shards and gradients, rounded to powers of two) and the optimizer's
+        # CPU states (pageable).
+        out["rss_steps_bytes"] = rss_steps
+        out["host_pinned_bytes"] = _pinned_host_bytes() if cuda else None
+        out["host_optimizer_cpu_bytes"] = _cpu_state_bytes(optimizer)
         # What the offload keeps on the host: the rise of RSS from the loaded model, just before the wrap, to the
         # steps' worst (the pinned shards the wrap moves there, their gradients and the AdamW states on the CPU).
         # Measured without offload too: there it is the noise of the reading (the plan says 0).
@@ -323,7 +371,8 @@ def row(case: Case, result: dict[str, Any], planned: dict[str, Any]) -> dict[str
     """One object of the results file: the issue's fields first, then everything else seen."""
     keys = ("status", "error", "measured_peak_reserved_bytes", "measured_process_bytes", "parameters",
             "parameters_held", "wrapped_allocated_bytes", "rss_start_bytes", "rss_before_wrap_bytes",
-            "rss_wrapped_bytes", "rss_peak_bytes",
+            "rss_wrapped_bytes", "rss_peak_bytes", "rss_steps_bytes", "host_pinned_bytes",
+            "host_optimizer_cpu_bytes",
             "backend", "load_seconds", "seconds")
     out = {"strategy": case.strategy, "world_size": case.world_size, "how": "fake_pg", "rank": 0,
            "arch": ARCHS.get(case.arch, case.arch), "batch": case.batch, "seq": case.seq, "offload": case.offload,
@@ -331,7 +380,8 @@ def row(case: Case, result: dict[str, Any], planned: dict[str, Any]) -> dict[str
            "planned_peak_allocated_bytes": planned["planned_peak_allocated_bytes"],
            "measured_host_bytes": result.get("measured_host_bytes"),
            "planned_host_bytes": planned["planned_host_bytes"],
-           "build": case.build, "fsdp": "FSDP2 fully_shard" if case.strategy == "fsdp" else None}
+           "build": case.build, "precision": case.precision,
+           "fsdp": "FSDP2 fully_shard" if case.strategy == "fsdp" else None}
     out.update({k: result.get(k) for k in keys})
     out.update({k: v for k, v in planned.items() if k not in out})
     m, p = out["measured_peak_allocated_bytes"], out["planned_peak_allocated_bytes"]
@@ -339,18 +389,23 @@ def row(case: Case, result: dict[str, Any], planned: dict[str, Any]) -> dict[str
     return out
 
 
+def grid_file_name(precision: str) -> str:
+    """rehearsal_grid.json for the loop without autocast, rehearsal_grid_autocast.json for the other."""
+    return "rehearsal_grid.json" if precision == "fp32" else f"rehearsal_grid_{precision}.json"
+
+
 def run_grid(args: argparse.Namespace) -> int:
     start = time.time()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    grid = cases(args.arch, tuple(args.worlds), args.tiny)
+    grid = cases(args.arch, tuple(args.worlds), args.tiny, args.precision)
     configs = {c.arch: config_of(c.arch) for c in grid}
     plans = {c: plan(c, configs[c.arch]) for c in grid}
     if args.dry_run:
         for c in grid:
             ckpt = None if c.build == "meta" else f"<scratch>/{c.arch}"
             p = plans[c]
-            print(f"{c.name:22} plan alloc {p['planned_peak_allocated_bytes'] / 2**30:6.2f} GiB host "
+            print(f"{c.name:27} plan alloc {p['planned_peak_allocated_bytes'] / 2**30:6.2f} GiB host "
                   f"{p['planned_host_bytes'] / 2**30:6.2f} GiB  $ {' '.join(child_command(c, ckpt, args.tiny))}")
         print(f"{len(grid)} cases")
         return 0
@@ -403,17 +458,17 @@ def run_grid(args: argparse.Namespace) -> int:
                 results[c] = {"status": "timeout" if timed_out else "error", "error": tail[0][:300]}
             running.remove(item)
             r = results[c]
-            print(f"{c.name:22} {r.get('status'):7} alloc {r.get('measured_peak_allocated_bytes')} (plan "
+            print(f"{c.name:27} {r.get('status'):7} alloc {r.get('measured_peak_allocated_bytes')} (plan "
                   f"{plans[c]['planned_peak_allocated_bytes']}) host {r.get('measured_host_bytes')} (plan "
                   f"{plans[c]['planned_host_bytes']}) {r.get('error') or ''} {time.time() - t0:.0f} s", flush=True)
             # Written after every case, so that a run stopped from outside keeps what it measured.
             partial = [row(x, results.get(x, {"status": "pending"}), plans[x]) for x in grid]
-            (out_dir / "rehearsal_grid.json").write_text(json.dumps(partial, indent=1), encoding="utf-8")
+            (out_dir / grid_file_name(args.precision)).write_text(json.dumps(partial, indent=1), encoding="utf-8")
             if all(x in results for x in grid if x.arch == c.arch) and c.arch in ckpts:
                 shutil.rmtree(Path(ckpts[c.arch]), ignore_errors=True)  # room for the next shapes
     shutil.rmtree(root, ignore_errors=True)
     rows = [row(c, results.get(c, {"status": "skipped"}), plans[c]) for c in grid]
-    (out_dir / "rehearsal_grid.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    (out_dir / grid_file_name(args.precision)).write_text(json.dumps(rows, indent=1), encoding="utf-8")
     print(table(rows))
     ok = sum(r["status"] == "ok" for r in rows)
     print(f"done in {time.time() - start:.0f} s: {ok} of {len(rows)} ok", flush=True)
@@ -505,7 +560,7 @@ def trl_commands(folder: Path, python: str = "python3") -> dict[str, list[str]]:
     sft = ["-m", "trl.scripts.sft", "--model_name_or_path", str(model), "--dataset_name", str(data),
            "--use_peft", "--load_in_4bit", "--use_bnb_nested_quant", "--bnb_4bit_quant_storage", "bfloat16",
            "--dtype", "bfloat16", "--lora_r", "64", "--lora_alpha", "16", "--lora_target_modules", "all-linear",
-           "--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}', "--bf16",
+           "--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}', "--bf16", "True",
            "--per_device_train_batch_size", "1", "--max_length", "2048",
            "--output_dir", str(folder / "out"), "--report_to", "none", "--max_steps", "100"]
     tune = [python, "-m", "vramscope", "tune", "--gpus", "2", "--gpu-memory", "24GiB", "--"]
@@ -522,6 +577,9 @@ def main() -> int:
     parser.add_argument("--gpu-budget", type=int, default=80, metavar="GIB",
                         help="GPU memory the cases running at once may take together (default 80)")
     parser.add_argument("--budget", type=int, default=BUDGET_S, metavar="S", help="seconds for the whole grid")
+    parser.add_argument("--precision", choices=sorted(PLANNED_FRAMEWORK), default="fp32",
+                        help="fp32: no autocast (planned as loop-loss; the committed grid); autocast: bf16 autocast "
+                        "around the forward (planned as hf, the HF Trainer's run)")
     parser.add_argument("--tiny", action="store_true", help="CPU: a tiny 4-bit Llama through the same code")
     parser.add_argument("--dry-run", action="store_true", help="print every case's command and plan; run nothing")
     parser.add_argument("--trl", metavar="DIR", help="write the TRL rehearsal's model, data and fsdp.yaml in DIR "

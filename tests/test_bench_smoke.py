@@ -104,6 +104,15 @@ def test_overhead_times_every_arm_in_interleaved_blocks(results: Path) -> None:
         assert arm in data["step_time_overhead_pct"] or arm in data["unavailable"]
     if shutil.which("nvidia-smi") is None:
         assert "nvidia-smi" in data["unavailable"]["nvidia_smi_every_step"]
+    # The arms' own time inside their hooks, step by step and per arm, beside the step-time ratio.
+    assert all(0 <= s["hook_seconds"] < s["seconds"] and s["hook_cpu_seconds"] >= 0 for s in data["steps"])
+    for arm in data["arms"]:
+        hooks = data["hook_seconds"][arm]
+        assert hooks["n"] == len([s for s in timed if s["arm"] == arm])
+        assert 0 <= hooks["median"] <= hooks["p95"] <= hooks["max"]
+        assert arm == "none" or data["hook_pct_of_step"][arm] >= 0
+    if "loop_monitor" in data["arms"]:  # a CSV row per step is more work than four empty calls
+        assert data["hook_seconds"]["loop_monitor"]["median"] > data["hook_seconds"]["none"]["median"]
 
 
 @pytest.mark.slow

@@ -224,7 +224,7 @@ def test_both_callbacks_take_prometheus_and_the_old_prometheus_port(module: str)
     assert [str(w.message) for w in caught] == [
         "prometheus_port= is now prometheus=; the old name works until the next release"]
     assert caught[0].filename == __file__  # it points at the line that built the callback
-    assert new._monitor_options["prometheus"] == old._monitor_options["prometheus"] == "127.0.0.1:9464"
+    assert new.settings.prometheus == old.settings.prometheus == "127.0.0.1:9464"
     with pytest.raises(TypeError, match="prometheus= only"):
         mod.MemoryMonitorCallback(prometheus=9464, prometheus_port=9464)
     new.monitor.close()

@@ -224,7 +224,7 @@ def test_parsed_command_to_dict_is_json(tmp_path: Path, model_dir: Path) -> None
     p = parse(f"python -m trl.scripts.sft --model_name_or_path {model_dir} --use_peft", tmp_path)
     out = json.loads(json.dumps(p.to_dict()))
     assert out["launch"] == {"launcher": "python -m", "world_size": 1, "strategy": None, "offload": False,
-                             "zero_stage": None, "config_file": None, "nodes": 1}
+                             "zero_stage": None, "config_file": None, "nodes": 1, "fsdp_version": None}
     assert out["model_from"] == "directory" and out["spec"]["framework"] == "trl"
 
 

@@ -211,7 +211,9 @@ def test_multi_gpu_facts_are_used(tmp_path: Path) -> None:
     assert (p.launch.world_size, p.launch.strategy, p.launch.offload) == (None, "fsdp", True)
     assert any(a.startswith("processes") for a in p.assumed) and p.alternatives[0].world_size == 8
     q = parse("axolotl train fsdp.yml --launcher torchrun -- --nproc_per_node=2", tmp_path)
-    assert (q.launch.world_size, q.launch.strategy) == (2, "fsdp") and q.assumed == ()
+    # the count is said now; left is which FSDP (unsaid: axolotl's FSDP1), which the offload's host figure rests on
+    assert (q.launch.world_size, q.launch.strategy, q.launch.fsdp_version) == (2, "fsdp", 1)
+    assert [a.split(":")[0] for a in q.assumed] == ["FSDP1"]
     r = parse("ACCELERATE_USE_FSDP=1 torchrun --nproc_per_node 4 finetuning.py --enable_fsdp --use_peft "
               "--model_name Llama-3-8B --quantization 4bit", tmp_path)
     assert (r.program, r.launch.world_size, r.launch.strategy, r.spec.bits) == ("cookbook", 4, "fsdp", 4)

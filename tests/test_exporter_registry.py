@@ -66,7 +66,7 @@ def test_every_row_has_a_name_and_unique_flags() -> None:
 def test_the_monitor_opens_any_row_by_its_options() -> None:
     with MemoryMonitor(export={"prometheus": "127.0.0.1:0"}, warn=False, nvml=fake_nvml.no_driver()) as mon:
         mon.step(1)
-        sink = mon._prometheus_sink
+        sink = mon.prometheus_sink
         assert isinstance(sink, PrometheusSink)
         assert "vramscope_training_step" in sink.exposition().decode()
     with pytest.raises(ValueError, match="unknown export option"):

@@ -111,7 +111,7 @@ def test_attach_puts_the_callback_first_once_per_trainer(tmp_path: Path) -> None
     assert attach(first, environ=env) is None  # already there
     second = attach(_tiny_trainer(tmp_path), environ=env)
     assert second is not None
-    assert second.monitor.requested_log is not None and ".trainer" in second.monitor.requested_log
+    assert second.monitor.settings.log is not None and ".trainer" in second.monitor.settings.log
     mine = MemoryMonitorCallback(warn=False)
     assert attach(_tiny_trainer(tmp_path, callbacks=[mine]), environ=env) is None  # the user's own one wins
 

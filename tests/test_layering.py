@@ -282,7 +282,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "commands": frozenset({"logs", "planner", "recipe"}),  # logs: the one bounded reading of a file
     "advice": frozenset({"analysis", "planner", "recipe", "units"}),
     "oom": frozenset({"advice", "analysis", "output", "types", "units"}),
-    "report": frozenset({"advice", "analysis", "logs", "output", "types", "units"}),
+    "report": frozenset({"advice", "analysis", "logs", "output", "planner", "types", "units"}),  # planner: --plan
     "tui": frozenset({"logs", "output", "types", "units"}),
     "training": frozenset({"analysis", "backends", "exporters", "logs", "oom", "output", "sampling", "types", "units"}),
     "integrations": frozenset({"training"}),

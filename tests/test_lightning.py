@@ -156,7 +156,7 @@ def test_attach_lightning_adds_the_callback_once_and_leaves_the_users_own(tmp_pa
     trainer = _trainer(tmp_path)
     callback = attach_lightning(trainer, environ=env)
     assert isinstance(callback, MemoryMonitorCallback) and trainer.callbacks[0] is callback
-    assert callback.monitor.requested_log is not None
+    assert callback.monitor.settings.log is not None
     assert attach_lightning(trainer, environ=env) is None  # already there
     mine = MemoryMonitorCallback(warn=False)
     assert attach_lightning(_trainer(tmp_path, callbacks=[mine]), environ=env) is None  # the user's own one wins

@@ -204,7 +204,7 @@ def test_prometheus_gets_the_samples_and_the_analysis(tmp_path: Path) -> None:
                 leak(2 * MIB)
                 mon.step(step)
             mon.update_analysis()
-            text = mon._prometheus_sink.exposition().decode()
+            text = mon.prometheus_sink.exposition().decode()
     finally:
         leak.close()
     assert "vramscope_leak_slope_bytes_per_step" in text

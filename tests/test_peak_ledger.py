@@ -156,3 +156,73 @@ def test_a_rows_read_and_reset_is_the_read_then_the_reset() -> None:
     assert stats["allocated_bytes"]["all"]["peak"] == 800 and stats["allocated_bytes"]["all"]["current"] == 150
     assert own_peak(ledger) == 150  # reset: the next row starts from what is held now
     assert user_peak(ledger) == 150  # the user's own peak since their reset survives vramscope's
+
+
+class SimulatedCuda:
+    """torch.cuda at the allocator boundary for the backend: two devices, the process allocates on device 0 only.
+
+    Each reading is counted, so that a row's cost (one nested reading per device) is what the test holds.
+    """
+
+    def __init__(self) -> None:
+        self.device0 = SimulatedAllocator()
+        self.readings: list[int] = []
+        self.resets: list[int] = []
+
+    def nested(self, device: int | None = None) -> dict[str, Any]:
+        index = 0 if device is None else int(device)
+        self.readings.append(index)
+        if index != 0:  # a device torch knows and this process never touched
+            pool = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+            return {"allocated_bytes": {"all": pool}, "reserved_bytes": {"all": dict(pool)}, "num_device_alloc": 0}
+        stats = self.device0.nested(0)
+        reserved = {"current": 2048, "peak": 2048, "allocated": 2048, "freed": 0}
+        return {**stats, "reserved_bytes": {"all": reserved}, "num_device_alloc": 1, "num_alloc_retries": 0}
+
+    def reset(self, device: int | None = None) -> None:
+        index = 0 if device is None else int(device)
+        self.resets.append(index)
+        if index == 0:
+            self.device0.reset(0)
+
+    def module(self) -> Any:
+        from types import SimpleNamespace
+
+        nested, reset = self.nested, self.reset  # one object each, as torch.cuda and torch.cuda.memory share them
+        memory = SimpleNamespace(memory_stats_as_nested_dict=nested, reset_peak_memory_stats=reset)
+        cuda = SimpleNamespace(
+            memory=memory, memory_stats_as_nested_dict=nested, reset_peak_memory_stats=reset,
+            is_available=lambda: True, is_initialized=lambda: True, device_count=lambda: 2,
+            _utils=SimpleNamespace(_get_device_index=lambda device, optional: 0 if device is None else int(device)),
+            get_device_properties=lambda device: SimpleNamespace(uuid=f"0000000{device}-aaaa"),
+        )
+        return SimpleNamespace(cuda=cuda)
+
+
+def test_a_row_reads_each_device_once_and_the_user_still_sees_the_runs_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vramscope.backends import torch_allocator
+
+    cuda = SimulatedCuda()
+    torch = cuda.module()
+    monkeypatch.setattr(torch_allocator, "_LEDGER", None)  # this process's ledger is the simulated torch's here
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    backend = torch_allocator.TorchAllocatorBackend(reset_peak=True)
+    sim = cuda.device0
+    sim.alloc(100)
+    sim.alloc(900)  # the run's peak: 1000
+    sim.free(900)
+    cuda.readings.clear()
+    (first,) = backend.read()  # device 1 is not in use: no reading of it, and no reset
+    assert cuda.readings == [0, 1] and cuda.resets == [0]
+    assert (first.device, first.peak_allocated_bytes, first.allocated_bytes) == (0, 1000, 100)
+    assert (first.reserved_bytes, first.num_alloc_retries, first.uuid) == (2048, 0, "GPU-00000000-aaaa")
+    sim.alloc(300)
+    sim.free(300)
+    cuda.readings.clear()
+    (second,) = backend.read()
+    assert cuda.readings == [0, 1]  # one reading per device and row, the search for devices included
+    assert second.peak_allocated_bytes == 400  # the step's own peak
+    assert torch.cuda.memory_stats_as_nested_dict(0)["allocated_bytes"]["all"]["peak"] == 1000  # the user's view
+    (pinned,) = torch_allocator.TorchAllocatorBackend(devices=[0], reset_peak=False).read()
+    assert pinned.peak_allocated_bytes == 100  # vramscope's view since its last reset, without resetting it
+    assert cuda.resets == [0, 0]

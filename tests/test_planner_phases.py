@@ -406,7 +406,8 @@ def test_an_evaluation_holds_at_least_the_pool_training_reserved() -> None:
     p = plan_run(shape("Llama-3-8B"), QLoraSpec(framework="trl"), 2, 1024, run=RunPhases(eval_batch=4))
     train, ev = p.phases["train"], p.phases["eval"]
     assert ev.peak_allocated_bytes < train.peak_allocated_bytes
-    assert ev.peak_reserved_bytes == train.peak_reserved_bytes
+    # and its wider tensors (the fused head's tile at 4 x 1024) open segments beside it: tests/test_planner_eval_pool.py
+    assert ev.peak_reserved_bytes >= train.peak_reserved_bytes
     assert ev.process_bytes >= train.process_bytes
     assert any("pool" in n for n in ev.notes)
 

@@ -202,8 +202,8 @@ def test_the_users_own_callback_relays_too_and_keeps_the_rest(tmp_path: Path) ->
     mine = MemoryMonitorCallback(log=str(tmp_path / "mine.csv"), warn=False, export={"prometheus": "127.0.0.1:0"})
     trainer = _tiny_trainer(tmp_path, callbacks=[mine])
     assert attach(trainer, environ={ENV_RELAY: "/x/relay.sock"}) is None  # still the user's own, alone
-    assert mine.monitor.export == {"prometheus": "127.0.0.1:0", "relay": "/x/relay.sock"}
-    assert mine.monitor.requested_log == str(tmp_path / "mine.csv")
+    assert dict(mine.monitor.settings.export) == {"prometheus": "127.0.0.1:0", "relay": "/x/relay.sock"}
+    assert mine.monitor.settings.log == str(tmp_path / "mine.csv")
     assert attach(_tiny_trainer(tmp_path, callbacks=[MemoryMonitorCallback(warn=False)]), environ={}) is None
 
 

@@ -158,11 +158,11 @@ MONITOR_SOAK = textwrap.dedent(
                 traced.append((step, tracemalloc.get_traced_memory()[0]))
                 held.append(mon.rows_held())
             mon.step(step, tokens=512 + step % 64)
-            if mon.rows_held() >= mon.history:  # the history is full: it thins at the next row
+            if mon.rows_held() >= mon.settings.history:  # the history is full: it thins at the next row
                 full.append((step, deep_size(mon)))
         tracemalloc.stop()
     print(json.dumps({"rss": rss, "traced": traced, "full": full, "rows_logged": mon.rows_logged,
-                      "rows_held": max(held), "history": mon.history}))
+                      "rows_held": max(held), "history": mon.settings.history}))
     """
 )
 

@@ -23,6 +23,7 @@ _LAZY = {
     "Collector": "vramscope.sampling.sampler",
     "Sampler": "vramscope.sampling.sampler",
     "MemoryMonitor": "vramscope.training.monitor",
+    "MonitorSettings": "vramscope.training.settings",  # MemoryMonitor(settings=...), and both callbacks'
     "find_max_batch_size": "vramscope.tune.find",
     "plan": "vramscope.planner",
     "report": "vramscope.report",  # vramscope.report(path): a log's typed report (the package is callable too)

@@ -314,5 +314,7 @@ def _imbalance(entries: Sequence[RankPeak]) -> RankImbalance:
         if all(v is not None for v in values):
             known = [v for v in values if v is not None]
             low = min(known)
-            return RankImbalance(tuple(entries), name, round(max(known) / low - 1, 4) if low > 0 else None)
+            imbalance = round(max(known) / low - 1, 4) if low > 0 else None
+            assert imbalance is None or imbalance >= 0, "the highest rank's peak below the lowest's"
+            return RankImbalance(tuple(entries), name, imbalance)
     return RankImbalance(tuple(entries), "", None)

@@ -414,6 +414,7 @@ def detect_leak(
     slope = trend(gx, gy).slope if len(gx) >= 4 else t.slope
     if slope <= 0:
         slope = t.slope
+    assert slope > 0, "a leak whose trend does not grow"  # the window's test found growth; so does its re-fit
     last_x = series.x(n - 1)
     growth_total = slope * (last_x - start)
     if toks is not None:

@@ -143,6 +143,9 @@ def _analyze(
     # The highest peak; the first device of equals.
     overall = max((p for p in peaks.values() if p.at is not None), key=lambda p: p.at.bytes if p.at else 0,
                   default=None)
+    # What must hold (stated where it holds, as torch's _memory_viz does): the overall peak is every device's top.
+    top = None if overall is None else overall.bytes
+    assert top is None or all(p.bytes is None or p.bytes <= top for p in peaks.values()), "a device above the peak"
     return AnalysisResult(
         rows=cols.n,
         steps=steps,
@@ -166,7 +169,9 @@ def _step_range(cols: LogColumns) -> StepRange:
         return StepRange(0, None, None)
     rising = bool(np.all(known[1:] > known[:-1]))  # as a rule: then every step is distinct, with no sort
     count = len(known) if rising else len(np.unique(known))
-    return StepRange(count, int(known.min()), int(known.max()))
+    first, last = int(known.min()), int(known.max())
+    assert 0 < count <= last - first + 1, "more distinct steps than the range holds"
+    return StepRange(count, first, last)
 
 
 def _signal(dev: DeviceRows, candidates: Sequence[str]) -> str | None:
@@ -203,7 +208,21 @@ def _analyze_device(dev: DeviceRows, clock: Clock, capacity_bytes: int | None, m
     given = None if capacity_bytes is None else f"{capacity_option or 'a capacity of'} {capacity_bytes / GIB:.3g}GiB"
     outlook = oom_outlook(detail.title, oom, batch, severity, leak, held, given, dev.key)
     forecast = DeviceForecast(dev.key, oom, batch, severity, outlook)
+    _check_device(peak, leak, oom)
     return DeviceAnalysis(dev.key, peak, leak, forecast, detail)
+
+
+def _check_device(peak: DevicePeak, leak: DeviceLeak, oom: OomForecast) -> None:
+    """What must hold of one device's analysis (O(phases)): the run's peak is the highest phase peak, the recent
+    peak the forecast starts from is one of the readings at or below it, a leak grows, and no OOM is behind."""
+    if peak.at is not None:
+        assert peak.phases and peak.at.bytes == max(p.bytes for p in peak.phases.values()), "peak != top phase peak"
+        assert peak.at.phase in peak.phases, "the peak's phase has no peak"
+    recent = oom.current_peak_bytes
+    assert recent is None or peak.bytes is None or recent <= peak.bytes, "the recent peak is above the run's"
+    assert not leak.detected or (leak.slope_per_x is not None and leak.slope_per_x > 0), "a leak that does not grow"
+    assert oom.steps_to_oom is None or oom.steps_to_oom >= 0, "an OOM forecast in the past"
+    assert oom.seconds_to_oom is None or oom.seconds_to_oom >= 0, "an OOM forecast in the past"
 
 
 def _peak(dev: DeviceRows, clock: Clock, name: str | None) -> DevicePeak:

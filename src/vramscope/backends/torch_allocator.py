@@ -21,34 +21,38 @@ from vramscope.types import AllocatorReading
 PeakPath = tuple[str, ...]  # where a "peak" sits in torch's nested stats: ("allocated_bytes", "all")
 
 
-def _peaks(nested: dict[str, Any], prefix: PeakPath = ()) -> dict[PeakPath, int]:
-    """Every ``peak`` in torch's nested stats dict, by its path."""
-    found: dict[PeakPath, int] = {}
+def _fold_peaks(nested: dict[str, Any], into: dict[PeakPath, int], prefix: PeakPath = ()) -> None:
+    """Raise ``into``'s carried peaks to every ``peak`` in torch's nested stats dict (one walk, no copy)."""
+    peak = nested.get("peak")
+    if isinstance(peak, int) and peak > into.get(prefix, 0):
+        into[prefix] = peak
     for key, value in nested.items():
         if isinstance(value, dict):
-            found.update(_peaks(value, (*prefix, str(key))))
-        elif key == "peak" and isinstance(value, int):
-            found[prefix] = value
-    return found
+            _fold_peaks(value, into, (*prefix, str(key)))
 
 
-def _raised(nested: dict[str, Any], carried: dict[PeakPath, int], prefix: PeakPath = ()) -> dict[str, Any]:
-    """A copy of ``nested`` whose peaks are at least the ``carried`` ones."""
-    out: dict[str, Any] = {}
-    for key, value in nested.items():
-        if isinstance(value, dict):
-            out[key] = _raised(value, carried, (*prefix, str(key)))
-        elif key == "peak" and isinstance(value, int):
-            out[key] = max(value, carried.get(prefix, 0))
+def _raised(nested: dict[str, Any], carried: dict[PeakPath, int]) -> dict[str, Any]:
+    """``nested`` with its peaks raised to at least the ``carried`` ones.
+
+    torch builds a fresh dict at every reading, so without a carry (the common case: nobody reset the other
+    view since its last reading) it is returned as it is; otherwise only the dicts on a carried peak's path
+    are copied, so the caller's reading is never changed in place.
+    """
+    if not carried:
+        return nested
+    out = dict(nested)
+    for path, peak in carried.items():
+        level = out
+        for key in path:
+            inner = level.get(key)
+            if not isinstance(inner, dict):
+                break
+            level[key] = level = dict(inner)
         else:
-            out[key] = value
+            value = level.get("peak")
+            if isinstance(value, int) and peak > value:
+                level["peak"] = peak
     return out
-
-
-def _fold(into: dict[PeakPath, int], peaks: dict[PeakPath, int]) -> None:
-    for path, value in peaks.items():
-        if value > into.get(path, 0):
-            into[path] = value
 
 
 class PeakLedger:
@@ -74,7 +78,7 @@ class PeakLedger:
     def user_reset(self, device: int) -> None:
         """The user's ``torch.cuda.reset_peak_memory_stats``: vramscope keeps the peak it had not read yet."""
         with self._lock:
-            _fold(self._own_carry.setdefault(device, {}), _peaks(self._read(device)))
+            _fold_peaks(self._read(device), self._own_carry.setdefault(device, {}))
             self._user_carry.pop(device, None)
             self._reset(device)
 
@@ -83,19 +87,28 @@ class PeakLedger:
         with self._lock:
             return _raised(self._read(device), self._own_carry.get(device, {}))
 
-    def own_read_and_reset(self, device: int) -> dict[str, Any]:
-        """:meth:`own_stats` and :meth:`own_reset` from one reading of torch's stats (a row's hot path)."""
+    def own_read_and_reset(
+        self, device: int, in_use: Callable[[dict[str, Any]], bool] | None = None
+    ) -> dict[str, Any] | None:
+        """:meth:`own_stats` and :meth:`own_reset` from one reading of torch's stats (a row's hot path).
+
+        ``in_use``, when given, is asked about that reading first: a device it refuses is neither reset nor
+        read (None), so finding the devices a process uses costs no second reading.
+        """
         with self._lock:
             real = self._read(device)
+            if in_use is not None and not in_use(real):
+                return None
+            # The user's view keeps every peak this reset hides; vramscope's gets what a user's reset hid.
+            _fold_peaks(real, self._user_carry.setdefault(device, {}))
             stats = _raised(real, self._own_carry.pop(device, {}))
-            _fold(self._user_carry.setdefault(device, {}), _peaks(real))
             self._reset(device)
             return stats
 
     def own_reset(self, device: int) -> None:
         """vramscope's reset after a reading: the user's view keeps every peak it hid."""
         with self._lock:
-            _fold(self._user_carry.setdefault(device, {}), _peaks(self._read(device)))
+            _fold_peaks(self._read(device), self._user_carry.setdefault(device, {}))
             self._own_carry.pop(device, None)
             self._reset(device)
 
@@ -151,18 +164,6 @@ def peak_ledger(torch: Any) -> PeakLedger:
         return ledger
 
 
-def _flat(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """torch's flat ``memory_stats`` keys ("allocated_bytes.all.peak") from the nested dict."""
-    flat: dict[str, Any] = {}
-    for key, value in nested.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            flat.update(_flat(value, name))
-        else:
-            flat[name] = value
-    return flat
-
-
 def torch_cuda_available() -> bool:
     """True when torch is importable and sees a CUDA device. Does not import torch if it is absent."""
     if importlib.util.find_spec("torch") is None:
@@ -202,25 +203,38 @@ class TorchAllocatorBackend:
     def devices(self) -> list[int]:
         if self._devices is not None:
             return self._devices
-        if not self.available():
-            return []
         # Only devices this process has touched: reading another would create a CUDA context there.
-        return [i for i in range(self._torch.cuda.device_count()) if self._is_initialised(i)]
+        return [i for i in self._candidates() if _in_use(self._own_view(i))]
 
-    def _is_initialised(self, index: int) -> bool:
-        stats = self._torch.cuda.memory_stats(index) if self._torch.cuda.is_initialized() else {}
-        return bool(stats.get("num_device_alloc", 0) or stats.get("reserved_bytes.all.current", 0))
+    def _candidates(self) -> range:
+        """The devices that may be in use (before asking each); nothing before torch initialised CUDA."""
+        if not self.available() or not self._torch.cuda.is_initialized():
+            return range(0)
+        return range(self._torch.cuda.device_count())
+
+    def _own_view(self, device: int) -> dict[str, Any]:
+        """vramscope's nested stats of ``device`` without a reset: the ledger's view once one exists."""
+        if _LEDGER is not None:
+            return _LEDGER.own_stats(device)
+        # Nothing was ever reset: torch's counters are both views (and its function is still its own).
+        return self._torch.cuda.memory.memory_stats_as_nested_dict(device=device)  # type: ignore[no-any-return]
 
     def read(self) -> tuple[AllocatorReading, ...]:
+        # One nested reading per device and row: it answers whether the device is in use (when the devices
+        # were not given) and is the row itself; torch's flat ``memory_stats`` (a copy of every one of its
+        # ~120 keys, sorted) and a second reading to find the devices were what a row cost before.
+        probe = self._devices is None
         readings = []
-        for device in self.devices():
+        for device in self._candidates() if probe else self._devices or ():
+            stats: dict[str, Any] | None
             if self._reset_peak:
-                stats = _flat(self._peak_ledger().own_read_and_reset(device))
-            elif _LEDGER is not None:
-                stats = _flat(_LEDGER.own_stats(device))
-            else:  # nothing was ever reset: torch's counters are both views
-                stats = self._torch.cuda.memory_stats(device)
-            readings.append(reading_from_stats(device, stats, self._uuid(device)))
+                stats = self._peak_ledger().own_read_and_reset(device, in_use=_in_use if probe else None)
+            else:
+                stats = self._own_view(device)
+                if probe and not _in_use(stats):
+                    stats = None
+            if stats is not None:
+                readings.append(reading_from_nested(device, stats, self._uuid(device)))
         return tuple(readings)
 
     def _uuid(self, device: int) -> str | None:
@@ -236,6 +250,38 @@ class TorchAllocatorBackend:
         ledger = self._peak_ledger()
         for device in self.devices():
             ledger.own_reset(device)
+
+
+def _in_use(nested: dict[str, Any]) -> bool:
+    """True when the nested stats show a device this process has allocated on."""
+    reserved = nested.get("reserved_bytes")
+    current = reserved.get("all", {}).get("current", 0) if isinstance(reserved, dict) else 0
+    return bool(nested.get("num_device_alloc", 0) or current)
+
+
+def _count(nested: dict[str, Any], stat: str, counter: str = "current") -> int | None:
+    """``nested[stat]["all"][counter]`` (torch's flat ``<stat>.all.<counter>``), None when absent."""
+    pools = nested.get(stat)
+    value = pools.get("all", {}).get(counter) if isinstance(pools, dict) else None
+    return int(value) if value is not None else None
+
+
+def reading_from_nested(device: int, nested: dict[str, Any], uuid: str | None = None) -> AllocatorReading:
+    """Turn one ``torch.cuda.memory_stats_as_nested_dict`` reading into a reading (absent keys become None):
+    the nine numbers a row needs, read where they sit, without flattening the rest."""
+    retries, ooms = nested.get("num_alloc_retries"), nested.get("num_ooms")
+    return AllocatorReading(
+        device=device,
+        allocated_bytes=_count(nested, "allocated_bytes") or 0,
+        reserved_bytes=_count(nested, "reserved_bytes") or 0,
+        active_bytes=_count(nested, "active_bytes"),
+        inactive_split_bytes=_count(nested, "inactive_split_bytes"),
+        peak_allocated_bytes=_count(nested, "allocated_bytes", "peak"),
+        peak_reserved_bytes=_count(nested, "reserved_bytes", "peak"),
+        num_alloc_retries=None if retries is None else int(retries),
+        num_ooms=None if ooms is None else int(ooms),
+        uuid=uuid,
+    )
 
 
 def reading_from_stats(device: int, stats: dict[str, Any], uuid: str | None = None) -> AllocatorReading:

@@ -147,6 +147,8 @@ def apply_to_plan_args(args: argparse.Namespace, inputs: CommandInputs) -> Comma
             args.strategy = launch.strategy
             if launch.offload and "offload" not in given:
                 args.offload = "params" if launch.strategy == "fsdp" else "optimizer"
+    if launch.fsdp_version is not None:
+        args.fsdp_version = launch.fsdp_version  # what FSDP's parameter offload pins on the host depends on it
     return replace(inputs, overrides=(*extra, *inputs.overrides))
 
 
@@ -220,6 +222,7 @@ def format_command(inputs: CommandInputs) -> str:
     world = "every visible GPU" if launch.world_size is None else f"{launch.world_size} process" + (
         "es" if launch.world_size != 1 else "")
     strategy = f", {launch.strategy}" + (" with offload" if launch.offload else "") if launch.strategy else ""
+    strategy += f" (FSDP{launch.fsdp_version})" if launch.fsdp_version is not None else ""
     lines = [
         *first_lines(inputs),
         f"read from the command ({_program_name(p)}; framework {inputs.spec.framework}"

@@ -33,9 +33,8 @@ MAX_NUMBER_CHARS = 32
 # Counts (a batch, a sequence, a rank, a number of readings): a trillion is beyond any real run, and keeps
 # the planner's arithmetic exact in floats and its divisor search under a second (planner/api.py).
 MAX_COUNT = 10**12
-# The ``schema_version`` of ``plan --json`` (with ``--gpus``, ``--trace``) and ``tune --json``, as report, watch
-# and run carry theirs: bumped when a field changes meaning or goes away.
-PLAN_SCHEMA_VERSION = 1
+# The ``schema_version`` of ``tune --json``, as report, watch and run carry theirs (``plan --json``'s is the plan
+# document's, vramscope.planner.document): bumped when a field changes meaning or goes away.
 TUNE_SCHEMA_VERSION = 1
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from vramscope.units import gib
+
 BREAKDOWN_LABELS = {
     "quantized_weights": "quantized weights",
     "quantization_constants": "  + quantization constants",
@@ -39,3 +43,21 @@ def breakdown_labels(bits: int, dtype: str, moe: bool = False) -> dict[str, str]
     if moe:
         out["unquantized_params"] = "experts unquantized"
     return out
+
+
+class Totals(Protocol):
+    """The three figures every plan ends with: a one-GPU plan, a traced step, one GPU of a distributed run."""
+
+    @property
+    def peak_allocated_bytes(self) -> int: ...
+    @property
+    def peak_reserved_bytes(self) -> int: ...
+    @property
+    def process_bytes(self) -> int: ...
+
+
+def totals_lines(p: Totals) -> list[str]:
+    """The totals block, each figure named by what measures it (``plan``, ``plan --gpus``, ``plan --trace``)."""
+    return [f"  peak allocated (torch.cuda.max_memory_allocated) {gib(p.peak_allocated_bytes):>11}",
+            f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(p.peak_reserved_bytes):>11}",
+            f"  process memory (nvidia-smi)                      {gib(p.process_bytes):>11}"]

@@ -7,20 +7,20 @@ A thin wrapper over :func:`vramscope.planner.plan`: parse, plan, print (a table,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
 from vramscope.cli import command as training_command
 from vramscope.cli import plan_gpus, plan_phases
-from vramscope.cli.common import PLAN_SCHEMA_VERSION, CommandError, UsageError, positive_int, set_examples
-from vramscope.cli.labels import breakdown_labels
+from vramscope.cli.common import CommandError, UsageError, positive_int, set_examples
+from vramscope.cli.labels import breakdown_labels, totals_lines
 from vramscope.cli.plan_dataset import add_dataset_arguments, fallback_line, format_dataset, read_dataset
 from vramscope.cli.plan_trace import add_trace_arguments, run_trace
 from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.commands import phases as command_phases
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
+from vramscope.planner.document import Alternative, CommandSection, dataset_failure, plan_document
 from vramscope.planner.memory import OPTIMIZERS
 from vramscope.planner.settings import style_of
 from vramscope.units import gib
@@ -112,37 +112,30 @@ def run(args: argparse.Namespace) -> int:
             lambda alt, n: _per_gpu(model, alt, args, hardware, n))
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
-    if command is not None and others and not args.json:
-        print(training_command.format_command(command) + "\n")
-        print(training_command.format_alternatives(others, result.gpu_memory_bytes) + "\n")
-        command_printed = True
-    else:
-        command_printed = False
-    extra: dict[str, Any] = {} if command is None else {
-        "command": command.to_dict(), **training_command.json_fields(command),
-        "alternatives": training_command.alternatives_json(others, result.gpu_memory_bytes)}
-    if args.dataset:
-        extra["dataset"] = data.to_json() if data is not None else {
-            "source": args.dataset, "error": data_failed, "planned_at": f"{args.batch_size} x {args.seq_len}"}
-    if multi:
-        dist, table = plan_gpus.plan_gpus(model, spec, args, hardware)
-        if args.json:
-            print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION,
-                              **plan_gpus.to_json(result.to_dict(), dist, table), **extra}, indent=2))
-        else:
-            if command is not None and not command_printed:
-                print(training_command.format_command(command) + "\n")
-            _print_dataset(args, data, data_failed)
-            print(plan_gpus.format_gpus(result, dist, table))
-        return 0
+    dist, table = plan_gpus.plan_gpus(model, spec, args, hardware) if multi else (None, None)
     if args.json:
-        print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict(), **extra}, indent=2))
-    else:
-        if command is not None and not command_printed:
-            print(training_command.format_command(command) + "\n")
-        _print_dataset(args, data, data_failed)
-        print(format_plan(result))
+        dataset = None
+        if args.dataset:
+            dataset = data.to_json() if data is not None else dataset_failure(args.dataset, data_failed,
+                                                                               args.batch_size, args.seq_len)
+        section = None if command is None else _command_section(command, others, result.gpu_memory_bytes)
+        print(plan_document(result, distributed=dist, table=table, command=section, dataset=dataset).dumps())
+        return 0
+    if command is not None:
+        print(training_command.format_command(command) + "\n")
+        if others:
+            print(training_command.format_alternatives(others, result.gpu_memory_bytes) + "\n")
+    _print_dataset(args, data, data_failed)
+    print(plan_gpus.format_gpus(result, dist, table) if table is not None else format_plan(result))
     return 0
+
+
+def _command_section(command: training_command.CommandInputs, others: list[tuple[str, Any, int | None]],
+                     capacity: int | None) -> CommandSection:
+    """The document's part for a pasted command: its reading, what was assumed, and the other readings."""
+    fields = training_command.json_fields(command)
+    return CommandSection(command.to_dict(), tuple(fields["assumed"]), tuple(fields["unsupported"]),
+                          tuple(Alternative.from_json(a) for a in training_command.alternatives_json(others, capacity)))
 
 
 def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpus: int) -> int:
@@ -216,12 +209,7 @@ def format_plan(p: Plan) -> str:
                 label = f"{label} ({dtype})"
             tag = f"  [{p.framework}]" if name in p.from_framework else ""
             lines.append(f"    {label:42} {gib(value):>11}{tag}")
-    lines += [
-        "",
-        f"  peak allocated (torch.cuda.max_memory_allocated) {gib(p.peak_allocated_bytes):>11}",
-        f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(p.peak_reserved_bytes):>11}",
-        f"  process memory (nvidia-smi)                      {gib(p.process_bytes):>11}",
-    ]
+    lines += ["", *totals_lines(p)]
     lines += plan_phases.format_lines(p)
     if p.gpu_memory_bytes is not None:
         verdict = "fits" if p.fits else "does NOT fit"

@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from vramscope.cli.common import UsageError
-from vramscope.cli.labels import breakdown_labels
+from vramscope.cli.labels import breakdown_labels, totals_lines
 from vramscope.planner import PlanInputError
 from vramscope.planner.api import Plan, capacity_of, resolve_model
 from vramscope.planner.distributed import (
@@ -69,50 +69,14 @@ def plan_gpus(model: Any, spec: QLoraSpec, args: argparse.Namespace, hardware: H
             hw = hardware
         dist = None
         if args.strategy is not None:
-            par = parallelism(args.gpus, args.strategy, args.offload, layers=shape.layers)
+            par = parallelism(args.gpus, args.strategy, args.offload, layers=shape.layers,
+                              fsdp_version=getattr(args, "fsdp_version", None) or 1)  # set by plan -- <command>
             dist = estimate_distributed(shape, spec, args.batch_size, args.seq_len, par, hw)
         table = fit_table(shape, spec, args.batch_size, args.seq_len, args.gpus, cap, hw,
                           target_batch=args.target_batch)
     except PlanInputError as exc:
         raise UsageError(str(exc)) from None
     return dist, table
-
-
-def to_dict(dist: DistributedEstimate | None, table: FitTable) -> dict[str, Any]:
-    out: dict[str, Any] = {"table": table.to_dict()}
-    if dist is not None:
-        out["plan"] = dist.to_dict()
-    return out
-
-
-# The single-GPU plan's keys that describe one GPU's peak and verdict: with --strategy they are replaced by the
-# per-GPU figures (the ones the terminal prints) and kept whole under "one_gpu".
-_PER_GPU_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "process_bytes", "peak_phase", "breakdown", "fits",
-                 "max_batch_size", "cannot_fit_reason", "recommendations")
-
-
-def to_json(single: dict[str, Any], dist: DistributedEstimate | None, table: FitTable) -> dict[str, Any]:
-    """``plan --json --gpus N``: with ``--strategy`` the top level is the per-GPU plan of its largest GPU (what the
-    terminal prints), the one-GPU plan under ``one_gpu``; without one, the one-GPU plan and the table."""
-    out: dict[str, Any] = {**single, "gpus": to_dict(dist, table)}
-    if dist is None:
-        out["per_gpu"] = False
-        return out
-    w = dist.worst
-    par = dist.parallelism
-    out["one_gpu"] = {key: single.get(key) for key in _PER_GPU_KEYS}
-    row = next((r for r in table.rows if r.strategy == par.strategy and r.offload == par.offload), None)
-    capacity = table.capacity_bytes
-    out.update(
-        per_gpu=True, world_size=par.world_size, strategy=par.strategy, offload=par.offload,
-        peak_allocated_bytes=w.peak_allocated_bytes, peak_reserved_bytes=w.peak_reserved_bytes,
-        process_bytes=w.process_bytes, device_bytes=w.device_bytes, peak_phase=w.peak_phase,
-        breakdown=dict(w.parts), host_bytes=w.host_bytes, host_bytes_machine=dist.host_bytes,
-        fits=None if capacity is None else w.device_bytes <= capacity,
-        max_batch_size=None if row is None else row.max_batch,
-        cannot_fit_reason=None, recommendations=[],
-    )
-    return out
 
 
 def format_gpus(p: Plan, dist: DistributedEstimate | None, table: FitTable) -> str:
@@ -150,10 +114,7 @@ def _format_dist(d: DistributedEstimate, capacity: int | None, labels: dict[str,
             if key == "quantization_constants" and not w.parts.get("quantized_weights"):
                 label = "quantization constants (weights on host)"
             lines.append(f"    {label:42} {gib(value):>11}")
-    lines += ["",
-              f"  peak allocated (torch.cuda.max_memory_allocated) {gib(w.peak_allocated_bytes):>11}",
-              f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(w.peak_reserved_bytes):>11}",
-              f"  process memory (nvidia-smi)                      {gib(w.process_bytes):>11}"]
+    lines += ["", *totals_lines(w)]
     if d.host_bytes:
         lines.append(f"  host memory for the offload: {gib(w.host_bytes)} per rank, "
                      f"{gib(d.host_bytes)} for the machine")

@@ -7,15 +7,17 @@ only when ``--trace`` is given).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from vramscope.cli.common import PLAN_SCHEMA_VERSION
-from vramscope.cli.labels import BREAKDOWN_LABELS
+from vramscope.cli.labels import BREAKDOWN_LABELS, totals_lines
+from vramscope.planner.document import plan_document
 from vramscope.recipe import FRAMEWORKS, QLoraSpec
 from vramscope.units import gib
+
+if TYPE_CHECKING:  # the trace imports torch: only when --trace is given
+    from vramscope.planner.trace.engine import TracePlan
 
 # The trace's own categories and what it modelled rather than traced, over the planner's names.
 _LABELS = {
@@ -59,7 +61,7 @@ def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec) -> int:
         if line is not None:
             line.clear()
     if args.json:
-        print(json.dumps({"schema_version": PLAN_SCHEMA_VERSION, **result.to_dict()}, indent=2))
+        print(plan_document(result).dumps())
     else:
         print(format_trace(result))
     return 0
@@ -85,7 +87,7 @@ class ProgressLine:
             self.stream.flush()
 
 
-def format_trace(p: Any) -> str:
+def format_trace(p: TracePlan) -> str:
     s = p.spec
     lines = [
         f"{p.model}: {p.total_params / 1e9:.2f}B params, batch {p.batch_size} x {p.seq_len} tokens, "
@@ -98,12 +100,7 @@ def format_trace(p: Any) -> str:
     for name, value in p.breakdown.items():
         if value:
             lines.append(f"    {_LABELS.get(name, name):42} {gib(value):>11}")
-    lines += [
-        "",
-        f"  peak allocated (torch.cuda.max_memory_allocated) {gib(p.peak_allocated_bytes):>11}",
-        f"  peak reserved  (torch.cuda.max_memory_reserved)  {gib(p.peak_reserved_bytes):>11}",
-        f"  process memory (nvidia-smi)                      {gib(p.process_bytes):>11}",
-    ]
+    lines += ["", *totals_lines(p)]
     if p.gpu_memory_bytes is not None:
         lines += ["", f"  {'fits' if p.fits else 'does NOT fit'} in {gib(p.gpu_memory_bytes)}"]
     lines.append("  modelled, not traced: " + "; ".join(p.modelled))

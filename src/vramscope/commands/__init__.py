@@ -203,6 +203,15 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
     elif launch.world_size is None:
         state.notes.append("every visible GPU holds the whole model (ddp): the per-GPU plan is the same for any "
                            "count")
+    defaults = dict(reading.defaults)
+    if launch.strategy == "fsdp" and state.fsdp_version is None:
+        version, whose = state.fsdp_default
+        if launch.offload:
+            # Under parameter offload the two pin different host memory: the plan's host figure rests on it.
+            assumed.append(f"FSDP{version}: the command does not say fsdp_version ({whose}); under parameter "
+                           f"offload FSDP1 pins more host memory than FSDP2 (say fsdp_version in the command)")
+        else:
+            defaults["fsdp_version"] = f"{version} ({whose})"
     storage = reading.memory.get("quant_storage")
     if launch.strategy == "fsdp" and reading.spec.get("bits") == 4 and storage in (None, "uint8"):
         # FSDP flattens parameters of one dtype: uint8 4-bit weights beside bf16 ones do not shard.
@@ -223,7 +232,7 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
         max_steps=reading.max_steps,
         launch=launch,
         read=read,
-        defaults=dict(reading.defaults),
+        defaults=defaults,
         unknown=tuple(unknown),
         notes=tuple([*state.notes, *reading.notes]),
         batch_flag="micro_batch_size" if reading.program == "axolotl" else reading.batch_flag,

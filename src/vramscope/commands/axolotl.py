@@ -26,6 +26,7 @@ from vramscope.commands.common import (
 )
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json_or_text
+from vramscope.commands.fsdp import axolotl_version, fsdp_version_of
 from vramscope.commands.launchers import LaunchState
 from vramscope.commands.programs import attention, deepspeed_by_name, default_targets, optimizer
 from vramscope.commands.reading import Context, Reading
@@ -193,13 +194,23 @@ def read_axolotl(ctx: Context) -> Reading:
     reader.silent("datasets")
     fsdp_config = cfg.get("fsdp_config")
     fsdp = reader.words("fsdp")
-    reader.ignore(["fsdp_config", "fsdp_version"])
+    top_version = reader.text("fsdp_version")  # the YAML's top level, or a --fsdp_version override after it
+    reader.ignore(["fsdp_config"])
     if isinstance(fsdp_config, Mapping) or fsdp:
         state.strategy = "fsdp"
         offload = fsdp_config.get("offload_params", fsdp_config.get("fsdp_offload_params")) \
             if isinstance(fsdp_config, Mapping) else None
         if to_bool(str(offload)) or (fsdp and any("offload" in f for f in fsdp)):
             state.offload = True
+        if top_version is not None and top_version.lower() not in ("none", "null"):
+            state.set_fsdp_version(fsdp_version_of(top_version, "fsdp_version"), "fsdp_version")
+        else:
+            version, where = axolotl_version({"fsdp_config": fsdp_config})
+            if version is not None:
+                state.set_fsdp_version(version, where)
+                state.read[f"{where} (axolotl config)"] = str(version)
+            else:
+                state.fsdp_default = (1, "axolotl pins FSDP1 when the config gives none")
     reader.ignore(IGNORED)
     model_name_facts(out)
     return out

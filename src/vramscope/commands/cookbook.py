@@ -63,6 +63,8 @@ def read_cookbook(ctx: Context) -> Reading:
     fsdp = bool(reader.boolean("enable_fsdp"))
     if fsdp:
         state.strategy = "fsdp"
+        state.fsdp_version = 1
+        out.defaults["fsdp_version"] = "1 (finetuning.py wraps the model in FullyShardedDataParallel)"
         if reader.boolean("fsdp_config.fsdp_cpu_offload"):
             state.offload = True
     checkpointing = reader.boolean("fsdp_config.fsdp_activation_checkpointing")

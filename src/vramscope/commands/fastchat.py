@@ -53,5 +53,5 @@ def read_fastchat(ctx: Context) -> Reading:
     reader.silent("lora_bias")
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder, "eval_data_path")
-    distributed(reader, state)
+    distributed(reader, state, cfg=ctx.cfg)
     return out

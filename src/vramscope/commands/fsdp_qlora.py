@@ -88,6 +88,8 @@ def read_fsdp_qlora(ctx: Context) -> Reading:
     out.max_steps = steps if steps is not None and steps > 0 else None
     state.launcher = "python (fsdp_qlora spawns its processes)"
     state.strategy = "fsdp"
+    state.fsdp_version = 1
+    out.defaults["fsdp_version"] = "1 (train.py wraps the model in FullyShardedDataParallel)"
     world = reader.integer("world_size")
     state.per_node = world if world is not None and world > 0 else None
     state.offload = _flag(ctx, "use_cpu_offload", True)

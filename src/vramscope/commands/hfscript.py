@@ -93,7 +93,7 @@ def read_hf(ctx: Context) -> Reading:
     read_trainer_lengths(reader, out)
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
-    distributed(reader, state)
+    distributed(reader, state, cfg=ctx.cfg)
     return out
 
 

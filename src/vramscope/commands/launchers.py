@@ -20,6 +20,7 @@ from typing import Any
 from vramscope.commands.argv import Option, is_flag, normalise, to_bool
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json_or_text, load_yaml
+from vramscope.commands.fsdp import ACCELERATE_DEFAULT, fsdp_version_of
 from vramscope.commands.types import Launch, Strategy
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
@@ -66,6 +67,8 @@ class LaunchState:
     zero_stage: int | None = None
     config_file: str | None = None
     visible: int | None = None  # CUDA_VISIBLE_DEVICES' count, when the command sets it
+    fsdp_version: int | None = None  # as the command states it; None: unsaid (fsdp_default applies)
+    fsdp_default: tuple[int, str] = ACCELERATE_DEFAULT  # the version that runs when unsaid, and whose default
     read: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)  # guesses about processes and strategy (see ParsedCommand)
@@ -91,6 +94,10 @@ class LaunchState:
             if isinstance(device, str) and device.lower() not in ("none", ""):
                 self.offload = True
 
+    def set_fsdp_version(self, value: Any, source: str) -> None:
+        """The FSDP version a launcher or program states (a later source overrides an earlier one)."""
+        self.fsdp_version = fsdp_version_of(value, source)
+
     def set_zero(self, stage: int, source: str) -> None:
         if not 0 <= stage <= 3:
             raise CommandReadError(f"{source}: ZeRO stage {stage} is not 0-3")
@@ -107,8 +114,10 @@ class LaunchState:
         strategy = self.strategy
         if strategy is None and (world is None or world > 1):
             strategy = "ddp"  # several processes and nothing sharded: each holds the whole model
+        version = (self.fsdp_version or self.fsdp_default[0]) if strategy == "fsdp" else None
         return Launch(launcher=self.launcher, world_size=world, strategy=strategy, offload=self.offload,
-                      zero_stage=self.zero_stage, config_file=self.config_file, nodes=self.nodes)
+                      zero_stage=self.zero_stage, config_file=self.config_file, nodes=self.nodes,
+                      fsdp_version=version)
 
 
 @dataclass
@@ -213,6 +222,8 @@ def apply_accelerate(state: LaunchState, options: Sequence[Option], environ: Map
                 state.offload = True
         elif n == "fsdp_offload_params":
             state.offload = bool(to_bool(o.values[0])) if o.values else True
+        elif n == "fsdp_version":
+            state.set_fsdp_version(o.values[0] if o.values else "", o.written)  # beats the config file's
         elif n == "deepspeed_config_file" and o.values:
             state.deepspeed(load_json_or_text(str(_resolve(o.values[0], cwd)), "DeepSpeed config"), o.written)
             state.config_file = o.values[0]
@@ -243,8 +254,14 @@ def _accelerate_config(state: LaunchState, cfg: Mapping[str, Any], source: str, 
     elif kind == "FSDP":
         state.strategy = "fsdp"
         fsdp = cfg.get("fsdp_config")
-        if isinstance(fsdp, Mapping) and to_bool(str(fsdp.get("fsdp_offload_params", False))):
+        fsdp = fsdp if isinstance(fsdp, Mapping) else {}
+        # accelerate reads fsdp_config's bare keys as fsdp_<key> (`version: 2` is fsdp_version)
+        if to_bool(str(fsdp.get("fsdp_offload_params", fsdp.get("offload_params", False)))):
             state.offload = True
+        key = next((k for k in ("fsdp_version", "version") if fsdp.get(k) is not None), None)
+        if key is not None:
+            state.set_fsdp_version(fsdp[key], f"{Path(source).name}: fsdp_config.{key}")
+            state.read[f"fsdp_version ({Path(source).name})"] = str(state.fsdp_version)
     elif kind == "DEEPSPEED":
         ds = cfg.get("deepspeed_config")
         ds = ds if isinstance(ds, Mapping) else {}
@@ -423,6 +440,8 @@ def _environment(state: LaunchState, env: Mapping[str, str]) -> None:
         state.strategy = "fsdp"
         if env.get("FSDP_OFFLOAD_PARAMS", "").lower() in ("1", "true", "yes"):
             state.offload = True
+    if env.get("FSDP_VERSION"):
+        state.set_fsdp_version(env["FSDP_VERSION"], "FSDP_VERSION")
     if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes") and state.strategy is None:
         state.set_zero(int(env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2") or 2), "ACCELERATE_USE_DEEPSPEED")
     count = env.get("NPROC_PER_NODE")

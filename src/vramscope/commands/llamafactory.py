@@ -123,7 +123,7 @@ def read_llamafactory(ctx: Context) -> Reading:
     out.dataset["dataset_dir"] = folder or "data"
     if folder is None:
         out.defaults["dataset_dir"] = "data"
-    distributed(reader, state)
+    distributed(reader, state, cfg=ctx.cfg)
     reader.ignore(IGNORED)
     model_name_facts(out)
     return out

@@ -16,6 +16,7 @@ from typing import Any
 from vramscope.commands.argv import Reader
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json_or_text
+from vramscope.commands.fsdp import trainer_default, trainer_fsdp_config
 from vramscope.commands.launchers import LaunchState
 from vramscope.commands.reading import Context, Reading
 
@@ -111,13 +112,18 @@ def targets_of(words: list[str] | None) -> tuple[str, ...] | None:
     return tuple(words)
 
 
-def distributed(reader: Reader, state: LaunchState, *, deepspeed: bool = True) -> None:
-    """TrainingArguments' --fsdp and --deepspeed, which override the launcher's reading."""
+def distributed(reader: Reader, state: LaunchState, *, deepspeed: bool = True,
+                cfg: Mapping[str, Any] | None = None) -> None:
+    """TrainingArguments' --fsdp (with its --fsdp_config) and --deepspeed, which override the launcher's reading.
+
+    ``cfg`` is the program's own config file, where ``fsdp_config`` may be a mapping.
+    """
     fsdp = reader.text("fsdp")
     if fsdp is not None and fsdp.strip().lower() not in ("", "false", "none", "no"):
         state.strategy = "fsdp"
         if "offload" in fsdp:
             state.offload = True
+        _trainer_fsdp(reader, state, (cfg or {}).get("fsdp_config"))
     ds = reader.text("deepspeed") if deepspeed else None
     if ds is not None:
         inline = ds.lstrip().startswith("{")
@@ -128,6 +134,27 @@ def distributed(reader: Reader, state: LaunchState, *, deepspeed: bool = True) -
             return
         state.deepspeed(load_json_or_text(source, "--deepspeed config"), "--deepspeed")
         state.config_file = ds if not ds.lstrip().startswith("{") else state.config_file
+
+
+def _trainer_fsdp(reader: Reader, state: LaunchState, nested: Any) -> None:
+    """The Trainer builds its own FSDP plugin from ``--fsdp_config``: its version (or the Trainer's default)
+    replaces the launcher's, and its ``cpu_offload`` offloads."""
+    settings, missing = trainer_fsdp_config(reader.text("fsdp_config"), nested, state.cwd)
+    if missing:
+        state.notes.append(missing)
+    if str(settings.get("cpu_offload", "")).lower() == "true":
+        state.offload = True
+    launcher_said = state.fsdp_version
+    if settings.get("version") is not None:
+        state.set_fsdp_version(settings["version"], "--fsdp_config version")
+        state.read["fsdp_version (--fsdp_config)"] = str(state.fsdp_version)
+        return
+    state.fsdp_version = None
+    state.fsdp_default = trainer_default()
+    if launcher_said is not None and launcher_said != state.fsdp_default[0]:
+        state.notes.append(f"the launcher's fsdp_version {launcher_said} does not apply: --fsdp makes the Trainer "
+                           f"build its own FSDP plugin, FSDP{state.fsdp_default[0]} unless --fsdp_config says "
+                           "\"version\"")
 
 
 def deepspeed_by_name(state: LaunchState, name: str) -> None:
@@ -256,7 +283,7 @@ def read_qlora(ctx: Context) -> Reading:
 
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
-    distributed(reader, state)
+    distributed(reader, state, cfg=ctx.cfg)
     return out
 
 

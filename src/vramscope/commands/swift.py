@@ -129,7 +129,7 @@ def read_swift(ctx: Context) -> Reading:
         state.config_file = ds
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder, "dataset")
-    distributed(reader, state, deepspeed=not shorthand)
+    distributed(reader, state, deepspeed=not shorthand, cfg=ctx.cfg)
     reader.ignore(IGNORED)
     model_name_facts(out)
     return out

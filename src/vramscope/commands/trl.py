@@ -115,7 +115,7 @@ def read_trl(ctx: Context) -> Reading:
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
     _recipe_datasets(ctx, out)
-    distributed(reader, state)
+    distributed(reader, state, cfg=ctx.cfg)
     return out
 
 

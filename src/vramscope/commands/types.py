@@ -194,6 +194,9 @@ class Launch:
         config_file: the launcher's or the program's distributed config that was read (accelerate
             ``--config_file`` YAML, DeepSpeed JSON), if any.
         nodes: machines (``--nnodes``, ``--num_machines``, ``--num_nodes``); 1 when unsaid.
+        fsdp_version: under FSDP, 1 (``FullyShardedDataParallel``, flat parameters) or 2 (``fully_shard``), as
+            the command says it or as its program defaults it (``ParsedCommand.defaults`` or ``assumed`` say
+            which); None for every other strategy. Under parameter offload it changes what the host pins.
     """
 
     launcher: str = "python"
@@ -203,6 +206,7 @@ class Launch:
     zero_stage: int | None = None
     config_file: str | None = None
     nodes: int = 1
+    fsdp_version: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -213,6 +217,7 @@ class Launch:
             "zero_stage": self.zero_stage,
             "config_file": self.config_file,
             "nodes": self.nodes,
+            "fsdp_version": self.fsdp_version,
         }
 
 

@@ -132,7 +132,7 @@ def read_unsloth(ctx: Context) -> Reading:
     out.notes.append("Unsloth's fused kernels use less memory than TRL's: planned as TRL, which errs high")
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
-    distributed(reader, state)
+    distributed(reader, state, cfg=ctx.cfg)
     reader.ignore(IGNORED)
     model_name_facts(out)
     return out

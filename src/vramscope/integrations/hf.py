@@ -25,10 +25,11 @@ import os
 import weakref
 from typing import Any
 
-# prometheus_address is re-exported: users and tests import it from here.
-from vramscope.integrations.options import prometheus_address, prometheus_option  # noqa: F401
 from vramscope.training.guard import never_stops_training
 from vramscope.training.monitor import MemoryMonitor
+
+# prometheus_address is re-exported: users and tests import it from here.
+from vramscope.training.settings import MonitorParts, MonitorSettings, prometheus_address  # noqa: F401
 
 log = logging.getLogger("vramscope.integrations.hf")  # the logger name users filter on, kept from before the move
 
@@ -62,53 +63,42 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     Args:
         log: CSV (or ``.jsonl``) log path; each rank > 0 writes ``<stem>.rank<k><suffix>``. None keeps
             the rows in memory (warnings and the ``logs`` figures still work).
-        every_n_steps: log every this many optimizer steps.
-        interval: also sample every ``interval`` seconds between steps (None: step rows only).
-        gpus: NVML indices to read (default: the GPUs this process uses).
-        oom_snapshot: save an allocator snapshot and the step/batch context on a CUDA OOM (True:
-            into ``<log stem>.oom/``; a path: into that folder).
-        prometheus: serve the samples and the analysis to Prometheus on this port (or ``"HOST:PORT"``).
-        prometheus_port: the old name of ``prometheus`` (works until the next release, with a FutureWarning).
-        warn: print throttled leak / OOM warnings while training.
+        settings: the monitor's options as one :class:`~vramscope.training.settings.MonitorSettings`; the
+            keyword arguments are put over it.
         log_to_trainer: add the figures to the Trainer's ``logs`` in ``on_log``.
         max_seq_length: the longest sequence the data can hold; with the batch size it sets the
             longest batch for the OOM warning (default: the longest batch seen so far).
-        **monitor_options: passed to :class:`MemoryMonitor` (``analyze_every``, ``capacity_bytes``, ...), among
-            them ``export={"push": "http://gw:9091", ...}``: any exporter of ``vramscope.exporters.registry``.
+        **options: any option of :class:`MemoryMonitor` (the fields of ``MonitorSettings``: ``every_n_steps``
+            (optimizer steps), ``interval``, ``gpus``, ``oom_snapshot`` (True: into ``<log stem>.oom/``; a path:
+            into that folder), ``prometheus`` (a port or ``"HOST:PORT"``), ``warn``, ``analyze_every``,
+            ``capacity_bytes``, ``export={"push": "http://gw:9091", ...}`` (any exporter of
+            ``vramscope.exporters.registry``), ...; and ``sinks``, ``nvml``, ``warn_stream``).
+            ``prometheus_port`` is the old name of ``prometheus`` (works until the next release, with a
+            FutureWarning).
 
     Raises:
         ImportError: transformers is not installed (with the install command).
+        TypeError: an option the monitor does not have.
     """
 
     def __init__(
         self,
         log: str | os.PathLike[str] | None = None,
-        every_n_steps: int = 1,
-        interval: float | None = None,
-        gpus: list[int] | None = None,
-        oom_snapshot: bool | str | os.PathLike[str] = False,
-        prometheus: int | str | None = None,
-        warn: bool = True,
+        *,
+        settings: MonitorSettings | None = None,
         log_to_trainer: bool = True,
         max_seq_length: int | None = None,
-        prometheus_port: int | str | None = None,
-        **monitor_options: Any,
+        **options: Any,
     ) -> None:
         if _CallbackBase is object:
             raise ImportError(INSTALL_HINT)
-        # Build the monitor now (it validates its arguments), start it at the first event; a run after the
+        # Build the monitor now (its options are checked here), start it at the first event; a run after the
         # monitor closed (train() again, evaluate() after train()) gets a new one with the same options.
-        self._monitor_options: dict[str, Any] = dict(
-            log=log,
-            every_n_steps=every_n_steps,
-            interval=interval,
-            gpus=gpus,
-            oom_snapshot=oom_snapshot,
-            prometheus=prometheus_option(prometheus, prometheus_port),
-            warn=warn,
-            **monitor_options,
-        )
-        self.monitor = MemoryMonitor(**self._monitor_options)
+        self._parts = MonitorParts.take(options)
+        if log is not None:
+            options["log"] = log
+        self.settings = MonitorSettings.build(settings, **options)
+        self.monitor = MemoryMonitor(settings=self.settings, parts=self._parts)
         self.log_to_trainer = log_to_trainer
         self.max_seq_length = max_seq_length
         self._watched: weakref.ref[Any] | None = None
@@ -123,17 +113,21 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     # -- setup ----------------------------------------------------------------------------------------
     def _ensure_started(self, args: Any, state: Any, model: Any) -> MemoryMonitor:
         if self.monitor.closed:  # the last run ended: this one is a new segment (the log's claim says where)
-            self.monitor = MemoryMonitor(**self._monitor_options)
+            self.monitor = MemoryMonitor(settings=self.settings, parts=self._parts)
             self._watched = None
             self._rows_at_last_log = 0
             self._figures_step = None
             self._run_peaks = {}
         mon = self.monitor
         if not mon.started and not mon.closed:
+            known: dict[str, int] = {}  # what the run tells of itself, once it begins
             if getattr(state, "max_steps", 0):
-                mon.total_steps = int(state.max_steps)
-            if self.max_seq_length is not None and mon.max_batch_tokens is None:
-                mon.max_batch_tokens = int(self.max_seq_length) * int(getattr(args, "per_device_train_batch_size", 1))
+                known["total_steps"] = int(state.max_steps)
+            if self.max_seq_length is not None and mon.settings.max_batch_tokens is None:
+                batch = int(getattr(args, "per_device_train_batch_size", 1))
+                known["max_batch_tokens"] = int(self.max_seq_length) * batch
+            if known:
+                mon.configure(**known)
             mon.start()
             if not self._atexit:
                 # A run that never reaches on_train_end (an exception, a notebook interrupt) closes at exit.

@@ -25,10 +25,10 @@ import importlib.util
 import os
 from typing import Any
 
-from vramscope.integrations.options import prometheus_option
 from vramscope.training.guard import never_stops_training
 from vramscope.training.hooks import batch_tokens
 from vramscope.training.monitor import MemoryMonitor
+from vramscope.training.settings import MonitorParts, MonitorSettings
 
 if importlib.util.find_spec("lightning") is not None:
     from lightning.pytorch import Callback as _CallbackBase
@@ -87,64 +87,52 @@ class MemoryMonitorCallback(_CallbackBase):  # type: ignore[misc,valid-type]
 
     Args:
         log: CSV (or ``.jsonl``) log path; rank *k* > 0 writes ``<stem>.rank<k><suffix>``.
-        every_n_steps: log every this many optimizer steps.
-        interval: also sample every ``interval`` seconds between steps (None: step rows only).
-        gpus: NVML indices to read (default: the GPUs this process uses).
-        oom_snapshot: save an allocator snapshot and the step/batch context on a CUDA OOM.
-        prometheus: ``"[HOST:]PORT"`` (or a port) to serve the samples and the analysis to Prometheus.
-        warn: print throttled leak / OOM warnings while training.
+        settings: the monitor's options as one :class:`~vramscope.training.settings.MonitorSettings`; the
+            keyword arguments are put over it.
         log_to_trainer: write the figures to the Trainer's loggers on the steps Lightning logs.
-        prometheus_port: the HF callback's old name of ``prometheus`` (accepted, with a FutureWarning).
-        **monitor_options: passed to :class:`MemoryMonitor`, among them ``export={"push": "http://gw:9091", ...}``:
-            any exporter of ``vramscope.exporters.registry``.
+        **options: any option of :class:`MemoryMonitor` (the fields of ``MonitorSettings``: ``every_n_steps``
+            (optimizer steps), ``interval``, ``gpus``, ``oom_snapshot``, ``prometheus`` (a port or
+            ``"HOST:PORT"``), ``warn``, ``export={"push": "http://gw:9091", ...}`` (any exporter of
+            ``vramscope.exporters.registry``), ...; and ``sinks``, ``nvml``, ``warn_stream``).
+            ``prometheus_port`` is the HF callback's old name of ``prometheus`` (accepted, with a FutureWarning).
 
     Raises:
         ImportError: lightning is not installed (with the install command).
+        TypeError: an option the monitor does not have.
     """
 
     def __init__(
         self,
         log: str | os.PathLike[str] | None = None,
-        every_n_steps: int = 1,
-        interval: float | None = None,
-        gpus: list[int] | None = None,
-        oom_snapshot: bool | str | os.PathLike[str] = False,
-        prometheus: int | str | None = None,
-        warn: bool = True,
+        *,
+        settings: MonitorSettings | None = None,
         log_to_trainer: bool = True,
-        prometheus_port: int | str | None = None,
-        **monitor_options: Any,
+        **options: Any,
     ) -> None:
         if _CallbackBase is object:
             raise ImportError(INSTALL_HINT)
         super().__init__()
         # A run after the monitor closed (fit() again, validate()/test() after fit()) gets a new monitor with
         # these options; the log's claim (training/claims.py) gives it the next free name, in one warning.
-        self._monitor_options: dict[str, Any] = dict(
-            log=log,
-            every_n_steps=every_n_steps,
-            interval=interval,
-            gpus=gpus,
-            oom_snapshot=oom_snapshot,
-            prometheus=prometheus_option(prometheus, prometheus_port),
-            warn=warn,
-            **monitor_options,
-        )
-        self.monitor = MemoryMonitor(**self._monitor_options)
+        self._parts = MonitorParts.take(options)
+        if log is not None:
+            options["log"] = log
+        self.settings = MonitorSettings.build(settings, **options)
+        self.monitor = MemoryMonitor(settings=self.settings, parts=self._parts)
         self.log_to_trainer = log_to_trainer
         self._last_step: int | None = None
         self._rows_at_last_write = 0  # monitor rows already covered by figures written to the loggers
 
     def _ensure_started(self, trainer: Any) -> MemoryMonitor:
         if self.monitor.closed:
-            self.monitor = MemoryMonitor(**self._monitor_options)
+            self.monitor = MemoryMonitor(settings=self.settings, parts=self._parts)
             self._last_step = None
             self._rows_at_last_write = 0
         mon = self.monitor
         if not mon.started and not mon.closed:
             max_steps = getattr(trainer, "max_steps", -1)
             if isinstance(max_steps, int) and max_steps > 0:
-                mon.total_steps = max_steps
+                mon.configure(total_steps=max_steps)
             mon.start()
         return mon
 

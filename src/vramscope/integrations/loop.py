@@ -11,5 +11,7 @@ from vramscope.training.hooks import batch_tokens
 from vramscope.training.monitor import MemoryMonitor
 from vramscope.training.outputs import LEAK_HINT
 from vramscope.training.ranks import beside, current_rank, rank_path
+from vramscope.training.settings import MonitorSettings
 
-__all__ = ["GATHER_FIELDS", "LEAK_HINT", "MemoryMonitor", "batch_tokens", "beside", "current_rank", "rank_path"]
+__all__ = ["GATHER_FIELDS", "LEAK_HINT", "MemoryMonitor", "MonitorSettings", "batch_tokens", "beside", "current_rank",
+           "rank_path"]

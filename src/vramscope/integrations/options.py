@@ -1,34 +1,29 @@
 """Keyword spellings the callbacks share: ``prometheus=`` is the one name for the exporter's address.
 
-The HF callback called it ``prometheus_port=`` until this release; both callbacks accept that spelling for one
-more release, with one FutureWarning line (FutureWarning: shown to the people who run the code, not only to
-developers as a DeprecationWarning would be).
+The options themselves, and the old ``prometheus_port=`` spelling, are read in one place,
+:class:`vramscope.training.settings.MonitorSettings`; these names are re-exported from there for the imports
+that knew them here. :func:`export_also` adds an exporter to a callback that exists already (``vramscope run``
+relays the user's own callback's series that way).
 """
 
 from __future__ import annotations
 
-import warnings
+from typing import Any
+
+from vramscope.training.settings import MonitorSettings, prometheus_address, prometheus_option
+
+__all__ = ["export_also", "prometheus_address", "prometheus_option"]
 
 
-def prometheus_address(port: int | str | None) -> str | None:
-    """``19400`` -> ``"127.0.0.1:19400"``; an address with a host is kept as it is."""
-    if port is None:
-        return None
-    text = str(port)
-    return text if ":" in text else f"127.0.0.1:{text}"
-
-
-def prometheus_option(prometheus: int | str | None, prometheus_port: int | str | None) -> str | None:
-    """The exporter's ``"HOST:PORT"`` from ``prometheus=`` or its old spelling ``prometheus_port=``.
-
-    Raises:
-        TypeError: both were given (which one is meant cannot be guessed).
-    """
-    if prometheus_port is not None:
-        if prometheus is not None:
-            raise TypeError("give prometheus= only (prometheus_port= is its old name)")
-        # stacklevel 3: the warning names the user's line that built the callback, not this one
-        warnings.warn("prometheus_port= is now prometheus=; the old name works until the next release",
-                      FutureWarning, stacklevel=3)
-        prometheus = prometheus_port
-    return prometheus_address(prometheus)
+def export_also(callback: Any, name: str, value: Any) -> bool:
+    """Give a vramscope callback (HF's or Lightning's) one more exporter option (``"relay"``, a socket's path):
+    for every monitor it makes from now on, and for its current one when that has not started. False when the
+    callback already has that exporter, or is not one of vramscope's."""
+    settings = getattr(callback, "settings", None)
+    monitor = getattr(callback, "monitor", None)
+    if not isinstance(settings, MonitorSettings) or monitor is None or settings.export.get(name):
+        return False
+    callback.settings = settings.with_export(name, value)  # a monitor made again (train() once more) has it too
+    if not monitor.started and not monitor.closed:
+        monitor.configure(export=callback.settings.export)
+    return True

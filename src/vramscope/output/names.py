@@ -18,11 +18,18 @@ import os
 from pathlib import Path
 
 # The suffix of each kind of file beside a log, written once: the writer and the reader of each import it here.
-ANALYSIS_SUFFIX = ".analysis.json"  # MemoryMonitor.save_analysis: the analysis' JSON (AnalysisResult.to_json)
-BREAKDOWN_SUFFIX = ".breakdown.json"  # MemoryMonitor.save_breakdown: what held memory (MemoryBreakdown.to_dict)
-STRATEGY_SUFFIX = ".strategy.json"  # MemoryMonitor.note_strategy: how the run was spread (report --plan reads it)
-WARNINGS_SUFFIX = ".warnings.jsonl"  # every warning shown while training, one JSON object a line
-OOM_SUFFIX = ".oom"  # the folder of the OOM post-mortems
+# Each file's format has one owner, named here; the writer and the reader go through it, never through a dict of
+# their own. (The plan JSON is no file beside a log: the user names it; its owner is vramscope.planner.document.)
+# the analysis: written by MemoryMonitor.save_analysis; format analysis.results.AnalysisResult.to_json
+ANALYSIS_SUFFIX = ".analysis.json"
+# what held memory: written by MemoryMonitor.save_breakdown; format types.MemoryBreakdown (to_dict / from_dict),
+# read back by report.load.read_breakdown
+BREAKDOWN_SUFFIX = ".breakdown.json"
+# how the run was spread: written by MemoryMonitor.note_strategy; format types.RunStrategy (to_json / from_json),
+# read back by report.plan_check.strategy_beside (report --plan)
+STRATEGY_SUFFIX = ".strategy.json"
+WARNINGS_SUFFIX = ".warnings.jsonl"  # every warning shown while training, one JSON object a line (analysis.alerts)
+OOM_SUFFIX = ".oom"  # the folder of the OOM post-mortems (oom.env)
 
 
 def sibling(path: str | os.PathLike[str], *, tag: str | None = None, suffix: str | None = None) -> str:

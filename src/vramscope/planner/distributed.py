@@ -19,7 +19,8 @@ What each strategy keeps per rank (N = world size):
     live in the module's ``quant_state`` and stay whole on every rank. In forward and backward one unit
     (a decoder layer) is gathered whole and the next one is prefetched; FSDP's root unit (embeddings,
     final norm, lm_head) stays gathered from the forward to the end of the backward (FSDP1 and FSDP2
-    do not reshard the root after forward).
+    do not reshard the root after forward). At the loss FSDP2 holds one unit, not two: the last layer's
+    all-gather output, freed only in the root's post-forward (``_fsdp_units``).
 ``split``
     ``device_map="auto"`` (naive model parallel, no pipeline): one process, the layers divided over
     the GPUs; the first GPU also holds the embeddings, the last the final norm, lm_head and the
@@ -129,11 +130,14 @@ class Parallelism:
         return NCCL_BYTES_TWO_RANKS if self.world_size == 2 else NCCL_BYTES_MORE_RANKS
 
     def to_dict(self) -> dict[str, Any]:
-        return {"world_size": self.world_size, "strategy": self.strategy, "offload": self.offload}
+        out: dict[str, Any] = {"world_size": self.world_size, "strategy": self.strategy, "offload": self.offload}
+        if self.strategy == "fsdp":
+            out["fsdp_version"] = self.fsdp_version
+        return out
 
 
 def parallelism(world_size: int, strategy: str | None = None, offload: str | None = None, *,
-                layers: int | None = None, deepspeed: bool | None = None) -> Parallelism:
+                layers: int | None = None, deepspeed: bool | None = None, fsdp_version: int = 1) -> Parallelism:
     """Check a (world size, strategy, offload) triple, e.g. from ``--gpus/--strategy/--offload`` or a parsed
     launch command, and return it as a :class:`Parallelism`.
 
@@ -144,6 +148,7 @@ def parallelism(world_size: int, strategy: str | None = None, offload: str | Non
         offload: one of :data:`OFFLOADS`; None = ``"none"``.
         layers: the model's decoder layers, to check a split.
         deepspeed: whether the command names DeepSpeed (None: not a command, e.g. the flags alone).
+        fsdp_version: 1 or 2 under FSDP (``plan -- <command>`` passes the command's; see :class:`Parallelism`).
 
     Raises:
         PlanInputError: a combination that cannot run; the message says what would.
@@ -172,7 +177,7 @@ def parallelism(world_size: int, strategy: str | None = None, offload: str | Non
         if layers is not None and world_size > layers:
             raise PlanInputError(f"cannot split {layers} decoder layers over {world_size} GPUs; "
                                  f"use at most --gpus {layers}, or a data-parallel strategy")
-    return Parallelism(world_size=world_size, strategy=strat, offload=off)
+    return Parallelism(world_size=world_size, strategy=strat, offload=off, fsdp_version=fsdp_version)
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,7 @@ def _shard_phase(par: Parallelism, shape: ModelShape, bd: Breakdown, phase: str,
                 unit_z3 = sz.unit - math.ceil(sz.layer_norms / sz.layers)
                 gathered = unit_z3 + max(unit_z3, prefetch) + (sz.lm_head if phase in LOSS_PHASES else 0)
             else:
-                gathered = (1 + par.fsdp_prefetch_units) * sz.unit + sz.root_unquant
+                gathered = _fsdp_units(par, bd, phase) * sz.unit + sz.root_unquant
                 if par.offload == "params" and par.fsdp_version == 1:
                     # FSDP1's pre_unshard copies the next unit's CPU shard to the GPU as the all-gather's input
                     gathered += math.ceil(sz.unit / n)
@@ -330,6 +335,22 @@ def _shard_phase(par: Parallelism, shape: ModelShape, bd: Breakdown, phase: str,
     p["gathered_params"] = gathered
     p["comm_buffers"] = comm
     return p, host
+
+
+def _fsdp_units(par: Parallelism, bd: Breakdown, phase: str) -> int:
+    """Decoder layers (units) FSDP holds gathered in ``phase``, besides the root.
+
+    In a layer's forward or backward: the layer computing and ``fsdp_prefetch_units`` more (FSDP2 in forward: the
+    layer's unsharded parameters and its own all-gather output, whose free waits for the next all-gather). At the
+    loss FSDP2 holds one: every layer is resharded, but the last layer's all-gather output is freed only in the
+    root's post-forward (``FSDPCommContext.all_gather_state``), after the loss; in the loss backward, what the
+    root's pre-backward prefetches of the last layers (``_backward_prefetch``). FSDP1 keeps the fuller count, and
+    so does one rank (FSDP2 at world size 1 copies instead of gathering and defers no free; not modelled apart).
+    """
+    at_loss = phase in LOSS_PHASES and bd.logits_and_loss > 0  # not a layer's own forward temporaries
+    if par.fsdp_version == 2 and at_loss and par.world_size > 1:
+        return 1 if phase == "forward" else par.fsdp_prefetch_units
+    return 1 + par.fsdp_prefetch_units
 
 
 def _pow2_ceil(size: int) -> int:

@@ -83,6 +83,19 @@ def uses_math_attention(shape: ModelShape, spec: QLoraSpec, seq: int, pr: Precis
             and gqa_sdpa_math and not has_mask(shape, spec, seq))
 
 
+def softcap_score_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, pr: Precision) -> int:
+    """What Gemma-2's attention soft-capping keeps per layer for backward (eager attention only).
+
+    transformers' ``eager_attention_forward`` (gemma2) caps the scores as ``tanh(scores / cap) * cap`` before
+    the mask and the fp32 softmax. Of the three ops only ``tanh`` saves a tensor for its backward (its own
+    output: d tanh = 1 - tanh^2), one ``[B, heads, S, S]`` in the scores' dtype (the query's: autocast leaves
+    ``tanh`` in half); the division and multiplication by a constant save nothing. Flash-attention caps inside
+    its kernel, and SDPA is refused for Gemma-2 (``_supports_sdpa = False``): nothing there."""
+    if not shape.attn_softcap or spec.attn != "eager":
+        return 0
+    return attention_bytes(spec, pr) * batch * shape.heads * seq * seq
+
+
 def _input_bytes(lin: Linear, spec: QLoraSpec, pr: Precision) -> int:
     """dtype size of a linear module's input: the attention output for o_proj, the stream otherwise."""
     return attention_bytes(spec, pr) if lin.source == "attn_out" else pr.stream
@@ -153,6 +166,7 @@ def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: 
         k_rep = q if shape.kv_heads < shape.heads else kv
         total += ad * (q + 2 * k_rep) * T
         total += (4 if ad == 4 else 6) * batch * shape.heads * seq * seq
+        total += softcap_score_bytes(shape, spec, batch, seq, pr)
 
     # MLP.
     if shape.experts:

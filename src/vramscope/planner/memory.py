@@ -283,7 +283,6 @@ class _Logits:
 
 def _logits(shape: ModelShape, fw: Framework, pr: Precision, batch: int, seq: int) -> _Logits:
     T, V, h = batch * seq, shape.vocab, shape.hidden
-    softcap = 4 * T * V if shape.logit_softcap else 0
     if fw.logits == "score":
         # A sequence-classification head (TRL's RewardTrainer: ``score`` = Linear(h, 1)): one number per
         # position in the compute dtype, the last real token's picked; backward hands the hidden states a
@@ -323,6 +322,11 @@ def _logits(shape: ModelShape, fw: Framework, pr: Precision, batch: int, seq: in
         fwd = (8 if logits_b == 4 else 10) * T * V
     # Backward: the log-softmax it saved, its gradient and the logits' gradient (fp32).
     bwd = 12 * T * V + weight
+    # Gemma-2's final soft-cap (transformers' Gemma2ForCausalLM.forward: ``tanh(logits / cap) * cap``): tanh
+    # saves its output for backward, so the logits exist twice, the capped ones the loss reads and tanh's, in
+    # lm_head's output dtype, from the end of the forward until tanh's backward. (TRL's fused head caps inside
+    # its kernel: nothing there.)
+    softcap = logits_b * T * V if shape.logit_softcap else 0
     kept = (4 if logits_b == 4 or fw.autocast else logits_b) * T * V if fw.logits == "kept" else 0
     return _Logits(forward=fwd + softcap, backward=bwd + softcap, kept=kept, materialised=4 * T * V)
 

@@ -23,6 +23,7 @@ from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, TOKEN_TILE, VOCAB_TILE, Framework, Precision, precision
 from vramscope.planner.layer import attention_bytes, forward_temporaries
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_tensors
+from vramscope.planner.pool import eval_loop_segments, eval_moments, train_blocks
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
@@ -452,20 +453,25 @@ def eval_phase(shape: ModelShape, spec: QLoraSpec, train: Estimate, hw: Hardware
                   tuple(notes))
 
 
-def _eval_segments(shape: ModelShape, fw: Framework, ev: PhasePeak, train: PhasePeak) -> int:
-    """What an HF Trainer evaluation reserves beside the training pool, in segments of its own.
+def _eval_segments(shape: ModelShape, spec: QLoraSpec, fw: Framework, run: RunPhases, ev: PhasePeak,
+                   train: PhasePeak) -> int:
+    """What an evaluation reserves beside the training pool, in segments of its own (:mod:`.pool`).
 
-    HF's prediction_step builds the full logits and the loss (transformers' ``ForCausalLMLoss``) upcasts them to
-    fp32 and takes their log-softmax: two fp32 ``[rows x seq, vocab]`` tensors alive at once. When the eval rows
-    are longer than the step's, both are larger than any logits block the step freed, so the caching allocator
-    cannot serve them from its pool and opens segments for them. The predictions gathered on the GPU are
-    concatenated into a new, larger tensor at every step (``EvalLoopContainer``): none fits a freed block
-    either. TRL's fused head (and a reward model's score head) make no vocabulary-sized tensors: nothing."""
-    if fw.logits != "dropped":
-        return 0
-    eval_tokens, train_tokens = ev.rows * ev.seq, train.rows * train.seq
-    loss = 2 * 4 * eval_tokens * shape.vocab if eval_tokens > train_tokens else 0
-    return loss + ev.breakdown.eval_predictions
+    The evaluation's no-grad forward at ``per_device_eval_batch_size`` rows makes wider tensors than the step:
+    those no block the step left cached can hold (best fit, counted by kind: the fused head's tile, the
+    dequantized weights, the logits and their fp32 upcast, autocast's half lm_head) open segments of their own.
+    HF's loss upcasts the full logits and takes their log-softmax (two fp32 ``[rows x seq, vocab]`` tensors);
+    TRL's fused head makes one tile of ``min(rows x seq, 4096)`` tokens, and an MLP wider than the step's
+    dequantized weights needs its intermediates placed anew. Logits kept for compute_metrics stay in their
+    block and are concatenated into a new, larger tensor at every step (``EvalLoopContainer``)."""
+    pr = precision(spec, fw)
+    pool = train_blocks(shape, spec, fw, pr, train.rows, train.seq)
+    kept = run.eval_logits == "kept" and fw.logits != "score"
+    held = returned_logit_bytes(fw, pr) * ev.rows * ev.seq * shape.vocab * run.world_size if kept else 0
+    assert run.eval_batch is not None
+    steps = math.ceil(run.eval_examples / (run.eval_batch * run.world_size)) if run.eval_examples else 1
+    return eval_loop_segments(pool, eval_moments(shape, spec, fw, pr, ev.rows, ev.seq), held, steps,
+                              run.eval_accumulation_steps)
 
 
 def _beside_training_pool(phase: PhasePeak, train: PhasePeak, segments: int = 0) -> PhasePeak:
@@ -482,8 +488,9 @@ def _beside_training_pool(phase: PhasePeak, train: PhasePeak, segments: int = 0)
                    process_bytes=phase.process_bytes + lift, device_bytes=phase.device_bytes + lift, breakdown=bd,
                    notes=(*phase.notes, "the training step's allocator pool stays reserved through the evaluation "
                                         f"({train.peak_reserved_bytes / 2**30:.2f} GiB)"
-                          + (f", and its larger fp32 logits and gathered predictions open {segments / 2**30:.2f} "
-                             "GiB of segments beside it" if segments else "")))
+                          + (f", and its tensors wider than any block of that pool (the logits, the fused "
+                             f"head's tile, the MLP's) open {segments / 2**30:.2f} GiB of segments beside it"
+                             if segments else "")))
 
 
 def kv_cache_bytes(shape: ModelShape, rows: int, tokens: int, dtype_bytes: int) -> int:
@@ -599,7 +606,8 @@ def plan_run(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     elif run.eval_batch is not None:
         fw = framework or FRAMEWORK_TABLE.get(spec.framework, FRAMEWORK_TABLE["hf"])
         ev = eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq)
-        phases["eval"] = _beside_training_pool(ev, train, _eval_segments(shape, fw, ev, train))
+        ev_fw = fw if run.trainer == "sft" else _trl()
+        phases["eval"] = _beside_training_pool(ev, train, _eval_segments(shape, spec, ev_fw, run, ev, train))
     peak = max(phases, key=lambda k: phases[k].device_bytes)
     return RunPlan(trainer=run.trainer, phases=phases, peak_phase=peak, events=_events(shape, spec, est, run),
                    train=est, notes=tuple(notes))

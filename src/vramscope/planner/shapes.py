@@ -62,7 +62,8 @@ class ModelShape:
     norm_bias: bool = False
     gated_mlp: bool = True
     parallel_block: bool = False  # attention and MLP read the same normalised input (Falcon, GPT-NeoX)
-    logit_softcap: bool = False
+    logit_softcap: bool = False  # Gemma-2's final_logit_softcapping: tanh over the logits
+    attn_softcap: bool = False  # Gemma-2's attn_logit_softcapping: tanh over every layer's attention scores
     sliding_window: int | None = None  # attention window, when transformers applies one
     linears: tuple[Linear, ...] = field(default=())
     # Qwen2-MoE's shared expert: a dense gated MLP of nn.Linear beside the routed experts (0 = none); its
@@ -294,6 +295,7 @@ def shape_from_config(config: Mapping[str, Any]) -> ModelShape:
         kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, tied_embeddings=tied, max_positions=max_pos,
         experts=experts, experts_per_token=per_token, norms_per_layer=norms, norm_bias=model_type in _LAYERNORM,
         gated_mlp=gated, parallel_block=parallel,
-        logit_softcap=bool(cfg.get("final_logit_softcapping")), sliding_window=window, linears=tuple(lins),
+        logit_softcap=bool(cfg.get("final_logit_softcapping")), attn_softcap=bool(cfg.get("attn_logit_softcapping")),
+        sliding_window=window, linears=tuple(lins),
         shared_expert_intermediate=shared, qk_norm=model_type.startswith("qwen3"),
     )

@@ -16,34 +16,21 @@ from typing import Any
 from vramscope.analysis.results import AnalysisResult
 from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
 from vramscope.output.names import STRATEGY_SUFFIX, sibling
+from vramscope.planner.distributed import STRATEGY_NAMES as PLANNED_STRATEGY_NAMES
+from vramscope.planner.document import PlanDocument, PlanDocumentError, PlannedGpu, PlannedGpus
 from vramscope.types import RunStrategy
 
 SIDE_FILE_LIMIT = 16 << 20  # a plan or a strategy file is a few kB; 16 MiB is not one
-STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
-                  "zero": "ZeRO", "split": "split", "single": "one process"}
+# The planner's names, and the ways a run may be seen spread that the planner does not plan.
+STRATEGY_NAMES = {**PLANNED_STRATEGY_NAMES, "zero1": "ZeRO-1", "zero": "ZeRO", "single": "one process"}
 
 
 class PlanFileError(ValueError):
     """A --plan file that is not a plan: the message says what to pass."""
 
 
-@dataclass(frozen=True)
-class PlannedGpu:
-    """What the plan predicts for one GPU (None where the file does not say it as a whole number)."""
-
-    peak_allocated_bytes: int | None
-    process_bytes: int | None
-
-
-@dataclass(frozen=True)
-class SavedPlan:
-    """A plan from ``vramscope plan ... --json``, as a per-GPU plan (one GPU for a plan without ``--gpus``)."""
-
-    strategy: str | None  # "ddp", "fsdp", "split", "single", ...
-    world_size: int | None
-    per_gpu: tuple[PlannedGpu, ...]
-
-
+# A saved plan as per-GPU figures: the plan document's own reading (vramscope.planner.document).
+SavedPlan = PlannedGpus
 
 
 @dataclass(frozen=True)
@@ -112,29 +99,13 @@ def read_plan(path: str | os.PathLike[str]) -> SavedPlan:
         raise PlanFileError(f"--plan {path}: no such file; {hint}") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise PlanFileError(f"--plan {path} cannot be read as JSON ({type(exc).__name__}); {hint}") from None
-    if not isinstance(data, dict):
-        raise PlanFileError(f"--plan {path} is not a plan; {hint}")
-    gpus = data.get("gpus")
-    multi = gpus.get("plan") if isinstance(gpus, dict) else None
-    per_gpu = multi.get("per_gpu") if isinstance(multi, dict) else None
-    if isinstance(multi, dict) and isinstance(per_gpu, list) and per_gpu:
-        strategy = multi.get("strategy")
-        return SavedPlan(strategy if isinstance(strategy, str) else None, _whole(multi.get("world_size")),
-                         tuple(_planned(g) for g in per_gpu))
-    if isinstance(data.get("peak_allocated_bytes"), int) and isinstance(data.get("process_bytes"), int):
-        return SavedPlan("single", 1, (_planned(data),))
-    raise PlanFileError(f"--plan {path} holds no per-GPU figures; {hint}")
-
-
-def _whole(value: object) -> int | None:
-    """``value`` when it is a whole number (JSON's true and false are not)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _planned(entry: object) -> PlannedGpu:
-    if not isinstance(entry, dict):
-        return PlannedGpu(None, None)
-    return PlannedGpu(_whole(entry.get("peak_allocated_bytes")), _whole(entry.get("process_bytes")))
+    try:
+        planned = PlanDocument.from_json(data).planned()
+    except PlanDocumentError:
+        raise PlanFileError(f"--plan {path} is not a plan; {hint}") from None
+    if planned is None:
+        raise PlanFileError(f"--plan {path} holds no per-GPU figures; {hint}")
+    return planned
 
 
 def _error(measured: int | None, planned: int | None) -> float | None:
@@ -182,4 +153,4 @@ def check(result: AnalysisResult, plan: SavedPlan | None, strategy: RunStrategy 
     return ParallelismCheck(strategy, plan, tuple(rows), "; ".join(notes) or None)
 
 
-__all__ = ["ParallelismCheck", "PlanFileError", "SavedPlan", "check", "read_plan", "strategy_beside"]
+__all__ = ["ParallelismCheck", "PlanFileError", "PlannedGpu", "SavedPlan", "check", "read_plan", "strategy_beside"]

@@ -37,15 +37,9 @@ def relay_into(callback: Any, env: Mapping[str, str]) -> bool:
     ``run --prometheus/--push`` carries its series as it carries the injected one's. Only adds a sink: the
     callback's log, options and figures stay the user's. True when it was added."""
     path = env.get(ENV_RELAY)
-    options = getattr(callback, "_monitor_options", None)
-    monitor = getattr(callback, "monitor", None)
-    if not path or not isinstance(options, dict) or monitor is None:
+    if not path:
         return False
-    export = dict(options.get("export") or {})
-    if export.get("relay"):
-        return False
-    export["relay"] = path
-    options["export"] = export  # a monitor made again (train() once more) has it too
-    if not monitor.started and not monitor.closed:
-        monitor.export["relay"] = path
-    return True
+    # Deferred: the callback's module has it loaded already; `vramscope run`'s parent never needs it otherwise.
+    from vramscope.integrations.options import export_also
+
+    return export_also(callback, "relay", path)

@@ -2,6 +2,9 @@
 
 * :mod:`~vramscope.training.monitor`: :class:`~vramscope.training.monitor.MemoryMonitor`, step-aligned rows,
   phases, the live analysis and its warnings.
+* :mod:`~vramscope.training.settings`: :class:`~vramscope.training.settings.MonitorSettings`, the one list of the
+  monitor's options (the callbacks take the same), and the objects it is handed (``MonitorParts``).
+* :mod:`~vramscope.training.opened`: what the monitor opens at start and closes at the end, as one value.
 * :mod:`~vramscope.training.gather`: the rank gather to rank 0 and its fixed wire format (``GATHER_FIELDS``).
 * :mod:`~vramscope.training.history`: the bounded row history the live analysis reads.
 * :mod:`~vramscope.training.live`: the monitor's rows, latest sample and figures' peak, behind one lock.

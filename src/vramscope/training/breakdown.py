@@ -103,6 +103,7 @@ def measure(model: Any, optimizer: Any = None, *, device: Any = None) -> MemoryB
                 consts += _tensor_bytes(t)
     buffers = sum(_tensor_bytes(b) for b in model.buffers() if _on(b, device) and new(b))
     states, paged = _optimizer_bytes(optimizer, device, new)
+    assert min(consts, lora, grads, buffers, states, paged, trainable, *weights.values()) >= 0, "a negative size"
     return MemoryBreakdown(device=str(device), weights=dict(sorted(weights.items(), key=lambda kv: -kv[1])),
                            quantization_constants=consts, buffers=buffers, lora_weights=lora,
                            trainable_params=trainable, gradients=grads, optimizer_states=states,
@@ -134,12 +135,20 @@ def with_readings(static: MemoryBreakdown, *, peak_allocated: int | None, reserv
     """``static`` with the run's peak, the allocator's cache and the CUDA context filled in."""
     from dataclasses import replace
 
-    activations = None if peak_allocated is None else max(0, peak_allocated - static.static_bytes())
+    static_bytes = static.static_bytes()
+    activations = None if peak_allocated is None else max(0, peak_allocated - static_bytes)
     # At the peak the cache is what the allocator held beyond the peak's tensors (reserved rarely shrinks);
     # reserved less allocated at a step's end would count the freed activations as cache.
     in_use = peak_allocated if peak_allocated is not None else allocated
     cache = None if reserved is None or in_use is None else max(0, reserved - in_use)
     context = None if process is None or reserved is None else max(0, process - reserved)
+    # The parts add up (torch's _memory_viz states its own sums the same way): the static parts and the
+    # activations are the peak (or more, when the tensors counted outlive a peak read before they existed),
+    # the cache tops the tensors in use up to reserved, the context tops reserved up to the process's memory.
+    assert activations is None or peak_allocated is None or static_bytes + activations == max(peak_allocated,
+                                                                                               static_bytes)
+    assert cache is None or in_use is None or reserved is None or in_use + cache == max(reserved, in_use)
+    assert context is None or reserved is None or process is None or reserved + context == max(process, reserved)
     return replace(static, activations_at_peak=activations, peak_allocated_bytes=peak_allocated,
                    reserved_bytes=reserved, allocator_cache_bytes=cache, cuda_context_bytes=context,
                    process_bytes=process)
@@ -229,6 +238,9 @@ class BreakdownTracker:
         reading = next(iter(getattr(sample, "allocator", ())), None)
         if reading is None:
             return static
+        # The run's peak covers every row seen, the latest among them: never below what it left allocated.
+        assert self.peak_allocated is None or reading.allocated_bytes is None or (
+            self.peak_allocated >= reading.allocated_bytes), "the run's peak is below the latest allocated"
         gpu = gpu_of(reading, getattr(sample, "gpus", ()))
         process = None if gpu is None else sample.process_bytes(gpu.index)
         return with_readings(static, peak_allocated=self.peak_allocated, reserved=reading.reserved_bytes,

@@ -42,28 +42,29 @@ import contextlib
 import functools
 import logging
 import os
-import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any
 
 from vramscope.analysis.alerts import Alerts, warnings_path
-from vramscope.analysis.leak import DEFAULT_CONFIG, LeakConfig
+from vramscope.analysis.results import AnalysisResult
 from vramscope.analysis.summary import analyze_columns
 from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
 from vramscope.logs.sinks import log_sink
 from vramscope.output.names import ANALYSIS_SUFFIX, BREAKDOWN_SUFFIX, STRATEGY_SUFFIX
-from vramscope.sampling.sampler import MIN_INTERVAL_S, Collector, Sampler
+from vramscope.sampling.sampler import Collector, Sampler
 from vramscope.training.breakdown import BreakdownTracker
 from vramscope.training.claims import claim_log
 from vramscope.training.gather import RankGather
 from vramscope.training.hooks import batch_tokens
 from vramscope.training.live import LiveRows
+from vramscope.training.opened import OpenParts
 from vramscope.training.outputs import export_analysis, raise_warnings, trainer_figures
 from vramscope.training.pacing import AnalysisPacer
 from vramscope.training.ranks import current_rank, rank_path, write_json_beside
 from vramscope.training.readers import BackgroundSampler, ThisProcess, allocator_backend, start_oom_recorder
+from vramscope.training.settings import MonitorParts, MonitorSettings
 from vramscope.training.strategy import detect_strategy
 from vramscope.training.window import StepWindow
 from vramscope.types import MemoryBreakdown, RunStrategy, Sample, Sink
@@ -76,123 +77,85 @@ class MemoryMonitor:
 
     Args:
         log: CSV (or ``.jsonl``) log path; None keeps rows in memory only (for ``analysis()``).
-        every_n_steps: log one row every this many steps (``step % every_n_steps == 0``); its peak
-            covers all the steps since the previous row.
-        interval: also sample every ``interval`` seconds on a background thread (rows with an empty
-            ``step``), to see what happens between steps; None for step rows only.
-        gpus: NVML indices to read; None reads the GPUs this process uses (matched by UUID), or
-            every GPU when none is in use yet.
-        oom_snapshot: record an allocator snapshot and the training context when CUDA runs out of
-            memory (``vramscope.oom.OomRecorder``), into ``<log stem>.oom/`` (or into this folder
-            when a path is given). Without CUDA it is off, with a warning.
-        prometheus: ``"[HOST:]PORT"`` to serve the samples and the analysis to Prometheus (a port in use
-            gives one warning and no exporter, not an error); the same as ``export={"prometheus": ...}``.
-        sinks: more sinks that receive every sample.
-        warn: print throttled one-line warnings while training (always saved beside the log).
-        analyze_every: run the leak test and the forecast every this many logged rows.
-        analyze_min_interval_s: ... and no more often than this ...
-        analyze_max_share: ... nor than keeps the analysis under this share of the wall time.
-        capacity_bytes: memory to forecast against; default: the GPU's (the host's without GPU).
-        max_batch_tokens: the longest batch the run can see, for the longest-batch warning.
-        total_steps: the run's last step, when known: an OOM forecast beyond it is not a warning.
-        leak_config: thresholds of the leak test.
-        history: rows kept in memory for the analysis: the newest half as they are, the older ones
-            evenly thinned over the whole run (never all dropped).
-        nvml: the NVML module (tests pass a fake one); default ``pynvml``.
-        warn_stream: where warnings are printed.
-        gather: under torch.distributed with more than one rank, gather every rank's row to rank 0's
-            log at each logged step (a collective: all ranks or none must have it on).
-        rank_logs: ranks other than 0 write their own ``<stem>.rank<k>`` log (their phase rows,
-            warnings and analysis); False leaves rank 0's log (with ``gather``) as the only one.
-        export: the exporters to open, by the names of their flags' options in
-            :data:`vramscope.exporters.registry.EXPORTERS`: ``{"prometheus": "9464", "push": "http://gw:9091",
-            "push_interval": 15, "push_job": "llama", "push_labels": [("team", "nlp")]}``.
-        overwrite: replace a log another process left (the default, as a script run again does); False refuses
-            it (``LogExistsError``, as ``vramscope run`` does without ``--overwrite``). A log this process wrote
-            earlier is never overwritten: the new run writes the next free name beside it (one warning).
+        settings: the options as one :class:`~vramscope.training.settings.MonitorSettings`; the keyword
+            arguments are put over it.
+        parts: the sinks, NVML module and warning stream as one :class:`~vramscope.training.settings.MonitorParts`.
+        **options: any field of :class:`~vramscope.training.settings.MonitorSettings` (``every_n_steps``,
+            ``interval``, ``gpus``, ``oom_snapshot``, ``prometheus``, ``export``, ``warn``, ``analyze_every``,
+            ``analyze_min_interval_s``, ``analyze_max_share``, ``capacity_bytes``, ``max_batch_tokens``,
+            ``total_steps``, ``leak_config``, ``history``, ``gather``, ``rank_logs``, ``overwrite``; its
+            docstring says what each does), and of :class:`~vramscope.training.settings.MonitorParts`
+            (``sinks``: more sinks that receive every sample; ``nvml``: the NVML module, tests pass a fake
+            one; ``warn_stream``: where warnings are printed).
+
+    Raises:
+        TypeError: an option that is none of these (the message lists them).
+        ValueError: a value out of its range.
     """
 
     def __init__(
         self,
         log: str | os.PathLike[str] | None = None,
-        every_n_steps: int = 1,
-        interval: float | None = None,
-        gpus: Iterable[int] | None = None,
-        oom_snapshot: bool | str | os.PathLike[str] = False,
-        prometheus: str | None = None,
-        sinks: Iterable[Sink] = (),
-        warn: bool = True,
         *,
-        analyze_every: int = 25,
-        analyze_min_interval_s: float = 2.0,
-        analyze_max_share: float = 0.005,
-        capacity_bytes: int | None = None,
-        max_batch_tokens: int | None = None,
-        total_steps: int | None = None,
-        leak_config: LeakConfig = DEFAULT_CONFIG,
-        history: int = 8192,
-        nvml: Any | None = None,
-        warn_stream: TextIO | None = sys.stderr,
-        gather: bool = True,
-        rank_logs: bool = True,
-        overwrite: bool = True,
-        export: Mapping[str, Any] | None = None,
+        settings: MonitorSettings | None = None,
+        parts: MonitorParts | None = None,
+        **options: Any,
     ) -> None:
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be a whole number of at least 1, got {every_n_steps!r}")
-        if interval is not None and not interval >= MIN_INTERVAL_S:
-            raise ValueError(
-                f"interval must be at least {MIN_INTERVAL_S} s (or None for step rows only), got {interval!r}"
-            )
-        if analyze_every < 1:
-            raise ValueError(f"analyze_every must be at least 1, got {analyze_every!r}")
-        self.requested_log = os.fspath(log) if log is not None else None
-        self.every_n_steps = every_n_steps
-        self.interval = interval
-        self.gpus = None if gpus is None else list(gpus)
-        self.oom_snapshot = oom_snapshot
-        self.prometheus = prometheus
-        self.export: dict[str, Any] = dict(export or {})
-        if prometheus is not None:
-            self.export["prometheus"] = prometheus
-        self.warn = warn
-        if not 0 < analyze_max_share <= 1:
-            raise ValueError(f"analyze_max_share must be in (0, 1], got {analyze_max_share!r}")
-        self.capacity_bytes = capacity_bytes
-        self.max_batch_tokens = max_batch_tokens
-        self.total_steps = total_steps
-        self.leak_config = leak_config
-        self.history = max(256, history)
-        self._nvml_module = nvml
-        self._warn_stream = warn_stream
-        self._extra_sinks = list(sinks)
-        self.gather = gather
-        self.rank_logs = rank_logs
-        self.overwrite = overwrite
-        self._gatherer: RankGather | None = None
-        self.rank_rows: dict[int, Sample] = {}  # rank 0: the latest gathered sample of each rank
-        self.strategy: RunStrategy | None = None  # how the run is spread, once note_strategy ran
-
+        taken = MonitorParts.take(options)
+        self._parts = parts if parts is not None else taken
+        if log is not None:
+            options["log"] = log
+        self._apply(MonitorSettings.build(settings, **options))
         self.rank = 0
         self.log_path: str | None = None
-        self.alerts: Alerts | None = None
-        self.last_analysis: dict[str, Any] | None = None
-        self._sampler: Sampler | None = None
-        self._collector: Collector | None = None
-        self._prometheus_sink: Any = None  # the /metrics exporter among _exporters, when there is one
-        self._exporters: list[Any] = []
-        self._oom: Any = None
-        self._live = LiveRows(self.history)  # the rows the live analysis reads, and the trainer's figures
+        self.rank_rows: dict[int, Sample] = {}  # rank 0: the latest gathered sample of each rank
+        self.strategy: RunStrategy | None = None  # how the run is spread, once note_strategy ran
+        self.last_result: AnalysisResult | None = None  # the latest live analysis
+        self._open: OpenParts | None = None  # what start() opened (and close() closes)
         self._phases: list[str] = []
         self._window = StepWindow()  # the steps since the last logged row
         self._hooks: list[Any] = []
         self._breakdown = BreakdownTracker()
         self._hook_failed = False
-        self._pacer = AnalysisPacer(analyze_every, analyze_min_interval_s, analyze_max_share)
         self._started = False
         self._closed = False
         self._narrowed = False
-        self._background: BackgroundSampler | None = None
+
+    def _apply(self, settings: MonitorSettings) -> None:
+        """Take ``settings`` and build what follows from them (only before :meth:`start`: they hold no rows yet)."""
+        self._settings = settings
+        # step() reads this on every step: a plain attribute, one lookup, rather than settings.every_n_steps.
+        self._every_n_steps = settings.every_n_steps
+        self._gathering = settings.gather  # turned off for the run if a collective fails
+        self._live = LiveRows(settings.history)  # the rows the live analysis reads, and the trainer's figures
+        self._pacer = AnalysisPacer(settings.analyze_every, settings.analyze_min_interval_s,
+                                    settings.analyze_max_share)
+
+    @property
+    def settings(self) -> MonitorSettings:
+        """The options this monitor runs with (frozen; :meth:`configure` changes them before :meth:`start`)."""
+        return self._settings
+
+    def configure(self, **options: Any) -> None:
+        """Change options before :meth:`start`, as a trainer's callback does once it knows the run
+        (``total_steps``, ``max_batch_tokens``, one more exporter).
+
+        Raises:
+            RuntimeError: the monitor has started (its rows were taken with the old options).
+        """
+        if self._started:
+            raise RuntimeError("the monitor has started: its options can no longer change")
+        self._apply(MonitorSettings.build(self._settings, **options))
+
+    @property
+    def alerts(self) -> Alerts | None:
+        """The throttled warnings (saved beside the log); None before :meth:`start`."""
+        return None if self._open is None else self._open.alerts
+
+    @property
+    def prometheus_sink(self) -> Any:
+        """The ``/metrics`` exporter among the open ones; None when there is none."""
+        return None if self._open is None else self._open.prometheus
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def __enter__(self) -> MemoryMonitor:
@@ -207,64 +170,67 @@ class MemoryMonitor:
         """Open the log, start the optional parts, and record the memory before training."""
         if self._started:
             return self
+        settings, parts = self._settings, self._parts
         self.rank = current_rank()
         sinks: list[Sink] = []
-        if self.requested_log is not None and (self.rank == 0 or self.rank_logs):
-            self.log_path = claim_log(rank_path(self.requested_log, self.rank), self)
+        if settings.log is not None and (self.rank == 0 or settings.rank_logs):
+            self.log_path = claim_log(rank_path(settings.log, self.rank), self)
             # A bad path fails here, before training starts.
-            sinks.append(log_sink(self.log_path, overwrite=self.overwrite))
-        if any(value is not None for value in self.export.values()):
+            sinks.append(log_sink(self.log_path, overwrite=settings.overwrite))
+        exporters: tuple[Any, ...] = ()
+        if any(value is not None for value in settings.export.values()):
             from vramscope.exporters.registry import open_exporters  # only when asked
 
             # A port in use is a fact of the machine, not a mistake in the code: inside a Trainer
             # (on_train_begin) raising would stop the run, so it trains without that exporter (one warning).
-            self._exporters = [*open_exporters(self.export, skip_unbindable=True)]
-            self._prometheus_sink = next((s for s in self._exporters if hasattr(s, "port")), None)
-            sinks.extend(self._exporters)
-        sinks.extend(self._extra_sinks)
-        self.alerts = Alerts(
+            exporters = tuple(open_exporters(settings.export, skip_unbindable=True))
+            sinks.extend(exporters)
+        sinks.extend(parts.sinks)
+        alerts = Alerts(
             path=warnings_path(self.log_path) if self.log_path else None,
-            stream=self._warn_stream if self.warn else None,
+            stream=parts.warn_stream if settings.warn else None,
         )
-        self._collector = Collector(
-            nvml=NvmlBackend(nvml=self._nvml_module, gpus=self.gpus),
+        collector = Collector(
+            nvml=NvmlBackend(nvml=parts.nvml, gpus=settings.gpus),
             allocator=allocator_backend(reset_peak=True),
             host=ThisProcess(),
         )
-        self._sampler = Sampler(self._collector, sinks, interval=self.interval or 1.0)
+        opened = self._open = OpenParts(collector, Sampler(collector, sinks, interval=settings.interval or 1.0),
+                                        alerts, exporters)
         self._started = True
-        if self.oom_snapshot:
-            self._start_oom_recorder()
+        if settings.oom_snapshot:
+            opened.oom = start_oom_recorder(settings.oom_snapshot, self.log_path, self.rank, self.oom_context)
         self._log_row(step=None, phase="start")
-        if self.interval is not None:
+        if settings.interval is not None:
             # A second collector for the thread: its allocator reads must not reset the peak
             # counter, or the step rows would lose the exact peak since the previous step.
             background = Collector(
-                nvml=NvmlBackend(nvml=self._nvml_module, gpus=self.gpus),
+                nvml=NvmlBackend(nvml=parts.nvml, gpus=settings.gpus),
                 allocator=allocator_backend(reset_peak=False),
                 host=HostBackend(),
             )
-            self._background = BackgroundSampler(functools.partial(self._sample_between_steps, background),
-                                                 self.interval)
-            self._background.start()
+            opened.background = BackgroundSampler(functools.partial(self._sample_between_steps, background),
+                                                  settings.interval)
+            opened.background.start()
         return self
 
     def _sample_between_steps(self, collector: Collector) -> bool:
         """One background row (no step) through the monitor's sinks; False once the monitor is gone."""
-        sampler = self._sampler
-        if sampler is None:
+        opened = self._open
+        if opened is None:
             return False
         sample = collector.collect(phase=self.current_phase, extra={"rank": self.rank})
-        sampler.emit(sample)
+        opened.sampler.emit(sample)
         self._live.record(sample, background=True)
         return True
 
     def close(self) -> None:
         """Log the last steps, analyse, save the analysis beside the log and close everything."""
-        if not self._started or self._closed:
+        opened = self._open
+        if not self._started or self._closed or opened is None:
             return
-        if self._background is not None:
-            self._background.stop()
+        if opened.background is not None:
+            opened.background.stop()
         self.flush()
         self._closed = True
         for handle in self._hooks:
@@ -272,11 +238,7 @@ class MemoryMonitor:
         self._hooks.clear()
         self.save_breakdown()
         self.save_analysis()
-        if self._oom is not None:
-            with contextlib.suppress(Exception):
-                self._oom.stop()
-        if self._sampler is not None:
-            self._sampler.close()  # closes the sinks (never started, so it takes no extra sample)
+        opened.close()
 
     def note_strategy(self, model: Any = None, args: Any = None) -> RunStrategy | None:
         """Record which way the run is spread over its GPUs (FSDP / ZeRO / DDP, from the model's wrapping, the
@@ -300,10 +262,11 @@ class MemoryMonitor:
         Never raises: the analysis must not hide the training's own outcome.
         """
         try:
-            self.update_analysis()
-            if self.log_path is None or self.last_analysis is None:
+            result = self.update_analysis()
+            if self.log_path is None:
                 return None
-            return write_json_beside(self.log_path, ANALYSIS_SUFFIX, self.last_analysis)
+            # The JSON edge of the live analysis: the one place the typed result becomes a dict.
+            return write_json_beside(self.log_path, ANALYSIS_SUFFIX, result.to_json())
         except Exception as exc:
             log.warning("vramscope: the analysis failed: %s", exc)
             return None
@@ -339,9 +302,6 @@ class MemoryMonitor:
             log.warning("vramscope: the memory breakdown was not saved: %s", exc)
             return None
 
-    def _start_oom_recorder(self) -> None:
-        self._oom = start_oom_recorder(self.oom_snapshot, self.log_path, self.rank, self.oom_context)
-
     # -- what the training loop calls ------------------------------------------------------------
     @property
     def closed(self) -> bool:
@@ -374,34 +334,37 @@ class MemoryMonitor:
             The logged sample, or None when this step is not logged.
         """
         self._window.step_done(step, tokens)
-        if step % self.every_n_steps:
+        if step % self._every_n_steps:
             return None
         sample = self._log_row(step=step, phase=self.current_phase)
-        if sample is not None and self.gather:
+        if sample is not None and self._gathering:
             self._gather_ranks(sample)
         return sample
 
     def _gather_ranks(self, sample: Sample) -> None:
         """Send this rank's row to rank 0, which logs the others' rows after its own."""
-        if self._gatherer is None:
+        opened = self._open
+        if opened is None:
+            return
+        if opened.gatherer is None:
             # Set up at the first logged step rather than in start(): a process group initialised
             # after the monitor started is still found, and every rank decides at the same step.
-            self._gatherer = RankGather.create()
-            if self._gatherer is None:
+            opened.gatherer = RankGather.create()
+            if opened.gatherer is None:
                 return
-        if self._gatherer.world == 1 or self._sampler is None:
+        if opened.gatherer.world == 1:
             return
         try:
-            others = self._gatherer.exchange(sample, self.rank)
+            others = opened.gatherer.exchange(sample, self.rank)
         except Exception as exc:
             # A failed collective means a broken process group: training fails on its own; the
             # monitor only stops gathering instead of raising a second error from inside step().
             log.warning("vramscope: gathering the ranks' memory failed, rank 0's log keeps its own rows: %s", exc)
-            self.gather = False
+            self._gathering = False
             return
         for other in others:
             self.rank_rows[int(str(other.extra["rank"]))] = other
-            self._sampler.emit(other)
+            opened.sampler.emit(other)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -500,18 +463,19 @@ class MemoryMonitor:
 
     # -- rows --------------------------------------------------------------------------------------
     def _reset_peak(self) -> None:
-        allocator = self._collector.allocator if self._collector is not None else None
+        allocator = self._open.collector.allocator if self._open is not None else None
         if allocator is not None:
             with contextlib.suppress(Exception):
                 allocator.reset_peaks()
 
     def _log_row(self, step: int | None, phase: str) -> Sample | None:
-        if self._collector is None or self._sampler is None or self._closed:
+        opened = self._open
+        if opened is None or self._closed:
             return None
-        sample = self._collector.collect(step=step, phase=phase, tokens=self._window.tokens,
-                                         extra={"rank": self.rank})
+        sample = opened.collector.collect(step=step, phase=phase, tokens=self._window.tokens,
+                                          extra={"rank": self.rank})
         self._window.logged()
-        self._sampler.emit(sample)
+        opened.sampler.emit(sample)
         self._live.record(sample)
         self._breakdown.observe(sample)
         if step is not None and not self._breakdown.saved_with_states and self._breakdown.has_optimizer_states:
@@ -520,7 +484,7 @@ class MemoryMonitor:
             self.save_breakdown()
         if not self._narrowed and sample.allocator:
             self._narrowed = True
-            self._narrow_nvml(sample)
+            self._narrow_nvml(opened.collector, sample)
         if step is not None and self._pacer.due():
             try:
                 self.update_analysis()
@@ -540,42 +504,52 @@ class MemoryMonitor:
         return self._live.logged
 
     def rows_held(self) -> int:
-        """Rows kept in memory for the analysis (bounded by ``history``)."""
+        """Rows kept in memory for the analysis (bounded by ``settings.history``)."""
         return len(self._live)
 
-    def _narrow_nvml(self, sample: Sample) -> None:
+    def _narrow_nvml(self, collector: Collector, sample: Sample) -> None:
         # Read only the GPUs this process uses, once it uses one: one NVML query per GPU per step
         # adds up on an 8-GPU machine where each rank uses one.
-        if self.gpus is not None or not sample.allocator or self._collector is None:
+        if self._settings.gpus is not None or not sample.allocator:
             return
         uuids = {r.uuid for r in sample.allocator if r.uuid}
         mine = [g.index for g in sample.gpus if g.uuid in uuids]
         if mine and len(mine) < len(sample.gpus):
-            old = self._collector.nvml
-            self._collector.nvml = NvmlBackend(nvml=self._nvml_module, gpus=mine)
+            old = collector.nvml
+            collector.nvml = NvmlBackend(nvml=self._parts.nvml, gpus=mine)
             if old is not None:
                 old.close()
 
     # -- analysis ---------------------------------------------------------------------------------
-    def analysis(self) -> dict[str, Any]:
-        """The same dict as :func:`vramscope.analysis.summary.analyze` over the rows logged so far."""
+    def analysis_result(self) -> AnalysisResult:
+        """The analysis of the rows logged so far, typed (:func:`vramscope.analysis.summary.analyze_columns`)."""
+        settings = self._settings
         columns, has_gpu, system_total = self._live.columns()
-        capacity = self.capacity_bytes if self.capacity_bytes is not None else (None if has_gpu else system_total)
-        return analyze_columns(columns, capacity_bytes=capacity, max_batch_tokens=self.max_batch_tokens,
-                               config=self.leak_config).to_json()
+        capacity = settings.capacity_bytes if settings.capacity_bytes is not None else (
+            None if has_gpu else system_total)
+        return analyze_columns(columns, capacity_bytes=capacity, max_batch_tokens=settings.max_batch_tokens,
+                               config=settings.leak_config)
 
-    def update_analysis(self) -> dict[str, Any]:
-        """Analyse now: update :attr:`last_analysis`, Prometheus, and the warnings."""
-        result = self.analysis()
-        self.last_analysis = result
-        for exporter in self._exporters:
-            export_analysis(exporter, result)
-        self._raise_warnings(result)
+    def analysis(self) -> dict[str, Any]:
+        """The same dict as :func:`vramscope.analysis.summary.analyze` over the rows logged so far (the JSON of
+        :meth:`analysis_result`)."""
+        return self.analysis_result().to_json()
+
+    @property
+    def last_analysis(self) -> dict[str, Any] | None:
+        """The JSON of :attr:`last_result` (the latest live analysis); None before the first one."""
+        return None if self.last_result is None else self.last_result.to_json()
+
+    def update_analysis(self) -> AnalysisResult:
+        """Analyse now: update :attr:`last_result`, the exporters' leak and forecast series, and the warnings."""
+        result = self.analysis_result()
+        self.last_result = result
+        opened = self._open
+        if opened is not None:
+            for exporter in opened.exporters:
+                export_analysis(exporter, result)
+            raise_warnings(opened.alerts, result, self._window.last_step, self._settings.total_steps)
         return result
-
-    def _raise_warnings(self, result: dict[str, Any]) -> None:
-        if self.alerts is not None:
-            raise_warnings(self.alerts, result, self._window.last_step, self.total_steps)
 
     # -- figures for trainers' loggers --------------------------------------------------------------
     def figures(self, reset: bool = True) -> dict[str, float]:
@@ -584,7 +558,7 @@ class MemoryMonitor:
         Only known values are returned (missing means absent, not 0).
         """
         sample, peak = self._live.figures(reset)
-        return trainer_figures(sample, peak, self.last_analysis)
+        return trainer_figures(sample, peak, self.last_result)
 
 
 __all__ = ["MemoryMonitor"]

@@ -27,6 +27,19 @@ class ThisProcess(HostBackend):
     def tree_pids(self) -> frozenset[int]:
         return frozenset({self.root_pid})
 
+    def tree_rss_bytes(self, pids: frozenset[int] | None = None) -> int | None:
+        # The one process is this one, for the monitor's whole life: its handle is kept, where a handle made
+        # per row (the tree's way: a pid may be reused) reads /proc/<pid>/stat again for its identity.
+        if pids is not None and pids != {self.root_pid}:
+            return super().tree_rss_bytes(pids)
+        root = self._root_process()
+        if root is None:
+            return None
+        try:
+            return int(root.memory_info().rss)
+        except Exception:  # psutil's errors, as the tree's reading takes them: unknown
+            return None
+
 
 def allocator_backend(reset_peak: bool) -> Any | None:
     """The torch allocator backend when this process can use CUDA, else None (host memory only)."""

@@ -1,0 +1,93 @@
+"""The evaluation beside the training step's allocator pool (planner/pool.py): which of its wider tensors the
+blocks the step left cached hold, and which open segments of their own. The figures are the H200's (issue 28,
+bench/results/whole-run/logs-call*.tar.gz: reserved after the first evaluation minus reserved before it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vramscope.planner import resolve_model
+from vramscope.planner.phases import RunPhases, plan_run
+from vramscope.planner.pool import eval_loop_segments, new_segments, segment_bytes
+from vramscope.recipe import QLoraSpec
+from vramscope.units import MIB
+
+# config.json fields of the three architectures as the probe read them inside the runs
+LLAMA31_8B: dict[str, Any] = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                              "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False}
+QWEN25_7B: dict[str, Any] = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+                             "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                             "vocab_size": 152064, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                             "sliding_window": 131072, "use_sliding_window": False}
+PHI3_MINI: dict[str, Any] = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+                             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                             "vocab_size": 32064, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+                             "sliding_window": 2047}
+TRL = QLoraSpec(framework="trl", lora_r=16, lora_alpha=32, lora_dropout=0.05, lora_targets=("q_proj", "v_proj"),
+                optim="adamw_torch", gradient_checkpointing=True)
+HF = QLoraSpec(framework="hf", lora_r=64, lora_dropout=0.05, gradient_checkpointing=True)
+
+
+def _growth(config: dict[str, Any], spec: QLoraSpec, batch: int, seq: int, run: RunPhases) -> int:
+    p = plan_run(resolve_model(config)[1], spec, batch, seq, run=run)
+    return p.phases["eval"].peak_reserved_bytes - p.phases["train"].peak_reserved_bytes
+
+
+def test_best_fit_takes_the_smallest_block_that_holds_a_tensor_and_opens_a_segment_otherwise() -> None:
+    pool = [128 * MIB, 112 * MIB]
+    assert new_segments(pool, [[112 * MIB, 112 * MIB]]) == 0  # 112 -> 112, 112 -> 128
+    assert new_segments(pool, [[112 * MIB] * 3]) == 112 * MIB
+    # a segment opened in one moment is cached for the next: the second moment needs nothing new
+    assert new_segments(pool, [[256 * MIB], [200 * MIB]]) == 256 * MIB
+    assert new_segments([], [[5 * MIB]]) == 0  # small requests: the small pool, not counted
+    assert segment_bytes(11 * MIB + 1) == 12 * MIB
+
+
+def test_logits_kept_for_compute_metrics_are_concatenated_into_ever_larger_segments() -> None:
+    block = 1002 * MIB
+    # the step's loss needs two fp32 blocks; one fits the pool, one is new (HF Llama-3.1-8B, 4 x 512 eval)
+    loss = [[block, block]]
+    # 4 eval batches: 1 for the loss, 1 more for the returned logits held by the container, then the
+    # concatenations of 2, 3 and 4 batches: 11 blocks in all (the H200: +11022 MiB)
+    assert eval_loop_segments([block], loss, block, 4) == 11 * block
+    assert eval_loop_segments([block], loss, 0, 4) == block  # loss only: every step is the same
+    # moved to the host every 2 batches: the 2-batch container is the largest segment ever needed
+    assert eval_loop_segments([block], loss, block, 100, accumulate_every=2) < eval_loop_segments(
+        [block], loss, block, 4)
+    # a long eval set without host moves: the k-th concatenation opens k batches while the GPU has room; past
+    # the replayed steps the allocator's release of its cached blocks bounds reserved, not their sum
+    assert eval_loop_segments([block], loss, block, 8) == eval_loop_segments([block], loss, block, 7) + 8 * block
+    assert eval_loop_segments([block], loss, block, 10**6) == eval_loop_segments([block], loss, block, 8)
+
+
+@pytest.mark.parametrize(("config", "spec", "measured_mib"), [
+    # TRL's fused head: the [4096, 32768] bf16 tile is twice the step's (2 x 1024 rows); Llama's [4096, 14336]
+    # MLP intermediates fit the step's dequantized-weight blocks, so the tile is all (H200: +256 MiB)
+    (LLAMA31_8B, TRL, 256),
+    # Qwen2.5's [4096, 18944] intermediates (148 MiB) exceed every block of the step: act(gate), up and their
+    # product open three, plus the tile (H200: +700 MiB)
+    (QWEN25_7B, TRL, 700),
+    # Phi-3's LoRA'd fused gate_up: the base result's clone, the adapter's output and their sum (128 MiB each)
+    # beside one tile-sized block of the step: two new, plus the tile (H200: +512 MiB)
+    (PHI3_MINI, TRL.with_(lora_targets=("qkv_proj", "o_proj", "gate_up_proj", "down_proj")), 512),
+])
+def test_trls_wider_evaluation_opens_the_segments_the_h200_reserved(config: dict[str, Any], spec: QLoraSpec,
+                                                                    measured_mib: int) -> None:
+    growth = _growth(config, spec, 2, 1024, RunPhases(eval_batch=4, eval_examples=8))
+    assert growth == measured_mib * MIB
+
+
+def test_hf_argmax_eval_finds_one_fp32_block_in_autocasts_half_lm_head() -> None:
+    # HF recipe (fp32 lm_head under bf16 autocast), 2 x 512 step, 4 x 512 eval: the loss's fp32 upcast of the
+    # [2048, 128256] logits (1002 MiB) fits the block the step's half copy of lm_head ([128256, 4096] bf16)
+    # left; its log-softmax opens the one segment (H200: +1002 MiB; the plan before said two)
+    run = RunPhases(eval_batch=4, eval_examples=16, eval_logits="argmax")
+    assert _growth(LLAMA31_8B, HF, 2, 512, run) == segment_bytes(4 * 2048 * 128256)
+
+
+def test_an_evaluation_no_wider_than_the_step_fits_its_pool() -> None:
+    for config, spec in ((LLAMA31_8B, TRL), (QWEN25_7B, TRL), (LLAMA31_8B, HF)):
+        assert _growth(config, spec, 4, 1024, RunPhases(eval_batch=4)) == 0
