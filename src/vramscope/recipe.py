@@ -9,13 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-# The training programs whose memory differs for the same model and shapes (see docs/planner.md):
-# ``hf``   HF Trainer with peft's prepare_model_for_kbit_training (everything not 4-bit in fp32),
-# ``qlora`` qlora.py with --bf16: the same, then LoRA, embeddings and lm_head cast back to bf16,
-# ``unsloth`` TRL's trainer under Unsloth, its checkpoints offloaded to the host,
-# ``trl``  TRL's SFTTrainer with its defaults (no kbit preparation: norms, embeddings, lm_head stay 16-bit),
-# ``loop`` a hand-written loop that keeps the model output (logits) until the next step,
-# ``loop-loss`` a hand-written loop that keeps only ``.loss`` (vramscope's own measurement and DDP steps).
+# The training frameworks are vramscope.planner.frameworks' table (one module each: hf, trl, qlora, unsloth,
+# loop, loop-loss; docs/planner.md); a recipe names one by its name. These are the built-in names, for the
+# imports that read them from here; a framework registered there needs nothing here.
 FRAMEWORKS = ("hf", "trl", "qlora", "unsloth", "loop", "loop-loss")
 
 OPTIMIZERS = ("paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "sgd")
@@ -37,7 +33,7 @@ class QLoraSpec:
     attn: str = "sdpa"  # or "eager", "flash_attention_2"
     optim: str = "paged_adamw_32bit"
     learning_rate: float = 2e-4
-    framework: str = "hf"  # one of FRAMEWORKS
+    framework: str = "hf"  # a name in vramscope.planner.frameworks.FRAMEWORK_TABLE
 
     def with_(self, **changes: Any) -> QLoraSpec:
         return replace(self, **changes)

@@ -30,11 +30,12 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 def read_dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
     """(the dataset's lengths, None), or (None, the one line saying why it could not be read)."""
     from vramscope.dataset import DatasetError, dataset_plan_input
+    from vramscope.planner.frameworks import framework_named
 
     model = args.config if getattr(args, "config", None) else getattr(args, "model", None)
     try:
         named = getattr(args, "trainer", None)  # --trainer dpo/grpo (the whole run's flags), else the framework's
-        trainer = named if named in ("dpo", "grpo") else args.framework
+        trainer = named if named in ("dpo", "grpo") else framework_named(args.framework).dataset_trainer
         return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
                                   args.seq_len, args.packing, args.padding_free, args.batch_size,
                                   args.group_by_length, split=args.dataset_split, model=model), None

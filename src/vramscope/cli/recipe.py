@@ -7,7 +7,8 @@ import argparse
 from collections.abc import Sequence
 
 from vramscope.cli.common import plain_number, positive_int, shown
-from vramscope.recipe import FRAMEWORKS, OPTIMIZERS, QLoraSpec
+from vramscope.planner.frameworks import FRAMEWORKS, framework_help
+from vramscope.recipe import OPTIMIZERS, QLoraSpec
 
 
 def _dropout(text: str) -> float:
@@ -55,12 +56,9 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, optimizers: Sequence[s
 
 
 def add_framework_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--framework {hf,trl,loop}``: the training program, which decides dtypes, logits and kept outputs."""
-    parser.add_argument("--framework", choices=FRAMEWORKS, default=QLoraSpec().framework,
-                        help="the training program: hf (HF Trainer + prepare_model_for_kbit_training, the qlora.py "
-                             "recipe), trl (TRL's SFTTrainer defaults), loop (a hand-written loop that keeps the "
-                             "model output until the next step), loop-loss (one that keeps only its .loss) "
-                             "(default hf)")
+    """``--framework``: the training program, which decides dtypes, logits and kept outputs (the choices are the
+    planner's table of frameworks as it is when the parser is built)."""
+    parser.add_argument("--framework", choices=FRAMEWORKS, default=QLoraSpec().framework, help=framework_help())
 
 
 def spec_from_args(args: argparse.Namespace) -> QLoraSpec:

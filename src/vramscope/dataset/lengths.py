@@ -133,10 +133,10 @@ def dataset_plan_input(
 def _trainer(name: str | None) -> Trainer | None:
     if name is None:
         return None
-    word = {"trl": "sft", "unsloth": "sft", "qlora": "hf", "loop": "hf", "loop-loss": "hf"}.get(name, name)
-    if word not in TRAINERS:
+    # a framework's name becomes its trainer's word where the plan asks (Framework.dataset_trainer)
+    if name not in TRAINERS:
         raise DatasetError(f"unknown trainer {name!r}; choose one of {', '.join(TRAINERS)}")
-    return word  # type: ignore[return-value]
+    return name  # type: ignore[return-value]
 
 
 def _pick(rows: Rows, layout: Layout, limit: int, seed: int) -> tuple[np.ndarray | None, np.ndarray | None, bool]:

@@ -12,14 +12,21 @@ from typing import Any
 
 from vramscope.planner import gpus, hub_cache, registry
 from vramscope.planner.errors import PlanInputError, UnknownModelError
-from vramscope.planner.frameworks import FRAMEWORK_TABLE, Framework, component_notes, framework_for
+from vramscope.planner.frameworks import (
+    FRAMEWORK_TABLE,
+    TRL_TRAINERS,
+    Framework,
+    component_notes,
+    framework_for,
+    style_named,
+)
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
 from vramscope.planner.phase_advice import phase_reason, phase_recommendations
 from vramscope.planner.phases import RunPhases, RunPlan, plan_run
 from vramscope.planner.recommendation import Recommendation as Recommendation  # re-exported: its old home
 from vramscope.planner.search import largest_fitting
-from vramscope.planner.settings import STYLES, offered, written_as
+from vramscope.planner.settings import offered, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MAX_BYTES
@@ -224,9 +231,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
     base = current.device_bytes
     deficit = peak - capacity if capacity is not None else None
     fw = framework_for(spec)
-    # qlora.py takes HF TrainingArguments flags
-    style = style or ("loop" if spec.framework.startswith("loop") else "hf" if spec.framework == "qlora"
-                      else spec.framework)
+    style = style or fw.style  # qlora.py takes HF TrainingArguments flags: its framework's style is hf
 
     def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
             framework: Framework | None = None) -> None:
@@ -298,20 +303,26 @@ def _framework_recommendations(add: Any, spec: QLoraSpec, fw: Framework, batch: 
             "drop the model output before backward (keep only `loss`; the logits"
             + (" and the KV cache" if not spec.gradient_checkpointing and fw.keeps_kv_cache else "")
             + " otherwise live until the next forward returns): saves {saving:.2f} GiB",
-            {"keep_output": False}, FRAMEWORK_TABLE["loop-loss"])
+            {"keep_output": False}, _output_dropped(fw))
     if fw.keeps_kv_cache and not spec.gradient_checkpointing:
         add("use_cache", spec, batch, seq,
             "pass `use_cache=False` to the forward (without checkpointing, train mode still builds the KV "
             "cache and `out` keeps it): saves {saving:.2f} GiB", {"use_cache": False},
             replace(fw, keeps_kv_cache=False))
-    if fw.name == "trl" and spec.compute_dtype == "fp32":
-        add("model_dtype", spec.with_(compute_dtype="bf16"), batch, seq,
-            "load the model in bf16 (trl.scripts.sft's default float32 keeps embeddings, norms and lm_head in fp32 "
-            "and dequantizes to fp32): saves {saving:.2f} GiB", {"dtype": "bfloat16"})
-    if fw.name not in ("trl", "unsloth") and spec.bits in (4, 8):
-        add("framework", spec.with_(framework="trl"), batch, seq,
-            "train with TRL's SFTTrainer (TRL keeps LoRA in bf16, skips the fp32 upcast and never builds the "
-            "batch x sequence x vocabulary logits): saves {saving:.2f} GiB", {"framework": "trl"})
+    if fw.dtype_advice and spec.compute_dtype == "fp32":
+        add("model_dtype", spec.with_(compute_dtype="bf16"), batch, seq, fw.dtype_advice, {"dtype": "bfloat16"})
+    if fw.switch_to is not None and spec.bits in (4, 8):
+        target = FRAMEWORK_TABLE[fw.switch_to]
+        add("framework", spec.with_(framework=target.name), batch, seq, target.switch_advice,
+            {"framework": target.name})
+
+
+def _output_dropped(fw: Framework) -> Framework:
+    """What ``fw`` becomes when its step keeps only the loss: the framework it names (a loop: ``loop-loss``, with
+    its own allocator constants), else itself with the output dropped."""
+    if fw.output_dropped is not None:
+        return FRAMEWORK_TABLE[fw.output_dropped]
+    return replace(fw, logits="dropped", keeps_kv_cache=False)
 
 
 def recommend(
@@ -357,8 +368,8 @@ def recommend(
         cap = _positive("capacity", capacity_bytes, MAX_BYTES)
     current = estimate(shape, spec, batch_size, seq_len, hw)
     peak = current.device_bytes if peak_bytes is None else _positive("peak", peak_bytes, MAX_BYTES)
-    if style is not None and style not in STYLES:
-        raise PlanInputError(f"unknown settings style {style!r}; choose one of {', '.join(STYLES)}")
+    if style is not None:
+        style_named(style)  # an unknown style is refused, naming the known ones
     grad_accum = _positive("gradient accumulation", grad_accum, MAX_COUNT)
     return _recommendations(shape, spec, batch_size, seq_len, hw, current, peak, cap, style, grad_accum)
 
@@ -427,11 +438,11 @@ def plan(
         spec = spec.with_(compute_dtype="fp16")
         notes.append(f"{gpus.get_gpu(gpu).name} has no bf16 arithmetic (before Ampere): planned in fp16, as runs "
                      "there train (--fp16 / fp16=True; bf16=True is refused or emulated, slowly)")
-    if run.trainer != "sft" and spec.framework != "trl":
+    if run.trainer != "sft" and spec.framework != TRL_TRAINERS.name:
         # DPO, GRPO, KTO and the reward trainer are TRL's: its dtypes (no kbit preparation, bf16 adapters) and
         # its fused LM head, whatever framework the recipe named
         notes.append(f"trainer {run.trainer} is TRL's: planned with TRL's dtypes and fused LM head")
-        spec = spec.with_(framework="trl")
+        spec = spec.with_(framework=TRL_TRAINERS.name)
     whole = plan_run(shape, spec, batch_size, seq_len, hw, run)
     top = whole.peak
     step_rows, step_len = whole.phases["train"].rows, whole.phases["train"].seq
@@ -444,11 +455,10 @@ def plan(
                      "host under memory pressure")
     if shape.max_positions is not None and seq_len > shape.max_positions:
         notes.append(f"sequence length {seq_len} exceeds the model's max_position_embeddings {shape.max_positions}")
-    if (spec.framework == "trl" and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command
+    defaults_note = framework_for(spec).defaults_note
+    if (defaults_note and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command
             and run.trainer == "sft"):
-        notes.append("trl.scripts.sft loads the model in float32 unless given --dtype bfloat16: plan its defaults "
-                     "with --compute-dtype fp32 (and --no-double-quant --lora-r 16 --lora-alpha 32 "
-                     "--lora-targets q_proj,v_proj --optim adamw_torch_fused)")
+        notes.append(defaults_note)
     warnings = moe_warnings(shape, spec, whole.train)
     if cap is None:
         notes.append(_cards_note(top.device_bytes))
@@ -535,7 +545,7 @@ def _cannot_fit(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
     """Why the plan does not fit and what would: more GPUs, offload, a smaller model or fewer bits first; the
     usual recommendations only when the weights leave room for them to matter."""
     why = explain(shape, spec, batch, seq, hw, est, cap, name, grad_accum)
-    style = style or ("loop" if spec.framework.startswith("loop") else spec.framework)
+    style = style or framework_for(spec).style
     ways = [replace(a, how=written_as(a.change, style)) for a in why.alternatives]
     if why.replaces_others:
         return why.reason, ways

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-# Where a change goes, by style: the HF/TRL argument dataclass, axolotl's YAML, or a loop's own code.
-STYLES = ("hf", "trl", "loop", "axolotl")
+from vramscope.planner.frameworks.registry import (
+    FRAMEWORK_TABLE,
+    STYLES,
+    framework_named,
+    style_named,
+    style_of_program,
+)
 
-_CONFIG = {"hf": "TrainingArguments", "trl": "SFTConfig"}
+__all__ = ["STYLES", "offered", "style_of", "written_as"]
+
 # Neutral keys that are fields of TrainingArguments / SFTConfig under the same name.
 _TRAINER_KEYS = ("learning_rate", "max_grad_norm", "bf16", "fp16")
-_FRAMEWORK_LINES = {
-    "trl": "trl.SFTTrainer(model, args=SFTConfig(...), peft_config=LoraConfig(...)) with the same quantization and "
-           "LoRA settings",
-    "hf": "transformers.Trainer with prepare_model_for_kbit_training",
-}
 
 
 def _py(value: Any) -> str:
@@ -36,27 +37,25 @@ def _yaml(value: Any) -> str:
 
 def style_of(program: str | None, framework: str) -> str:
     """Whose keys a plan's advice is written in, for a command read by :mod:`vramscope.commands` (its ``program``:
-    ``trl``, ``qlora``, ``hf``, ``axolotl``) under ``framework``: an axolotl user gets axolotl's YAML keys, a
-    loop its code, TRL's script its ``SFTConfig`` fields, the rest HF's ``TrainingArguments``."""
-    if program == "axolotl":
-        return "axolotl"
-    if framework.startswith("loop"):
-        return "loop"
-    return "trl" if framework == "trl" or program == "trl" else "hf"
-
-
-# Changes a style has no setting for: axolotl builds its own trainer (no "switch to TRL's SFTTrainer") and
-# its model and loop (no forward arguments to pass, no output to drop).
-_NOT_OFFERED = {"axolotl": frozenset({"framework", "keep_output", "use_cache"})}
+    ``trl``, ``qlora``, ``hf``, ``axolotl``) under ``framework``: the style that claims the program
+    (``Style.programs``: an axolotl user gets axolotl's YAML keys, TRL's script its ``SFTConfig`` fields), else the
+    framework's own (a loop its code, the rest HF's ``TrainingArguments``)."""
+    claimed = style_of_program(program)
+    if claimed is not None:
+        return claimed.name
+    return framework_named(framework).style
 
 
 def offered(change: dict[str, Any], style: str | None) -> bool:
-    """Whether a change can be said in ``style``'s own keys at all (a change that cannot is not advice there)."""
-    return not (_NOT_OFFERED.get(style or "", frozenset()) & change.keys())
+    """Whether a change can be said in ``style``'s own keys at all (a change that cannot is not advice there):
+    axolotl builds its own trainer (no "switch to TRL's SFTTrainer"), model and loop (no forward arguments to
+    pass, no output to drop)."""
+    return style is None or not (style_named(style).not_offered & change.keys())
 
 
 def written_as(change: dict[str, Any], style: str) -> str:
     """``change`` as the user writes it in ``style`` (one of :data:`STYLES`); ``;``-separated when several."""
+    how = style_named(style)
     parts: list[str] = []
     trainer: dict[str, Any] = {}
     lora: dict[str, Any] = {}
@@ -76,9 +75,10 @@ def written_as(change: dict[str, Any], style: str) -> str:
         elif key == "lora_targets":
             lora["target_modules"] = list(value)
         elif key == "framework":
-            parts.append(_FRAMEWORK_LINES.get(str(value), f"use {value}"))
+            target = FRAMEWORK_TABLE.get(str(value))
+            parts.append(target.switch_line if target is not None and target.switch_line else f"use {value}")
         elif key == "dtype":
-            parts.append(f"--dtype {value}" if style == "trl" else f"from_pretrained(..., dtype={value!r})")
+            parts.append(f"--dtype {value}" if how.dtype_flag else f"from_pretrained(..., dtype={value!r})")
         elif key == "keep_output":
             parts.append(_loop_line("keep_output", value))
         elif key == "use_cache":
@@ -86,22 +86,19 @@ def written_as(change: dict[str, Any], style: str) -> str:
         elif key in _TRAINER_KEYS:
             trainer[key] = value
         # other keys (gpus, strategy, offload, model: a plan's cannot-fit alternatives) have no one setting
-    if style == "axolotl":
-        names = {"per_device_train_batch_size": "micro_batch_size", "optim": "optimizer", "max_length": "sequence_len"}
-        parts += [f"{names.get(k, k)}: {_yaml(v)}" for k, v in trainer.items()]
-        lora_names = {"r": "lora_r", "target_modules": "lora_target_modules"}
-        parts += [f"{lora_names[k]}: {_yaml(v)}" for k, v in lora.items()]
-    elif style == "loop":
+    if how.form == "yaml":
+        names = dict(how.renamed)
+        parts += [f"{names.get(k, k)}: {_yaml(v)}" for k, v in (*trainer.items(), *lora.items())]
+    elif how.form == "code":
         parts += [_loop_line(k, v) for k, v in trainer.items()]
         if lora:
             parts.append("LoraConfig(" + ", ".join(f"{k}={_py(v)}" for k, v in lora.items()) + ")")
     else:
-        if "max_length" in trainer and style == "hf":
+        if "max_length" in trainer and not how.length_field:
             # HF Trainer has no length field: the tokenizer's truncation decides
             parts.append(f"tokenizer(..., truncation=True, max_length={trainer.pop('max_length')})")
         if trainer:
-            parts.append(f"{_CONFIG.get(style, 'TrainingArguments')}("
-                         + ", ".join(f"{k}={_py(v)}" for k, v in trainer.items()) + ")")
+            parts.append(f"{how.config}(" + ", ".join(f"{k}={_py(v)}" for k, v in trainer.items()) + ")")
         if lora:
             parts.append("LoraConfig(" + ", ".join(f"{k}={_py(v)}" for k, v in lora.items()) + ")")
     return "; ".join(parts)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vramscope.planner.api import ModelRef, resolve_model
+from vramscope.planner.frameworks import framework_for
 from vramscope.planner.memory import Breakdown, Hardware, estimate
 from vramscope.planner.registry import get_config
 from vramscope.recipe import QLoraSpec
@@ -104,7 +105,7 @@ def measure(model_dir: str, spec: QLoraSpec, vocab: int, shapes: Sequence[tuple[
     from vramscope.tune.qlora import Trainer, load_model, make_optimizer
 
     model = load_model(model_dir, spec)
-    if spec.gradient_checkpointing and spec.framework in ("loop", "loop-loss"):
+    if spec.gradient_checkpointing and framework_for(spec).reentrant:
         # As the H200 measurements ran: reentrant checkpointing, asked for explicitly (peft passes no kwargs,
         # and torch warns, or in later versions refuses, when use_reentrant is left unset).
         model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})

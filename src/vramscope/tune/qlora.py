@@ -17,19 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramscope.planner.frameworks import framework_for
 from vramscope.recipe import OPTIMIZERS, QLoraSpec
 
 __all__ = ["OPTIMIZERS", "QLoraSpec", "build_trainer", "load_model", "make_optimizer", "write_random_checkpoint"]
 
-
-
-# The planner's frameworks that run the step the way another one does here: qlora.py is an HF Trainer script (its
-# bf16 casts are made at load), Unsloth a TRL SFTTrainer (its offloaded checkpoints are host memory, not a step).
-RUNS_AS = {"qlora": "hf", "unsloth": "trl"}
-
-
-def runs_as(framework: str) -> str:
-    return RUNS_AS.get(framework, framework)
 
 def require(*modules: str, extra: str = "hf") -> None:
     """Raise an ImportError that names the install command when an optional library is missing."""
@@ -98,19 +90,22 @@ def load_model(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: str |
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if not quantized and cuda:
         model = model.to(device or "cuda")
-    trl = runs_as(spec.framework) == "trl"
-    if quantized and not trl:
+    # How the framework builds its model (planner.frameworks' Build): qlora.py is an HF Trainer script whose bf16
+    # casts are made at load, Unsloth a TRL SFTTrainer (its offloaded checkpoints are host memory, not a step).
+    fw = framework_for(spec)
+    if quantized and fw.build.peft_kbit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing)
-        if spec.framework == "qlora" and spec.compute_dtype != "fp32":
+        if fw.build.casts_back and spec.compute_dtype != "fp32":
             # qlora.py with --bf16 casts LoRA, embed_tokens and lm_head back to bf16 after the preparation
             for name, module in model.named_modules():
                 if "lora_" in name or name.endswith(("embed_tokens", "lm_head")):
                     module.to(torch_dtype(spec.compute_dtype))
     elif spec.gradient_checkpointing:
-        # TRL (through HF Trainer) enables non-reentrant checkpointing and input gradients, and no kbit preparation
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": not trl})
+        # TRL (through HF Trainer) enables non-reentrant checkpointing and input gradients, and no kbit preparation;
+        # peft's way leaves torch's default (reentrant)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": fw.build.peft_kbit})
         model.enable_input_require_grads()
-    if trl:
+    if fw.logits == "chunked":
         require("trl", extra="trl")
         from trl.trainer.utils import add_fused_lm_head
 
@@ -126,7 +121,7 @@ def load_model(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: str |
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)
-    if trl and quantized:
+    if quantized and not fw.build.peft_kbit and fw.adapters_half:
         # SFTTrainer casts the adapters of a quantized model to bf16 (the QLoRA paper's choice)
         for param in model.parameters():
             if param.requires_grad:
@@ -185,22 +180,24 @@ class Trainer:
         return ids.to(self.device) if self.device is not None else ids
 
     def step(self, batch_size: int, seq_len: int) -> float:
-        """One step the way ``spec.framework`` runs it: ``hf`` and ``trl`` under the compute dtype's autocast
-        (HF Trainer's bf16 mixed precision) with the output dropped before backward (``trl`` through its fused
-        LM head), ``loop`` keeping the whole output until the next step's forward has returned."""
+        """One step the way ``spec.framework`` runs it: the HF Trainer's (``hf``, ``trl``, ``qlora``, ``unsloth``)
+        under the compute dtype's autocast (bf16 mixed precision) with the output dropped before backward
+        (through TRL's fused LM head where the framework's logits are ``chunked``), a ``loop`` keeping the whole
+        output until the next step's forward has returned."""
         import torch
 
+        spec = self.spec or QLoraSpec()
+        fw = framework_for(spec)
         ids = self.batch(batch_size, seq_len)
-        framework = runs_as(self.spec.framework if self.spec is not None else "hf")
-        autocast = framework in ("hf", "trl") and ids.is_cuda
-        dtype = torch_dtype(self.spec.compute_dtype if self.spec is not None else "bf16")
+        autocast = fw.autocast and ids.is_cuda
+        dtype = torch_dtype(spec.compute_dtype)
         with torch.autocast("cuda", dtype=dtype if dtype != torch.float32 else torch.bfloat16, enabled=autocast):
-            if framework == "trl":
+            if fw.logits == "chunked":
                 out = self.model(input_ids=ids, labels=ids, fused_lm_head=True, use_cache=False)
             else:
                 out = self.model(input_ids=ids, labels=ids)
         loss = out.loss
-        if framework == "loop":
+        if fw.logits == "kept":
             self._kept = out  # the loop's `out` lives on until the next forward returns
         del out  # HF Trainer's compute_loss keeps only the loss
         loss.backward()

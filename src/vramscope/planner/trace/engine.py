@@ -35,14 +35,14 @@ from torch import nn
 
 from vramscope.planner.api import ModelRef, capacity_of, resolve_model
 from vramscope.planner.errors import PlanInputError
+from vramscope.planner.frameworks import framework_for
+from vramscope.planner.frameworks import traced as traced_frameworks
 from vramscope.planner.memory import Hardware, estimate, validate_spec
 from vramscope.planner.registry import get_config
 from vramscope.planner.trace.autocast import cuda_autocast, outputs_to_fp32
 from vramscope.planner.trace.counter import LiveBytes
 from vramscope.planner.trace.standins import KERNELS_USED, BnbOptimizerStandIn, cuda_kernels, quantize_linears
-from vramscope.recipe import FRAMEWORKS, QLoraSpec
-
-TRACED = ("hf", "trl", "loop", "loop-loss")  # the frameworks whose step the trace runs
+from vramscope.recipe import QLoraSpec
 
 INSTALL = "pip install 'vramscope[hf]'"
 # The breakdown's order (the analytic plan's): what the model holds, then what the step makes.
@@ -239,9 +239,10 @@ def prepare_model(model: Any, spec: QLoraSpec) -> Any:
 def _prepare_as_framework(model: Any, spec: QLoraSpec) -> Any:
     from peft import get_peft_model, prepare_model_for_kbit_training
 
+    fw = framework_for(spec)
     quantized = spec.bits == 4
     ckpt = spec.gradient_checkpointing
-    if spec.framework in ("hf", "loop", "loop-loss"):  # integrations.qlora.load_model, then (hf) the Trainer
+    if fw.build.peft_kbit:  # integrations.qlora.load_model, then (hf) the Trainer
         if quantized:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
         elif ckpt:
@@ -250,24 +251,25 @@ def _prepare_as_framework(model: Any, spec: QLoraSpec) -> Any:
         if ckpt:
             model.config.use_cache = False
         model = get_peft_model(model, _lora_config(spec))
-        if ckpt and spec.framework == "hf":
+        if ckpt and fw.build.trainer:
             _trainer_checkpointing(model)
-        if spec.framework == "hf":
+        if fw.build.trainer:
             # the Trainer's last word in __init__ (transformers 5): config.use_cache = args.use_cache, False by
             # default, so a step without checkpointing builds no KV cache in its forward either
             model.config.use_cache = False
     else:  # trl: SFTTrainer.__init__ (TRL 1.16), then the Trainer's checkpointing
-        from trl.trainer.utils import add_fused_lm_head
-
         model = get_peft_model(model, _lora_config(spec))
         if ckpt:
             model.enable_input_require_grads()
-        if quantized:  # TRL casts the adapters of a quantized model to bf16
+        if quantized and fw.adapters_half:  # TRL casts the adapters of a quantized model to bf16
             for name, p in model.named_parameters():
                 if p.requires_grad and "lora_magnitude_vector" not in name:
                     p.data = p.data.to(torch.bfloat16)
-        add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
-        if ckpt:
+        if fw.logits == "chunked":
+            from trl.trainer.utils import add_fused_lm_head
+
+            add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
+        if ckpt and fw.build.trainer:
             _trainer_checkpointing(model)
     model.train()
     return model
@@ -354,6 +356,7 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
     in (the HF Trainer's ``bf16=True``); ``progress`` hears each phase as it starts. The same code drives the
     trace and the real GPU step of ``bench/trace_vs_real.py``.
     """
+    fw = framework_for(spec)
     params = [p for p in model.parameters() if p.requires_grad]
     hooks: list[Any] = []
     if counter is not None:
@@ -386,15 +389,15 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
                     before_last_step()
             with phase("inputs", "activations"):
                 ids = torch.randint(0, vocab, (batch, seq), device=device)
-                labels = ids if spec.framework in ("loop", "loop-loss") else ids.clone()
+                labels = ids.clone() if fw.build.trainer else ids  # the Trainer's collator copies the ids
             with phase("forward", "activations"):
-                if spec.framework == "trl":
+                if fw.logits == "chunked":  # TRL's fused LM head
                     out = model(input_ids=ids, labels=labels, fused_lm_head=True, use_cache=False)
                     loss = -out.log_probs.sum() / out.label_mask.sum().clamp(min=1)
                     # compute_loss's metrics: entropy and token accuracy over the valid positions
                     metrics = (out.entropy.detach().sum(), out.is_top1.sum(), out.label_mask.sum())
                     del out, metrics
-                elif spec.framework == "loop":
+                elif fw.logits == "kept":  # the loop holds `out` until the next forward returns
                     held = model(input_ids=ids, labels=labels)
                     loss = held.loss
                 elif autocast is not None:  # hf: accelerate's autocast, then its fp32 copies of the outputs
@@ -408,7 +411,7 @@ def run_steps(model: Any, spec: QLoraSpec, batch: int, seq: int, vocab: int, dev
                 loss.backward()
                 del loss
             with phase("optimizer step", "optimizer_states"):
-                if spec.framework in ("hf", "trl"):  # the Trainer clips at max_grad_norm=1.0
+                if fw.build.trainer:  # the Trainer clips at max_grad_norm=1.0
                     torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -475,7 +478,7 @@ def _autocast_for(spec: QLoraSpec) -> Callable[[], AbstractContextManager[Any]] 
     """The HF Trainer's ``bf16=True`` (``fp16=True`` for an fp16 compute dtype): CUDA's autocast on the
     trace's CPU tensors. TRL's step is traced without it (its bf16 model and adapters leave autocast nothing
     to cast but its Triton kernels' inputs, which the trace stands in for); the loops run none."""
-    if spec.framework != "hf":
+    if not framework_for(spec).build.trace_autocast:
         return None
     half = torch.float16 if spec.compute_dtype == "fp16" else torch.bfloat16
     return lambda: cuda_autocast(half)
@@ -506,7 +509,7 @@ def _trace_step(config: Mapping[str, Any], batch_size: int, seq_len: int, spec: 
         gc.collect()
         _label(counter, model, standins)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        ctx = _trl_cuda_logprob() if spec.framework == "trl" else contextlib.nullcontext()
+        ctx = _trl_cuda_logprob() if framework_for(spec).logits == "chunked" else contextlib.nullcontext()
         opt = _optimizer([p for p in model.parameters() if p.requires_grad], spec)
         with ctx, _unpacked_rows():
             run_steps(model, spec, batch_size, seq_len, vocab, device, opt, steps=steps, counter=counter,
@@ -535,12 +538,10 @@ def trace_plan(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec |
     """
     spec = spec or QLoraSpec()
     validate_spec(spec)
-    if spec.framework not in FRAMEWORKS:
-        raise PlanInputError(f"unknown framework {spec.framework!r}; choose one of {', '.join(FRAMEWORKS)}")
-    if spec.framework not in TRACED:
+    if not framework_for(spec).build.traced:  # an unknown framework is refused there, naming the known ones
         # qlora.py's bf16 casts and Unsloth's offloaded checkpoints are not reproduced on fake tensors
-        raise PlanInputError(f"--trace runs {', '.join(TRACED)} steps, not {spec.framework}'s: plan it without "
-                             "--trace (the analytic plan models it)")
+        raise PlanInputError(f"--trace runs {', '.join(traced_frameworks())} steps, not {spec.framework}'s: plan it "
+                             "without --trace (the analytic plan models it)")
     for what, value in (("batch size", batch_size), ("sequence length", seq_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise PlanInputError(f"{what} must be a positive whole number, got {value!r}")

@@ -1,0 +1,22 @@
+"""``qlora``: qlora.py with ``--bf16`` (artidoro/qlora, ``get_accelerate_model``).
+
+``prepare_model_for_kbit_training`` upcasts to fp32, then with ``--bf16`` it casts every LoraLayer,
+``embed_tokens`` and ``lm_head`` back to bf16 (norms stay fp32); ``Seq2SeqTrainer`` is HF Trainer, so autocast,
+the dropped output and HF Trainer's allocator behaviour are hf's, and so are its settings (``TrainingArguments``
+flags).
+"""
+
+from __future__ import annotations
+
+from vramscope.planner.frameworks import hf, trl
+from vramscope.planner.frameworks.record import Build, Framework
+
+FRAMEWORK = Framework(
+    name="qlora", title="qlora.py --bf16 (HF Trainer; LoRA, embeddings and lm_head cast back to bf16 after "
+    "prepare_model_for_kbit_training)", prepares_kbit=False, autocast=True, adapters_half=True,
+    logits="dropped", keeps_kv_cache=False, reentrant=False, fragmentation=(1.718, 0.442, 1.907, 0.468),
+    cuda_context_bytes=758 * 1024**2,
+    build=Build(peft_kbit=True, trainer=True, casts_back=True),
+    style=hf.STYLE.name, summary="qlora.py --bf16: LoRA, embeddings and lm_head back in bf16", programs=("qlora",),
+    switch_to=trl.FRAMEWORK.name,
+)

@@ -1,0 +1,200 @@
+"""A framework is one module in ``planner/frameworks/`` and its line in the registry's table: everything else
+(the memory model, ``--framework`` and ``--settings-style``, the advice's keys, the trace, the real builders of
+``tune`` and ``plan --calibrate``) reads the table. Two checks hold that: a framework registered at run time is
+picked up by each of them, and no module outside the package compares a framework's name with a string."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vramscope.cli import main
+from vramscope.planner.frameworks import (
+    FRAMEWORK_TABLE,
+    FRAMEWORKS,
+    STYLE_TABLE,
+    STYLES,
+    Build,
+    Style,
+    framework_for,
+    register,
+    registered,
+    traced,
+)
+from vramscope.planner.settings import style_of, written_as
+from vramscope.recipe import FRAMEWORKS as BUILT_IN
+from vramscope.recipe import QLoraSpec
+from vramscope.units import MIB
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "vramscope"
+PACKAGE = SRC / "planner" / "frameworks"
+
+# A hand-written loop that keeps only its loss, as loop-loss, on a stack whose CUDA context is larger, with
+# settings of its own (a config dataclass with a length field).
+MINE_STYLE = Style(name="mine", config="MyLoopConfig", length_field=True)
+MINE = replace(FRAMEWORK_TABLE["loop-loss"], name="my-loop", title="my own loop keeping only the loss",
+               cuda_context_bytes=1000 * MIB, build=Build(peft_kbit=True, trainer=False, traced=True),
+               style=MINE_STYLE.name, summary="my own loop", switch_to=None)
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 384, "max_position_embeddings": 256}
+
+
+def _plan_json(capsys: pytest.CaptureFixture[str], framework: str) -> dict[str, object]:
+    code = main(["plan", "--model", "Llama-2-7B", "--batch-size", "2", "--seq-len", "512", "--gpu", "RTX-4090",
+                 "--framework", framework, "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return dict(json.loads(out))
+
+
+def test_the_built_in_frameworks_are_the_table() -> None:
+    assert tuple(FRAMEWORKS) == BUILT_IN == ("hf", "trl", "qlora", "unsloth", "loop", "loop-loss")
+    assert tuple(STYLES) == ("hf", "trl", "loop", "axolotl")
+    assert traced() == ("hf", "trl", "loop", "loop-loss")
+    assert all(FRAMEWORK_TABLE[name].name == name for name in FRAMEWORKS)
+
+
+def test_a_registered_framework_is_planned_from_its_own_record(capsys: pytest.CaptureFixture[str]) -> None:
+    with registered(MINE, MINE_STYLE):
+        assert "my-loop" in FRAMEWORKS and "mine" in STYLES and "my-loop" in traced()
+        ours = _plan_json(capsys, "my-loop")
+        base = _plan_json(capsys, "loop-loss")
+        # the same step as loop-loss but for its larger CUDA context, and the advice in its own keys
+        assert ours["framework"] == "my-loop" and ours["framework_title"] == MINE.title
+        assert ours["peak_allocated_bytes"] == base["peak_allocated_bytes"]
+        assert ours["process_bytes"] == base["process_bytes"] + (1000 - 745) * MIB  # type: ignore[operator]
+        hows = [r["how"] for r in ours["recommendations"]]  # type: ignore[attr-defined]
+        assert any(h.startswith("MyLoopConfig(") for h in hows), hows
+        assert written_as({"batch_size": 2, "seq_len": 256}, "mine") == (
+            "MyLoopConfig(per_device_train_batch_size=2, max_length=256)")
+        assert style_of(None, "my-loop") == "mine" and style_of("axolotl", "my-loop") == "axolotl"
+    assert "my-loop" not in FRAMEWORKS and "mine" not in STYLES  # the table as before
+
+
+def test_a_registered_framework_is_a_choice_of_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    with registered(MINE, MINE_STYLE):
+        with pytest.raises(SystemExit):
+            main(["plan", "--help"])
+        assert "my-loop (my own loop)" in capsys.readouterr().out
+        with pytest.raises(SystemExit):
+            main(["report", "--help"])
+        assert "mine" in capsys.readouterr().out  # --settings-style's choices
+    code = main(["plan", "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "64", "--framework", "my-loop"])
+    assert code == 2 and "my-loop" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_registered_framework_is_traced_and_built_as_its_build_says(tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    from vramscope.planner.trace.engine import trace_plan
+    from vramscope.tune.qlora import build_trainer, write_random_checkpoint
+
+    spec = QLoraSpec(bits=16, lora_r=4, optim="adamw_torch", gradient_checkpointing=False)
+    with registered(MINE, MINE_STYLE):
+        ours = trace_plan(TINY, 2, 32, spec.with_(framework="my-loop"))
+        base = trace_plan(TINY, 2, 32, spec.with_(framework="loop-loss"))
+        assert ours.traced_peak_bytes == base.traced_peak_bytes > 0 and ours.phases == base.phases
+        assert ours.process_bytes - base.process_bytes == (1000 - 745) * MIB
+        # the real step (tune, plan --calibrate): no autocast on a loop, the output dropped after the loss
+        trainer = build_trainer(write_random_checkpoint(TINY, tmp_path / "tiny", dtype="fp32"),
+                                spec.with_(framework="my-loop"), device="cpu")
+        trainer.step(2, 16)
+        assert trainer._kept is None
+
+
+def test_the_table_refuses_a_framework_naming_what_it_has_not() -> None:
+    with pytest.raises(ValueError, match="style 'nowhere'"):
+        register(replace(MINE, style="nowhere"))
+    with pytest.raises(ValueError, match="switch_to 'nothing'"):
+        register(replace(MINE, switch_to="nothing"), MINE_STYLE)
+    STYLE_TABLE.pop(MINE_STYLE.name)
+    with pytest.raises(ValueError, match="registered already"):
+        register(FRAMEWORK_TABLE["hf"])
+    assert "my-loop" not in FRAMEWORKS and "mine" not in STYLES
+    assert framework_for(QLoraSpec()).name == "hf"
+
+
+def test_each_framework_names_command_readers_that_exist() -> None:
+    from vramscope.commands.dispatch import PROGRAMS
+
+    named = {p for fw in FRAMEWORK_TABLE.values() for p in fw.programs}
+    named |= {p for style in STYLE_TABLE.values() for p in style.programs}
+    assert named and named <= set(PROGRAMS), named - set(PROGRAMS)
+
+
+# -- no framework name compared with a string outside the package ----------------------------------------------
+
+def _names_a_framework(node: ast.expr) -> bool:
+    """``spec.framework``, ``args.framework``, ``framework``, ``framework_name``, ``fw.name``, ``framework.name``,
+    or a call of one (``runs_as(spec.framework)``)."""
+    if isinstance(node, ast.Call):
+        return any(_names_a_framework(a) for a in node.args)
+    if isinstance(node, ast.Attribute):
+        if "framework" in node.attr:
+            return True
+        return node.attr == "name" and isinstance(node.value, ast.Name) and node.value.id in ("fw", "framework")
+    return isinstance(node, ast.Name) and "framework" in node.id
+
+
+def _strings(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_strings(e) for e in node.elts)
+
+
+def framework_string_checks(source: str) -> list[str]:
+    """Each place in ``source`` that compares a framework's name with a string literal: ``==``/``in`` a literal,
+    ``startswith``/``endswith`` on it, or a dict literal looked up by it."""
+    tree = ast.parse(source)
+    # the module's dict constants keyed by strings ({"qlora": "hf", ...}), a lookup of which is a chain of ifs
+    tables = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+              and isinstance(node.value, ast.Dict) and node.value.keys and all(_strings(k) for k in node.value.keys
+                                                                               if k is not None)
+              for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+
+    def keyed(table: ast.expr) -> bool:
+        return isinstance(table, ast.Dict) or (isinstance(table, ast.Name) and table.id in tables)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            hit = any(_names_a_framework(o) for o in operands) and any(_strings(o) for o in operands)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target, method = node.func.value, node.func.attr
+            hit = ((method in ("startswith", "endswith") and _names_a_framework(target))
+                   or (method == "get" and keyed(target) and bool(node.args) and _names_a_framework(node.args[0])))
+        else:
+            hit = isinstance(node, ast.Subscript) and keyed(node.value) and _names_a_framework(node.slice)
+        if hit:
+            found.append(f"{getattr(node, 'lineno', 0)}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_scan_sees_the_checks_that_were_there() -> None:
+    # what api.py, trace/engine.py, tune/qlora.py and dataset/lengths.py held before the table
+    for check in ('spec.framework == "trl"', 'fw.name not in ("trl", "unsloth")', 'spec.framework.startswith("loop")',
+                  '{"qlora": "hf", "unsloth": "trl"}.get(framework, framework)', 'framework in ("hf", "trl")',
+                  '{"trl": "sft"}[spec.framework]', 'runs_as(spec.framework) == "trl"',
+                  'RUNS_AS = {"qlora": "hf"}\ndef runs_as(framework):\n    return RUNS_AS.get(framework, framework)'):
+        assert framework_string_checks(check), check
+    for fine in ('parsed.program == "axolotl"', 'fw.logits == "chunked"', 'framework_named(args.framework).style',
+                 'spec.framework != TRL_TRAINERS.name', 'trainer in ("sft", "hf")',
+                 'PROGRAMS = {"trl": 1}\nPROGRAMS[parsed.program]'):
+        assert not framework_string_checks(fine), fine
+
+
+def test_no_module_outside_the_frameworks_compares_a_framework_name_with_a_string() -> None:
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if PACKAGE in path.parents:
+            continue
+        checks = framework_string_checks(path.read_text(encoding="utf-8"))
+        if checks:
+            found[str(path.relative_to(SRC))] = checks
+    assert not found, f"framework names compared with strings (read an attribute of the framework instead): {found}"
