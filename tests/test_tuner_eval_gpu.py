@@ -100,7 +100,8 @@ def test_tune_names_the_evaluation_that_limits_the_batch(tmp_path: Path, script:
     assert parsed.eval.evaluates and parsed.eval.per_device_eval_batch_size == EVAL_ROWS
     result = tune_command(parsed, memory_limit_bytes=8 * GIB, max_trials=4, timeout_s=600)
     out = result.to_dict()
-    assert out["limiting_phase"] in ("train", "eval") and out["limit"]["words"].startswith(f"batch {result.batch_size} fits")
+    assert out["limiting_phase"] in ("train", "eval")
+    assert out["limit"]["words"].startswith(f"batch {result.batch_size} fits")
     peaks = out["phase_peaks"]
     assert peaks["eval"]["logits"] == "kept" and peaks["eval"]["batch_size"] == EVAL_ROWS
     assert peaks["eval"]["peak_reserved_bytes"] is not None and peaks["train"]["peak_reserved_bytes"] is not None
