@@ -11,6 +11,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -207,3 +208,33 @@ def test_the_start_up_hook_loads_the_trial_only_when_asked(tmp_path: Path) -> No
     answers = [subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout.split()
                for env in (monitored, trial)]
     assert answers == [["False"], ["True"]]
+
+
+def test_parameter_counts_see_through_fsdp1_flat_parameters_and_fsdp2_shards() -> None:
+    """What `tune --gpus N` prints as "rank 0 holds X of the model's Y parameters": under FSDP1 the flat parameter
+    is already rank 0's shard, so the model's size comes from the unsharded size it was cut from (on the H200 the
+    FSDP1 rehearsal of a 423.8M-parameter model printed "211.9M of the model's 211.9M"). Real FSDP1 and FSDP2 on
+    torch's fake process group, on the CPU."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from vramscope.tune.command_trial import parameter_counts
+
+    def model() -> Any:
+        return torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 3))  # 143 parameters
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+        fsdp1 = FullyShardedDataParallel(model(), device_id=torch.device("cpu"), use_orig_params=False)
+        total, held = parameter_counts(fsdp1.parameters())
+        assert total == 143 and held == 72  # the flat parameter padded to an even split, rank 0's half
+        fsdp2 = model()
+        fully_shard(fsdp2)
+        total, held = parameter_counts(fsdp2.parameters())
+        assert total == 143 and 0 < held < 143
+        assert parameter_counts(model().parameters()) == (143, 143)
+    finally:
+        dist.destroy_process_group()

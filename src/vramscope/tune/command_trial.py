@@ -236,11 +236,8 @@ def _callback_class() -> type:
             fields: dict[str, Any] = {"status": "training", "cuda": torch.cuda.is_available()}
             if model is not None:
                 model.register_forward_pre_hook(self._seen, with_kwargs=True)
-                # What this rank holds: FSDP2's DTensor parameters count their whole size, their shard is local.
-                params = list(model.parameters())
-                fields.update(model_class=type(model).__name__, parameters=sum(int(p.numel()) for p in params),
-                              parameters_held=sum(int(p.to_local().numel()) if hasattr(p, "to_local")
-                                                  else int(p.numel()) for p in params))
+                total, held = parameter_counts(model.parameters())
+                fields.update(model_class=type(model).__name__, parameters=total, parameters_held=held)
             if torch.cuda.is_available():
                 self._cuda = True
                 device = torch.cuda.current_device()
@@ -370,3 +367,24 @@ def install(trainer_module: Any, environ: dict[str, str] | None = None) -> None:
     trainer_cls.__init__ = __init__
     trainer_cls.train = train
     trainer_cls._vramscope_trial = True
+
+
+def parameter_counts(params: Any) -> tuple[int, int]:
+    """(the model's parameters, of which this rank holds) over ``model.parameters()`` of a wrapped model.
+
+    FSDP2's DTensor parameters count their whole size and hold their local shard; FSDP1's flat parameters are the
+    local shard already, and keep the unsharded size they were cut from (``_unpadded_unsharded_size``)."""
+    total = held = 0
+    for p in params:
+        local = p.to_local() if hasattr(p, "to_local") else p
+        unsharded = getattr(p, "_unpadded_unsharded_size", None)
+        total += _numel(unsharded) if unsharded is not None else int(p.numel())
+        held += int(local.numel())
+    return total, held
+
+
+def _numel(size: Any) -> int:
+    count = 1
+    for n in size:
+        count *= int(n)
+    return count
