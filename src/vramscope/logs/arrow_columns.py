@@ -324,6 +324,79 @@ class NumberBuilder:
         return NumpyColumn(Column(values, known), self.kind, odd)
 
 
+class TextBuilder:
+    """A text column made from a reader's blocks as they come, into one array of its own (numpy's memory): no
+    piece per block kept in the allocator's heap, where the blocks' freed buffers around them could not be
+    given back (the system allocator's RSS grew by a third of the file). Cells as pyarrow read them."""
+
+    def __init__(self) -> None:
+        self.capacity = 0  # rows expected
+        self.bytes_per_row = 0.0
+        self._end = 0
+        self._used = 0  # text bytes written
+        self._offsets: np.ndarray | None = None
+        self._data: np.ndarray | None = None
+        self._valid: np.ndarray | None = None  # once a row is empty (None: every row so far has text)
+
+    def add(self, at: int, array: pa.Array) -> bool:
+        """One block's cells, rows ``at`` on; False when the column would pass 2 GiB of text (then: pieces)."""
+        n = len(array)
+        if array.null_count == n:
+            return True  # an empty block: its rows stay empty
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=n + 1, offset=array.offset * 4)
+        first, last = int(offsets[0]), int(offsets[-1])
+        if self._used + last - first >= 2**31:
+            return False
+        if self._offsets is None:
+            rows = max(at + n, self.capacity)
+            self._offsets = np.zeros(rows + 1, dtype=np.int32)
+            self._data = np.zeros(int((last - first) / n * rows * 9 / 8) + 4096, dtype=np.uint8)
+        self._reserve(at + n, self._used + last - first)
+        assert self._offsets is not None and self._data is not None
+        self._offsets[self._end + 1 : at + 1] = self._used  # the empty rows between: no text
+        if at > self._end or array.null_count:
+            self._valid_rows(at + n)
+        if self._valid is not None:
+            self._valid[at : at + n] = numpy_of(pc.is_valid(array)) if array.null_count else True
+        if last > first:
+            self._data[self._used : self._used + last - first] = np.frombuffer(
+                array.buffers()[2], dtype=np.uint8, count=last - first, offset=first)
+        self._offsets[at + 1 : at + n + 1] = offsets[1:] - (first - self._used)
+        self._used += last - first
+        self._end = at + n
+        return True
+
+    def _reserve(self, rows: int, used: int) -> None:
+        assert self._offsets is not None and self._data is not None
+        if rows + 1 > len(self._offsets):
+            self._offsets = _grown(self._offsets, rows + 1)
+        if used > len(self._data):
+            self._data = _grown(self._data, used)
+
+    def _valid_rows(self, rows: int) -> None:
+        if self._valid is None:
+            assert self._offsets is not None
+            self._valid = np.zeros(len(self._offsets) - 1, dtype=bool)
+            self._valid[: self._end] = True
+        if rows > len(self._valid):
+            self._valid = _grown(self._valid, rows)
+
+    def array(self, rows: int) -> pa.Array | None:
+        """The column of ``rows`` rows as one string array; None when no block had a cell."""
+        if self._offsets is None or self._data is None:
+            return None
+        self._reserve(rows, self._used)
+        self._offsets[self._end + 1 : rows + 1] = self._used
+        if rows > self._end:
+            self._valid_rows(rows)
+        validity = None
+        if self._valid is not None:
+            validity = pa.py_buffer(np.packbits(self._valid[:rows], bitorder="little"))
+        offsets = self._offsets[: rows + 1]
+        data = self._data[: self._used]
+        return pa.Array.from_buffers(pa.string(), rows, [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
 def _grown(array: np.ndarray, rows: int) -> np.ndarray:
     bigger = np.zeros(max(rows, 2 * len(array)), dtype=array.dtype)
     bigger[: len(array)] = array

@@ -23,7 +23,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from vramscope.logs.arrow_columns import ArrowColumn, NumberBuilder, Piece, _floats, _ints
+from vramscope.logs.arrow_columns import ArrowColumn, NumberBuilder, Piece, TextBuilder, _floats, _ints
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.schema import FLOAT_COLUMNS, INT_COLUMNS
 from vramscope.logs.source import LineStream, LogSource
@@ -31,7 +31,9 @@ from vramscope.logs.table import ColumnData, LogTable
 
 BLOCK_BYTES = 1 << 20  # pyarrow's block: 1 MiB of lines (4 MiB blocks in flight cost 110 MB more peak RSS on 189 MB)
 _NULLS = [""]
-THREADS_FROM = 1 << 23  # a smaller file is read faster than threads start
+# One thread: pyarrow's streaming reader gained nothing from a second one here (the same CPU and wall time on
+# 2 cores, a day's log of 800k rows), and the blocks it parses ahead cost 10-20 MB more peak RSS.
+THREADS = False
 
 
 def sniff(source: LogSource) -> bool:
@@ -50,7 +52,7 @@ def read_csv(source: LogSource) -> LogTable:
         return LogTable(source.name, {h: ArrowColumn([], _kind(h)) for h in winner}, rows=0)
     start = source.header_end + 1
     body = max(0, source.last_line_end - start)
-    threads = source.size > THREADS_FROM
+    threads = THREADS
     # Lines split at every line end first (a third faster); a file with a quote is read again, a quoted
     # cell's line ends kept in it, as it always was.
     stream = source.lines(start)
@@ -72,7 +74,7 @@ def read_csv(source: LogSource) -> LogTable:
     repaired = repaired.decode("utf-8", errors="replace").encode("utf-8")
     try:
         return _table(source.name, winner, _blocks(io.BytesIO(repaired), len(header), winner, typed=False,
-                                                   threads=len(repaired) > THREADS_FROM), len(repaired))
+                                                   threads=THREADS), len(repaired))
     except pa.ArrowInvalid:
         pass
     header, rows = csv_columns(source.name, source.header + "\n" + repaired.decode("utf-8"), "is it a vramscope log?")
@@ -135,6 +137,7 @@ def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Arra
     (:class:`NumberBuilder`: no second copy of the cells, and a column never logged costs nothing)."""
     pieces: dict[str, list[Piece]] = {h: [] for h in winner if pa.types.is_string(_kind(h))}
     numbers = {h: NumberBuilder(_kind(h)) for h in winner if h not in pieces}
+    texts: dict[str, TextBuilder | None] = {h: TextBuilder() for h in pieces}
     rows = 0
     for block in blocks:
         size = 0
@@ -146,6 +149,13 @@ def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Arra
                     builder.capacity = size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
                 builder.add(rows, array)
                 continue
+            text = texts[h]
+            if text is not None and pa.types.is_string(array.type):
+                text.capacity = text.capacity or size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
+                if text.add(rows, array):
+                    continue
+                texts[h] = None  # past 2 GiB of text: pieces from here on, the rows so far one of them
+                pieces[h] = [p for p in (text.array(rows),) if p is not None] or ([rows] if rows else [])
             kept = pieces[h]
             if array.null_count == size:  # nothing in this block: a count, not an array of nulls
                 if kept and isinstance(kept[-1], int):
@@ -155,6 +165,10 @@ def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Arra
             else:
                 kept.append(array)
         rows += size
+    for h, text in texts.items():
+        whole = text.array(rows) if text is not None else None
+        if text is not None:
+            pieces[h] = [whole] if whole is not None else ([rows] if rows else [])
     columns: dict[str, ColumnData] = {
         h: ArrowColumn(pieces[h], _kind(h)) if h in pieces else numbers[h].column(rows) for h in winner}
     return LogTable(name, columns, rows=rows)
