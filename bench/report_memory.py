@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--key-rows", type=int, default=16_000, help="rows of the JSON Lines log")
     parser.add_argument("--src", action="append", help="source trees to measure (default: this checkout's src)")
     parser.add_argument("--out", default="bench/results", help="folder for report_memory.json and the logs")
+    parser.add_argument("--note", default="", help="what to know about the run (a shared machine, say)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,6 +118,7 @@ def main() -> None:
     write_new_key_per_row(keys_log, args.key_rows)
     write_csv(csv_log, args.samples)
     results = []
+    load_before = os.getloadavg()
     for src in args.src or [str(ROOT / "src")]:
         for what, child in (("jsonl-keys report", ["-m", "vramscope", "report", str(keys_log)]),
                             ("csv reading (read_log)", ["-c", READ, str(csv_log)]),
@@ -132,14 +134,24 @@ def main() -> None:
         "benchmark": "report_memory",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
-                    "load_average": os.getloadavg(), "numpy": numpy.__version__,
-                    "pyarrow": pyarrow.__version__},
+                    "load_average_before": load_before, "load_average": os.getloadavg(),
+                    "numpy": numpy.__version__, "pyarrow": pyarrow.__version__},
+        "vramscope_commit": _commit(),
+        "note": args.note,
         "samples": args.samples,
         "results": results,
     }
     (out / "report_memory.json").write_text(json.dumps(document, indent=1))
     csv_log.unlink()
     keys_log.unlink()
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ class DeviceRows:
         self.key = key
         self.sel = sel
         self.cols = cols
-        self.positions = np.arange(cols.n)[sel]  # the table row of each of the device's rows
+        # The table row of each of the device's rows (a slice's: its interleave alone, no arange of every row).
+        self.positions = np.arange(*sel.indices(cols.n)) if isinstance(sel, slice) else np.arange(cols.n)[sel]
         self.n = len(self.positions)
         self.every = self.n == cols.n  # the device has every row: its cells are the columns themselves
         self._cells: dict[str, Column] = {}

@@ -64,7 +64,8 @@ class ArrowColumn:
     def __init__(self, pieces: Sequence[Piece], kind: pa.DataType) -> None:
         self.pieces = list(pieces)
         self.kind = kind
-        self._rows = sum(p if isinstance(p, int) else len(p) for p in self.pieces)
+        self._bounds = np.cumsum([0, *(p if isinstance(p, int) else len(p) for p in self.pieces)])  # pieces' starts
+        self._rows = int(self._bounds[-1])
 
     @classmethod
     def of_texts(cls, values: Sequence[str | None]) -> ArrowColumn:
@@ -119,12 +120,294 @@ class ArrowColumn:
             return labels_of(pc.cast(array_of(number.values, number.known), pa.string()))
         if not pa.types.is_string(self.kind):
             return labels_of(pa.array(self.texts(), type=pa.string()))
-        return labels_of(self.whole())
+        if len(self.pieces) == 1 and not isinstance(self.pieces[0], int):
+            return labels_of(self.pieces[0])
+        return _labels_of_pieces(self.pieces, self._rows)
 
     def take(self, rows: np.ndarray) -> ArrowColumn:
-        if len(rows) == self._rows and (rows == np.arange(self._rows)).all():  # every row: no copy of the cells
-            return ArrowColumn([self.whole()], self.kind)
-        return ArrowColumn([self.whole().take(array_of(rows.astype(np.int64)))], self.kind)
+        rows = np.asarray(rows, dtype=np.int64)
+        n = len(rows)
+        if n == self._rows and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1 and bool((rows[1:] > rows[:-1]).all()))):
+            return self  # every row, in order: the same cells (a column is never changed)
+        if len(self.pieces) <= 1 or (n and int(rows.min()) < 0):
+            return ArrowColumn([self.whole().take(array_of(rows))], self.kind)
+        if n == 1 and int(rows[0]) < self._rows:  # one cell (the time of a peak): a slice of its piece, no copy
+            at = int(np.searchsorted(self._bounds, rows[0], side="right")) - 1
+            piece = self.pieces[at]
+            local = int(rows[0] - self._bounds[at])
+            return ArrowColumn([1] if isinstance(piece, int) else [piece.slice(local, 1)], self.kind)
+        return ArrowColumn([_take_from_pieces(self.pieces, self._bounds, rows, self.kind)], self.kind)
+
+
+def _take_from_pieces(pieces: Sequence[Piece], bounds: np.ndarray, rows: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """The cells of ``rows`` (in their order) from the pieces (starting at ``bounds``), piece by piece: never
+    the whole column in one array (a million time stamps copied to read a few thousand of them)."""
+    if not len(rows):
+        return pa.array([], type=kind)
+    if int(rows.max()) >= bounds[-1]:
+        raise IndexError(f"row {int(rows.max())} of a column of {int(bounds[-1])} rows")
+    which = np.searchsorted(bounds, rows, side="right") - 1
+    order = np.argsort(which, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(which[order])) + 1)
+    parts = []
+    for group in groups:
+        at = int(which[group[0]])
+        piece = pieces[at]
+        parts.append(pa.nulls(len(group), kind) if isinstance(piece, int)
+                     else piece.take(array_of(rows[group] - bounds[at])))
+    taken = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+    if len(rows) == 1 or bool((rows[1:] >= rows[:-1]).all()):
+        return taken  # in order already
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return taken.take(array_of(back))
+
+
+def _labels_of_pieces(pieces: Sequence[Piece], rows: int) -> Labels:
+    """:func:`labels_of` of a column in pieces, without making it one array: pyarrow's dictionary encoding of
+    the pieces in turn numbers the texts in order of first appearance, across pieces."""
+    arrays = [p for p in pieces if not isinstance(p, int)]
+    codes = np.full(rows, -1, dtype=np.int32)
+    if not arrays:
+        return Labels(codes, [])
+    encoded = pa.chunked_array(arrays).dictionary_encode()
+    at = 0
+    chunks = iter(encoded.chunks)
+    for piece in pieces:
+        if isinstance(piece, int):
+            at += piece
+            continue
+        indices = next(chunks).indices
+        codes[at : at + len(piece)] = numpy_of(pc.fill_null(indices, -1)).astype(np.int32, copy=False)
+        at += len(piece)
+    names: list[str] = encoded.chunks[-1].dictionary.to_pylist() if encoded.num_chunks else []
+    return Labels(codes, names)
+
+
+class NumpyColumn:
+    """A number column its reader already made into numpy (:class:`Column`): read as an :class:`ArrowColumn`
+    of the same cells would be, without a second copy of them.
+
+    ``kind`` is what the cells were read as (int64 or float64); ``odd`` the rows whose cell was there but is no
+    number (int64's lowest value, "nan", "inf"): unknown, yet the column counts as filled by them, as pyarrow's
+    null count says of an :class:`ArrowColumn`. The arrays are the table's: read-only.
+    """
+
+    __slots__ = ("column", "kind", "odd")
+
+    def __init__(self, column: Column, kind: pa.DataType, odd: np.ndarray | None = None) -> None:
+        column.values.flags.writeable = False
+        column.known.flags.writeable = False
+        self.column = column
+        self.kind = kind
+        self.odd = odd if odd is not None else np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def filled(self) -> bool:
+        return bool(self.odd.size) or self.column.any_known()
+
+    def ints(self) -> Column:
+        if pa.types.is_integer(self.kind):
+            return self.column
+        values, known = self.column.values, self.column.known  # as _ints reads a float column
+        whole = known & (np.abs(values) <= cellparse.MAX_CELL_INT)
+        return Column(np.trunc(np.where(whole, values, 0)).astype(np.int64), whole)
+
+    def floats(self) -> Column:
+        if pa.types.is_floating(self.kind):
+            return self.column
+        return Column(self.column.values.astype(np.float64), self.column.known)
+
+    def _arrow(self) -> ArrowColumn:
+        return ArrowColumn.of_numbers(self.column)
+
+    def texts(self) -> list[str | None]:
+        return self._arrow().texts()
+
+    def labels(self) -> Labels:
+        return self._arrow().labels()
+
+    def take(self, rows: np.ndarray) -> NumpyColumn:
+        odd = np.flatnonzero(np.isin(rows, self.odd)) if self.odd.size else None
+        return NumpyColumn(Column(self.column.values[rows], self.column.known[rows]), self.kind, odd)
+
+
+class NumberBuilder:
+    """A number column made from a reader's blocks as they come, straight into numpy: the cells read as
+    :class:`ArrowColumn` reads them (:func:`_ints` / :func:`_floats`), without keeping pyarrow's arrays.
+
+    Memory the process touches for the first time is what a report pays for most here (a page fault of a
+    fresh page costs about as much as parsing the cells it holds), so nothing is written that need not be:
+    the arrays are allocated zeroed for the rows ``capacity`` expects (doubled if more come), a column
+    whose every cell is the same number (the GPU's index, its total, the OOM count) is one value
+    broadcast, and a known-mask where every cell is known is one True broadcast; an empty block is
+    written nowhere.
+    """
+
+    def __init__(self, kind: pa.DataType) -> None:
+        self.kind = kind
+        self.dtype = np.dtype(np.int64 if pa.types.is_integer(kind) else np.float64)
+        self.capacity = 0
+        self._end = 0  # the rows up to the last block with a cell
+        self._same: int | float | None = None  # every row so far is known and holds it
+        self._values: np.ndarray | None = None  # once the rows differ (unknown rows hold 0)
+        self._known: np.ndarray | None = None  # once a row is unknown
+        self._odd: list[np.ndarray] = []
+
+    def add(self, at: int, array: pa.Array) -> None:
+        """One block's cells, rows ``at`` on (typed by pyarrow as ``kind``, or text), after the rows before."""
+        n = len(array)
+        if array.null_count == n:
+            return  # nothing in this block: its rows stay zero and unknown
+        odd = None
+        if pa.types.is_string(array.type):
+            number = _ints(array, array.type) if self.dtype == np.int64 else _floats(array, array.type)
+            values, known = number.values, number.known
+        else:
+            values = _values_view(array, self.dtype)
+            known = values != INT64_MIN if self.dtype == np.int64 else np.isfinite(values)
+            if array.null_count:
+                valid = numpy_of(pc.is_valid(array))
+                known &= valid
+                odd = valid & ~known
+            else:
+                odd = ~known
+        every = bool(known.all())
+        if not every and odd is not None and odd.any():  # there, but no number: unknown, yet a filled cell
+            self._odd.append(np.flatnonzero(odd) + at)
+        if at > self._end or not every:  # rows without a number: the mask is needed
+            self._known_array(at + n)
+        if self._known is not None:
+            self._known[at : at + n] = known
+        if self._values is None and every and at == 0 == self._end and values[0] == values.min() == values.max():
+            self._same = values[0].item()  # the first block: one value
+        elif self._values is None and self._same is not None and every and self._known is None and (
+                values.min() == values.max() == self._same):
+            pass  # the same value again
+        else:
+            target = self._values_array(at + n)
+            target[at : at + n] = values
+            if not every:
+                target[at : at + n][~known] = 0
+        self._end = at + n
+
+    def _known_array(self, rows: int) -> None:
+        if self._known is None:
+            self._known = np.zeros(max(rows, self.capacity), dtype=bool)
+            self._known[: self._end] = True  # every row before was known
+            self._values_array(rows)  # unknown rows hold 0: the value is no longer the same everywhere
+        elif rows > len(self._known):
+            self._known = _grown(self._known, rows)
+
+    def _values_array(self, rows: int) -> np.ndarray:
+        if self._values is None:
+            self._values = np.zeros(max(rows, self.capacity), dtype=self.dtype)
+            if self._same is not None:
+                self._values[: self._end] = self._same
+                self._same = None
+        elif rows > len(self._values):
+            self._values = _grown(self._values, rows)
+        return self._values
+
+    def column(self, rows: int) -> ArrowColumn | NumpyColumn:
+        """The column of ``rows`` rows: nothing kept when no block had a cell."""
+        if self._values is None and self._same is None:
+            return ArrowColumn([rows] if rows else [], self.kind)
+        if rows > self._end:  # empty blocks at the end
+            self._known_array(rows)
+        values = np.broadcast_to(np.array(self._same, dtype=self.dtype), (rows,)) if self._values is None \
+            else self._values[:rows]
+        known = np.broadcast_to(np.True_, (rows,)) if self._known is None else self._known[:rows]
+        odd = np.concatenate(self._odd) if self._odd else None
+        return NumpyColumn(Column(values, known), self.kind, odd)
+
+
+class TextBuilder:
+    """A text column made from a reader's blocks as they come, into one array of its own (numpy's memory): no
+    piece per block kept in the allocator's heap, where the blocks' freed buffers around them could not be
+    given back (the system allocator's RSS grew by a third of the file). Cells as pyarrow read them."""
+
+    def __init__(self) -> None:
+        self.capacity = 0  # rows expected
+        self.bytes_per_row = 0.0
+        self._end = 0
+        self._used = 0  # text bytes written
+        self._offsets: np.ndarray | None = None
+        self._data: np.ndarray | None = None
+        self._valid: np.ndarray | None = None  # once a row is empty (None: every row so far has text)
+
+    def add(self, at: int, array: pa.Array) -> bool:
+        """One block's cells, rows ``at`` on; False when the column would pass 2 GiB of text (then: pieces)."""
+        n = len(array)
+        if array.null_count == n:
+            return True  # an empty block: its rows stay empty
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=n + 1, offset=array.offset * 4)
+        first, last = int(offsets[0]), int(offsets[-1])
+        if self._used + last - first >= 2**31:
+            return False
+        if self._offsets is None:
+            rows = max(at + n, self.capacity)
+            self._offsets = np.zeros(rows + 1, dtype=np.int32)
+            self._data = np.zeros(int((last - first) / n * rows * 9 / 8) + 4096, dtype=np.uint8)
+        self._reserve(at + n, self._used + last - first)
+        assert self._offsets is not None and self._data is not None
+        self._offsets[self._end + 1 : at + 1] = self._used  # the empty rows between: no text
+        if at > self._end or array.null_count:
+            self._valid_rows(at + n)
+        if self._valid is not None:
+            self._valid[at : at + n] = numpy_of(pc.is_valid(array)) if array.null_count else True
+        if last > first:
+            self._data[self._used : self._used + last - first] = np.frombuffer(
+                array.buffers()[2], dtype=np.uint8, count=last - first, offset=first)
+        self._offsets[at + 1 : at + n + 1] = offsets[1:] - (first - self._used)
+        self._used += last - first
+        self._end = at + n
+        return True
+
+    def _reserve(self, rows: int, used: int) -> None:
+        assert self._offsets is not None and self._data is not None
+        if rows + 1 > len(self._offsets):
+            self._offsets = _grown(self._offsets, rows + 1)
+        if used > len(self._data):
+            self._data = _grown(self._data, used)
+
+    def _valid_rows(self, rows: int) -> None:
+        if self._valid is None:
+            assert self._offsets is not None
+            self._valid = np.zeros(len(self._offsets) - 1, dtype=bool)
+            self._valid[: self._end] = True
+        if rows > len(self._valid):
+            self._valid = _grown(self._valid, rows)
+
+    def array(self, rows: int) -> pa.Array | None:
+        """The column of ``rows`` rows as one string array; None when no block had a cell."""
+        if self._offsets is None or self._data is None:
+            return None
+        self._reserve(rows, self._used)
+        self._offsets[self._end + 1 : rows + 1] = self._used
+        if rows > self._end:
+            self._valid_rows(rows)
+        validity = None
+        if self._valid is not None:
+            validity = pa.py_buffer(np.packbits(self._valid[:rows], bitorder="little"))
+        offsets = self._offsets[: rows + 1]
+        data = self._data[: self._used]
+        return pa.Array.from_buffers(pa.string(), rows, [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _grown(array: np.ndarray, rows: int) -> np.ndarray:
+    bigger = np.zeros(max(rows, 2 * len(array)), dtype=array.dtype)
+    bigger[: len(array)] = array
+    return bigger
+
+
+def _values_view(array: pa.Array, dtype: np.dtype) -> np.ndarray:
+    """An int64 or float64 array's values as numpy, no copy (a null's slot holds anything)."""
+    data = array.buffers()[1]
+    view: np.ndarray = np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+    return view
 
 
 class SparseColumn:

@@ -23,15 +23,17 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from vramscope.logs.arrow_columns import ArrowColumn, Piece, _floats, _ints
+from vramscope.logs.arrow_columns import ArrowColumn, NumberBuilder, Piece, TextBuilder, _floats, _ints
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.schema import FLOAT_COLUMNS, INT_COLUMNS
-from vramscope.logs.source import LogSource
-from vramscope.logs.table import LogTable
+from vramscope.logs.source import LineStream, LogSource
+from vramscope.logs.table import ColumnData, LogTable
 
 BLOCK_BYTES = 1 << 20  # pyarrow's block: 1 MiB of lines (4 MiB blocks in flight cost 110 MB more peak RSS on 189 MB)
 _NULLS = [""]
-THREADS_FROM = 1 << 23  # a smaller file is read faster than threads start
+# One thread: pyarrow's streaming reader gained nothing from a second one here (the same CPU and wall time on
+# 2 cores, a day's log of 800k rows), and the blocks it parses ahead cost 10-20 MB more peak RSS.
+THREADS = False
 
 
 def sniff(source: LogSource) -> bool:
@@ -41,27 +43,42 @@ def sniff(source: LogSource) -> bool:
 
 
 def read_csv(source: LogSource) -> LogTable:
-    """A vramscope CSV log (header first)."""
+    """A vramscope CSV log (header first); only the columns of ``source.only`` when it names some."""
     header = _header_cells(source.name, source.header)
     winner = {h: j for j, h in enumerate(header)}  # a name twice: the last one wins, as it always did
+    if source.only is not None:
+        winner = {h: j for h, j in winner.items() if h in source.only}
     if source.header_end < 0:  # a header without its line end: the columns, no rows
         return LogTable(source.name, {h: ArrowColumn([], _kind(h)) for h in winner}, rows=0)
     start = source.header_end + 1
+    body = max(0, source.last_line_end - start)
+    threads = THREADS
+    # Lines split at every line end first (a third faster); a file with a quote is read again, a quoted
+    # cell's line ends kept in it, as it always was.
+    stream = source.lines(start)
     try:
-        return _table(source.name, winner, _blocks(source.lines(start), len(header), winner, typed=True,
-                                                   threads=source.size > THREADS_FROM))
+        table = _table(source.name, winner, _blocks(stream, len(header), winner, typed=True, threads=threads,
+                                                    quotes=False), body)
+        if not stream.quoted:
+            return table
     except pa.ArrowInvalid:
-        pass
+        pass  # a cell that is no plain number, or bytes that are not UTF-8: the per-cell rules below
+    if stream.quoted:
+        try:
+            return _table(source.name, winner, _blocks(source.lines(start), len(header), winner, typed=True,
+                                                       threads=threads), body)
+        except pa.ArrowInvalid:
+            pass
     repaired = source.data()[start - source.offset :]
     repaired = repaired[: repaired.rfind(b"\n") + 1]
     repaired = repaired.decode("utf-8", errors="replace").encode("utf-8")
     try:
         return _table(source.name, winner, _blocks(io.BytesIO(repaired), len(header), winner, typed=False,
-                                                   threads=len(repaired) > THREADS_FROM))
+                                                   threads=THREADS), len(repaired))
     except pa.ArrowInvalid:
         pass
     header, rows = csv_columns(source.name, source.header + "\n" + repaired.decode("utf-8"), "is it a vramscope log?")
-    winner = {h: j for j, h in enumerate(header)}
+    winner = {h: j for j, h in enumerate(header) if source.only is None or h in source.only}
     columns = {h: _typed(h, pa.array([c or None for c in rows[j]], type=pa.string())) for h, j in winner.items()}
     return LogTable(source.name, columns, rows=len(rows[0]) if rows else 0)
 
@@ -88,9 +105,9 @@ def _typed(name: str, texts: pa.Array) -> ArrowColumn:
     return ArrowColumn.of_numbers(number)
 
 
-def _blocks(stream: BinaryIO, width: int, winner: dict[str, int], typed: bool,
-            threads: bool) -> Iterator[dict[str, pa.Array]]:
-    """Each block's columns (header name -> array)."""
+def _blocks(stream: BinaryIO | LineStream, width: int, winner: dict[str, int], typed: bool, threads: bool,
+            quotes: bool = True) -> Iterator[dict[str, pa.Array]]:
+    """Each block's columns (header name -> array); ``quotes``: line ends inside quotes are a cell's."""
     names = [f"c{j}" for j in range(width)]
     wanted = {h: f"c{j}" for h, j in winner.items()}
     types = {wanted[h]: _kind(h) if typed else pa.string() for h in wanted}
@@ -98,7 +115,7 @@ def _blocks(stream: BinaryIO, width: int, winner: dict[str, int], typed: bool,
         reader = pacsv.open_csv(
             stream,
             read_options=pacsv.ReadOptions(column_names=names, block_size=BLOCK_BYTES, use_threads=threads),
-            parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=_skip_row),
+            parse_options=pacsv.ParseOptions(newlines_in_values=quotes, invalid_row_handler=_skip_row),
             convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(types),
                                                  null_values=_NULLS, strings_can_be_null=True,
                                                  quoted_strings_can_be_null=True),
@@ -115,15 +132,30 @@ def _skip_row(_row: object) -> str:
     return "skip"  # a row of another width would shift every column after it
 
 
-def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Array]]) -> LogTable:
-    pieces: dict[str, list[Piece]] = {h: [] for h in winner}
+def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Array]], body_bytes: int) -> LogTable:
+    """The blocks' columns end to end: text as pyarrow's pieces, numbers straight into numpy
+    (:class:`NumberBuilder`: no second copy of the cells, and a column never logged costs nothing)."""
+    pieces: dict[str, list[Piece]] = {h: [] for h in winner if pa.types.is_string(_kind(h))}
+    numbers = {h: NumberBuilder(_kind(h)) for h in winner if h not in pieces}
+    texts: dict[str, TextBuilder | None] = {h: TextBuilder() for h in pieces}
     rows = 0
     for block in blocks:
         size = 0
         for h, array in block.items():
-            if pa.types.is_string(array.type) and not pa.types.is_string(_kind(h)):
-                array = _typed(h, array).pieces[0]
             size = len(array)
+            builder = numbers.get(h)
+            if builder is not None:
+                if builder.capacity == 0:  # rows expected: this block's share of the whole
+                    builder.capacity = size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
+                builder.add(rows, array)
+                continue
+            text = texts[h]
+            if text is not None and pa.types.is_string(array.type):
+                text.capacity = text.capacity or size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
+                if text.add(rows, array):
+                    continue
+                texts[h] = None  # past 2 GiB of text: pieces from here on, the rows so far one of them
+                pieces[h] = [p for p in (text.array(rows),) if p is not None] or ([rows] if rows else [])
             kept = pieces[h]
             if array.null_count == size:  # nothing in this block: a count, not an array of nulls
                 if kept and isinstance(kept[-1], int):
@@ -133,7 +165,13 @@ def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Arra
             else:
                 kept.append(array)
         rows += size
-    return LogTable(name, {h: ArrowColumn(p, _kind(h)) for h, p in pieces.items()}, rows=rows)
+    for h, text in texts.items():
+        whole = text.array(rows) if text is not None else None
+        if text is not None:
+            pieces[h] = [whole] if whole is not None else ([rows] if rows else [])
+    columns: dict[str, ColumnData] = {
+        h: ArrowColumn(pieces[h], _kind(h)) if h in pieces else numbers[h].column(rows) for h in winner}
+    return LogTable(name, columns, rows=rows)
 
 
 def complete_lines(text: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from vramscope.logs.errors import LogFormatError, UnknownLogError
 from vramscope.logs.files import log_parts
@@ -23,8 +23,11 @@ _NOT_SPACE = re.compile(rb"[^ \t\n\r\x0b\x0c\x1c-\x1f]")  # what str.isspace() c
 _OWN = "a log written by vramscope or nvidia-smi"
 
 
-def read_log(path: str | os.PathLike[str]) -> LogTable:
+def read_log(path: str | os.PathLike[str], only: Collection[str] | None = None) -> LogTable:
     """Read one log of vramscope's own formats (or nvidia-smi's CSV), its rotated parts after it.
+
+    ``only``: the columns wanted (a report's :data:`~vramscope.analysis.columns.ANALYSED_COLUMNS`, say); a
+    reader that can skip the others (vramscope's CSV) leaves them out of the table. None: every column.
 
     A vramscope log rotated by ``--max-log-mb`` is read whole from its first file: ``mem.csv`` brings
     ``mem.csv.1``, ``mem.csv.2``, ... after it (up to the first missing one, or one with another header).
@@ -33,7 +36,7 @@ def read_log(path: str | os.PathLike[str]) -> LogTable:
         LogFormatError: missing file, empty file, or a header that no reader knows, with what to do.
     """
     name = os.fspath(path)
-    with LogSource(name, _OWN) as source:
+    with LogSource(name, _OWN, only) as source:
         found = _format(source, imported=False)
         if found is None:
             raise UnknownLogError(
@@ -44,17 +47,18 @@ def read_log(path: str | os.PathLike[str]) -> LogTable:
             )
         table = found.read(source)
         header = source.header
-    return _with_parts(table, found, header)
+    return _with_parts(table, found, header, only)
 
 
-def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | None = None) -> LogTable:
-    """Read a log of any format of the table, or any CSV through ``columns``.
+def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | None = None,
+                 only: Collection[str] | None = None) -> LogTable:
+    """Read a log of any format of the table, or any CSV through ``columns``; ``only`` as for :func:`read_log`.
 
     Raises:
         LogFormatError: the file cannot be read; the message says what was expected and names ``--columns``.
     """
     name = os.fspath(path)
-    with LogSource(name, "a memory log (a CSV)") as source:
+    with LogSource(name, "a memory log (a CSV)", only) as source:
         if columns is not None:
             return read_with_columns(source, columns)
         found = _format(source, imported=False)
@@ -62,7 +66,7 @@ def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | N
             table = found.read(source)
             # "time" and "gpu" in the header, but none of vramscope's memory columns: someone else's CSV.
             if found.kind != "vramscope" or any(c in BYTE_FIELDS.values() for c in table.columns):
-                return _with_parts(table, found, source.header)
+                return _with_parts(table, found, source.header, only)
         found = next((f for f in FORMATS if f.imported and f.sniff(source)), None)
         if found is None:
             raise refusal(source)
@@ -75,14 +79,14 @@ def _format(source: LogSource, imported: bool) -> LogFormat | None:
     return format_of(source, imported)
 
 
-def _with_parts(table: LogTable, found: LogFormat, header: str) -> LogTable:
+def _with_parts(table: LogTable, found: LogFormat, header: str, only: Collection[str] | None) -> LogTable:
     """The log's rotated parts after it, while they continue it (same format; same header for a CSV)."""
     if found.rotated == "no":
         return table
     tables = [table]
     for part in log_parts(table.path)[1:]:
         try:
-            with LogSource(part, _OWN) as source:
+            with LogSource(part, _OWN, only) as source:
                 if _format(source, imported=False) is not found or (
                         found.rotated == "same-header" and source.header != header):
                     break  # not a continuation of this log

@@ -34,6 +34,8 @@ _SMI_NUMBER = re.compile(r"([0-9.]+)")
 _UNIT_SUFFIX = r" (MiB|%)$"
 _WHOLE_MIB = r"^[0-9]{1,13}$"  # below 2**43 MiB: within int64 as bytes, and exact as a float
 _PLAIN_FLOAT = r"^[0-9]{1,15}(\.[0-9]{0,15})?$"
+_READ = ("timestamp", "index", "memory.used", "memory.total", "utilization.gpu")  # what the table is made of
+STREAM_FROM = 1 << 20  # a smaller file is read whole
 
 
 def sniff(source: LogSource) -> bool:
@@ -42,7 +44,37 @@ def sniff(source: LogSource) -> bool:
 
 
 def read(source: LogSource) -> LogTable:
-    return read_nvidia_smi(source.name, source.data())
+    """A file's lines streamed through pyarrow, only the columns read (the GPU's name is not); the bytes
+    whole (:func:`read_nvidia_smi`) for a file that is small, has a quote, or that pyarrow refuses."""
+    header = [h.strip() for h in source.header.split(",")]
+    keys = [h.split(" [")[0] for h in header]
+    if source.header_end < 0 or source.header_end - source.offset >= len(source.head) or len(header) < 2 \
+            or '"' in source.header or source.size < STREAM_FROM:
+        return read_nvidia_smi(source.name, source.data())
+    wanted = sorted({keys.index(k) for k in _READ if k in keys})
+    stream = source.lines(source.header_end + 1)
+    try:
+        table = pacsv.read_csv(
+            stream,
+            read_options=pacsv.ReadOptions(column_names=[f"c{j}" for j in range(len(header))],
+                                           use_threads=source.size > 1 << 23),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False, invalid_row_handler=lambda _row: "skip"),
+            convert_options=pacsv.ConvertOptions(column_types={f"c{j}": pa.string() for j in wanted},
+                                                 include_columns=[f"c{j}" for j in wanted], null_values=[""],
+                                                 strings_can_be_null=True),
+        )
+    except pa.ArrowInvalid:  # not UTF-8, say: the bytes whole, to the csv module's rules
+        return read_nvidia_smi(source.name, source.data())
+    if stream.quoted:  # a quote after ", " is one to the csv module (skipinitialspace), not to pyarrow
+        return read_nvidia_smi(source.name, source.data())
+    columns: list[pa.Array | None] = [None] * len(header)
+    for j in wanted:  # one piece each, made as the pieces are let go (a copy of each column at a time)
+        chunks = table.column(f"c{j}").chunks
+        table = table.drop_columns([f"c{j}"])
+        columns[j] = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
+        del chunks
+    del table
+    return _smi_table(source.name, header, columns)
 
 
 def read_nvidia_smi(name: str, data: bytes) -> LogTable:
@@ -64,10 +96,15 @@ def read_nvidia_smi(name: str, data: bytes) -> LogTable:
         header, rows = csv_columns(name, text, "is it an nvidia-smi --format=csv log?", skip_initial_space=True)
         header = [h.strip() for h in header]
         columns = [pa.array([c or None for c in column], type=pa.string()) for column in rows]
+    return _smi_table(name, header, list(columns))
+
+
+def _smi_table(name: str, header: list[str], columns: list[pa.Array | None]) -> LogTable:
+    """The table of nvidia-smi's columns (text, each; None for a column not read)."""
     keys = [h.split(" [")[0] for h in header]
 
-    def col(key: str) -> pa.Array | None:  # the first of a repeated name; cells without the spaces around them
-        return pc.utf8_trim(columns[keys.index(key)], " ") if key in keys else None
+    def col(key: str) -> pa.Array | None:  # the first of a repeated name, its cells as read (" 20000 MiB")
+        return columns[keys.index(key)] if key in keys else None
 
     if "memory.used" not in keys:
         raise LogFormatError(
@@ -84,13 +121,12 @@ def read_nvidia_smi(name: str, data: bytes) -> LogTable:
     out: dict[str, ColumnData] = {
         "time": TimeColumn(millis),
         "elapsed_s": NumberColumn(elapsed),
-        "gpu": (ArrowColumn([index], pa.string()) if index is not None
+        "gpu": (ArrowColumn([_trimmed(index)], pa.string()) if index is not None
                 else NumberColumn(Column(tick_positions(millis), np.ones(n, dtype=bool)))),
         "device_used_bytes": NumberColumn(_mib_bytes(used)),
         "device_total_bytes": NumberColumn(_mib_bytes(total) if total is not None else cellparse.unknown_column(
             n, np.int64)),
-        "utilization_pct": NumberColumn(_whole_if_can(_numbers(util)) if util is not None
-                                        else cellparse.unknown_column(n, np.int64)),
+        "utilization_pct": NumberColumn(_percent(util) if util is not None else cellparse.unknown_column(n, np.int64)),
     }
     return LogTable(name, out, kind="nvidia-smi", rows=n)
 
@@ -110,6 +146,36 @@ def _arrow_columns(body: bytes, width: int) -> list[pa.Array]:
     return [table.column(j).combine_chunks() for j in range(width)]
 
 
+def _trimmed(cells: pa.Array) -> pa.Array:
+    """The cells without the spaces around them (nvidia-smi writes ", " between cells)."""
+    return pc.utf8_trim(cells, " ")
+
+
+def _plain_whole(cells: pa.Array) -> np.ndarray | None:
+    """Every cell (as read, " 20000 MiB") a whole number below 2**43 ("20000 MiB", "45 %", "20000"; one unit
+    for all), as int64, in a few passes of pyarrow; None when any cell is not (a fraction, "[N/A]"): then the
+    rules, cell by cell.
+
+    What the rules make of such a column: the number is the cell's digits (a sign is no digit, so the
+    values must be at least 0), exact as a float (below 2**53), and within int64 as bytes (2**43 MiB).
+    """
+    if cells.null_count:
+        return None
+    if len(cells) and pc.all(pc.starts_with(cells, " ")).as_py():
+        cells = pc.utf8_slice_codeunits(cells, 1)
+    for suffix in (" MiB", " %"):
+        if len(cells) and pc.all(pc.ends_with(cells, suffix)).as_py():
+            cells = pc.utf8_slice_codeunits(cells, 0, -len(suffix))
+            break
+    try:
+        values = numpy_of(pc.cast(cells, pa.int64()))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if len(values) and (int(values.min()) < 0 or int(values.max()) >= 2**43):
+        return None
+    return values
+
+
 def _numbers(cells: pa.Array) -> Column:
     """The first number in each cell ("20000 MiB", "45 %", "20000"), as floats; none (unknown) for "[N/A]"."""
     plain = pc.replace_substring_regex(cells, _UNIT_SUFFIX, "")
@@ -125,11 +191,21 @@ def _first_number(cell: str) -> float | None:
 def _mib_bytes(cells: pa.Array) -> Column:
     """MiB cells as bytes: whole MiB below 2**43 (within int64 as bytes) cast for the whole column, the rest
     (fractions, "[N/A]", 400 nines) by :func:`_first_number`."""
-    mib = numbers_by_rule(pc.replace_substring_regex(cells, _UNIT_SUFFIX, ""), np.float64, _WHOLE_MIB, pa.float64(),
-                          _first_number)
+    whole = _plain_whole(cells)
+    if whole is not None:
+        return Column(whole * MIB, np.ones(len(whole), dtype=bool))
+    plain = pc.replace_substring_regex(_trimmed(cells), _UNIT_SUFFIX, "")
+    mib = numbers_by_rule(plain, np.float64, _WHOLE_MIB, pa.float64(), _first_number)
     size = mib.values * MIB
     known = mib.known & (np.abs(size) <= cellparse.MAX_CELL_INT)  # 400 nines overflow: unknown
     return Column(np.where(known, size, 0).astype(np.int64), known)
+
+
+def _percent(cells: pa.Array) -> Column:
+    whole = _plain_whole(cells)
+    if whole is not None:
+        return Column(whole, np.ones(len(whole), dtype=bool))
+    return _whole_if_can(_numbers(_trimmed(cells)))
 
 
 def _whole_if_can(column: Column) -> Column:
@@ -144,6 +220,15 @@ def _stamps(cells: pa.Array) -> Column:
     """Each stamp as Unix milliseconds (float64; the clock taken as UTC), parsed by pyarrow when it is
     "YYYY/MM/DD HH:MM:SS.mmm" of a real date, else by :func:`smi_time`; unknown when neither reads it."""
     n = len(cells)
+    iso = _iso_shaped(cells)  # no space to trim around a stamp of that shape
+    if iso is not None:
+        try:
+            millis = numpy_of(pc.cast(pc.cast(iso, pa.timestamp("ms")), pa.int64()))
+            real = millis >= _YEAR_1_MS  # datetime has no year 0
+            return Column(np.where(real, millis, 0).astype(np.float64), real)
+        except pa.ArrowInvalid:
+            pass  # a date that is none (a 30th of February): stamp by stamp, below
+    cells = _trimmed(cells)
     shaped = pc.fill_null(pc.match_substring_regex(cells, _SMI_STAMP), False)
     rows = np.flatnonzero(numpy_of(shaped))
     picked = pc.filter(cells, shaped)
@@ -168,6 +253,30 @@ def _stamps(cells: pa.Array) -> Column:
             out.values[i] = round(unix * 1000, 3)
             out.known[i] = True
     return out
+
+
+_STAMP_FORM = np.frombuffer(b"0000/00/00 00:00:00.000", dtype=np.uint8)
+_STAMP_DIGITS = np.equal(_STAMP_FORM, ord("0"))
+
+
+def _iso_shaped(cells: pa.Array) -> pa.Array | None:
+    """When every stamp is nvidia-smi's "YYYY/MM/DD HH:MM:SS.mmm" (what :data:`_SMI_STAMP` matches), the stamps
+    with "-" for "/" for pyarrow's ISO parser, from the cells' bytes at once; else None."""
+    n = len(cells)
+    width = len(_STAMP_FORM)
+    if cells.null_count or not n:
+        return None
+    offsets = np.frombuffer(cells.buffers()[1], dtype=np.int32, count=n + 1, offset=cells.offset * 4)
+    first = int(offsets[0])
+    if int(offsets[-1]) - first != n * width or not (np.diff(offsets) == width).all():
+        return None
+    data = np.frombuffer(cells.buffers()[2], dtype=np.uint8, count=n * width, offset=first).reshape(n, width)
+    if not ((data[:, _STAMP_DIGITS] - ord("0")) <= 9).all() or not (
+            data[:, ~_STAMP_DIGITS] == _STAMP_FORM[~_STAMP_DIGITS]).all():
+        return None
+    iso = data.copy()
+    iso[:, [4, 7]] = ord("-")
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets - first), pa.py_buffer(iso))
 
 
 def smi_time(stamp: str) -> float | None:

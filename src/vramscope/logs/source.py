@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Collection
 from typing import BinaryIO
 
 from vramscope.logs.errors import LogFormatError
@@ -28,10 +29,14 @@ _DELIMITERS = (b",", b"\t", b";")
 
 
 class LogSource:
-    """One log file: ``name`` as given, ``head`` (its first bytes, no BOM), ``header`` (its first line)."""
+    """One log file: ``name`` as given, ``head`` (its first bytes, no BOM), ``header`` (its first line), ``only``
+    (the columns wanted, None for all)."""
 
-    def __init__(self, name: str, what: str) -> None:
+    def __init__(self, name: str, what: str, only: Collection[str] | None = None) -> None:
         self.name = name
+        # The columns the caller will read (a report reads 17 of the 22): a reader that can leave the others
+        # out of the table does; None: all of them.
+        self.only = frozenset(only) if only is not None else None
         self._handle = _open(name, what)
         self.size = os.fstat(self._handle.fileno()).st_size
         start = self._handle.read(len(BOM))
@@ -57,10 +62,10 @@ class LogSource:
         self._handle.seek(self.offset)
         return self._handle.read()
 
-    def lines(self, start: int | None = None) -> BinaryIO:
+    def lines(self, start: int | None = None) -> LineStream:
         """A stream of the file's complete lines, from ``start`` (default: the text's start)."""
         begin = self.offset if start is None else start
-        return _Bounded(self._handle, begin, max(begin, self.last_line_end))  # type: ignore[return-value]
+        return LineStream(self._handle, begin, max(begin, self.last_line_end))
 
     def _first_line_end(self) -> int:
         """Find the first line end, counting cells as it goes: refused past :data:`MAX_COLUMNS`."""
@@ -115,14 +120,19 @@ def _open(name: str, what: str) -> BinaryIO:
         raise LogFormatError(f"cannot read log {name}: {exc.strerror or exc}") from None
 
 
-class _Bounded(io.RawIOBase):
-    """Bytes ``begin`` to ``end`` of an open file, read in the caller's blocks (pyarrow's)."""
+class LineStream(io.RawIOBase):
+    """Bytes ``begin`` to ``end`` of an open file, read in the caller's blocks (pyarrow's).
+
+    ``quoted`` says whether a ``"`` went by: a CSV reader may split lines without looking for line ends
+    inside quotes (faster) and read again, quotes heeded, only a file that has one.
+    """
 
     def __init__(self, handle: BinaryIO, begin: int, end: int) -> None:
         super().__init__()
         self._handle = handle
         self._at = begin
         self._end = end
+        self.quoted = False
 
     def readable(self) -> bool:
         return True
@@ -132,6 +142,9 @@ class _Bounded(io.RawIOBase):
         if want <= 0:
             return 0
         self._handle.seek(self._at)
-        got = self._handle.readinto(memoryview(buffer)[:want])  # type: ignore[attr-defined]
-        self._at += got or 0
-        return got or 0
+        data = self._handle.read(want)  # bytes, for the quote's search at memchr speed
+        got = len(data)
+        memoryview(buffer).cast("B")[:got] = data
+        self.quoted = self.quoted or b'"' in data
+        self._at += got
+        return got

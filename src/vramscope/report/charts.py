@@ -107,6 +107,14 @@ def device_view(dev: DeviceAnalysis, cols: LogColumns, clock: Clock, buckets: in
     return DeviceView(dev.key, dev.detail.title, timeline, steps, idle=dev.detail.idle)
 
 
+def row_positions(n: int, rows: slice | np.ndarray) -> np.ndarray:
+    """``np.arange(n)[rows]``, without the arange of every row (a slice picks an interleave of them)."""
+    if isinstance(rows, slice):
+        return np.arange(*rows.indices(n), dtype=np.int64)
+    positions: np.ndarray = np.arange(n)[rows]
+    return positions
+
+
 class _Drawer:
     """One device's columns (its rows of the log) and what the analysis found on them."""
 
@@ -116,7 +124,7 @@ class _Drawer:
         self.cols = cols
         self.clock = clock
         self.buckets = buckets
-        self.positions = np.arange(cols.n)[self.detail.table_rows]
+        self.positions = row_positions(cols.n, self.detail.table_rows)
         self.every = len(self.positions) == cols.n
         self.step = self.column("step")
 

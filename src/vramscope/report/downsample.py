@@ -67,9 +67,12 @@ def _first_extreme(values: np.ndarray, starts: np.ndarray, extreme: np.ufunc) ->
     n = len(values)
     tops = extreme.reduceat(values, starts)
     sizes = np.diff(np.append(starts, n))
-    hit = values == np.repeat(tops, sizes)
-    where = np.where(hit, np.arange(n), n)
-    return np.minimum.reduceat(where, starts)
+    hits = np.flatnonzero(values == np.repeat(tops, sizes))
+    # The first hit at or after a bucket's start, when it is in that bucket (it is, unless the extreme is NaN);
+    # else n, as where no value equals it.
+    first = np.append(hits, n)[np.searchsorted(hits, starts)]
+    inside: np.ndarray = np.where(first < starts + sizes, first, n)
+    return inside
 
 
 def bucket_cuts(n: int, buckets: int) -> np.ndarray:
