@@ -227,3 +227,33 @@ def test_the_environment_in_front_says_it_too(tmp_path: Path) -> None:
     with pytest.raises(CommandReadError, match=r"^FSDP_VERSION: 0 is not an FSDP version"):
         parse_command(["ACCELERATE_USE_FSDP=1", "FSDP_VERSION=0", "python", "-m", *TRL_SFT[1:-2]], cwd=tmp_path,
                       environ={"HOME": str(tmp_path)})
+
+
+def test_plan_takes_fsdp_version_as_a_flag_with_or_without_a_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --gpus N --strategy fsdp --offload params --fsdp-version 2`: the plain CLI plans FSDP2 too; before a
+    command's `--` the flag replaces the command's version (and answers the guess); with another strategy it is one
+    line and exit 2."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    base = ["plan", "--json", "--model", "Llama-2-70B", "--gpus", "2", "--strategy", "fsdp", "--offload", "params",
+            "--batch-size", "1", "--seq-len", "2048"]
+    figures = {}
+    for version in ("1", "2"):
+        assert main([*base, "--fsdp-version", version]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["gpus"]["plan"]["fsdp_version"] == int(version)
+        figures[version] = data["host_bytes"]
+    assert main(base) == 0
+    assert json.loads(capsys.readouterr().out)["host_bytes"] == figures["1"]  # no flag, no command: FSDP1
+    assert figures["1"] > 1.8 * figures["2"]
+    # Before a command that leaves it unsaid: the flag's version, and no guess about it.
+    code = main(["plan", "--json", "--gpu-memory", "24GiB", "--fsdp-version", "2", "--", *swift_argv(tmp_path)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    data = json.loads(out.out)
+    assert data["gpus"]["plan"]["fsdp_version"] == 2 and not [a for a in data["assumed"] if "fsdp_version" in a]
+    assert main(["plan", "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "512", "--gpus", "2", "--strategy",
+                 "ddp", "--fsdp-version", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fsdp-version is for --strategy fsdp" in err[0]

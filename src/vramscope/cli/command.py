@@ -147,8 +147,10 @@ def apply_to_plan_args(args: argparse.Namespace, inputs: CommandInputs) -> Comma
             args.strategy = launch.strategy
             if launch.offload and "offload" not in given:
                 args.offload = "params" if launch.strategy == "fsdp" else "optimizer"
-    if launch.fsdp_version is not None:
+    if launch.fsdp_version is not None and "fsdp_version" not in given:
         args.fsdp_version = launch.fsdp_version  # what FSDP's parameter offload pins on the host depends on it
+    elif "fsdp_version" in given and args.fsdp_version != launch.fsdp_version:
+        extra.append(f"--fsdp-version {args.fsdp_version}")
     return replace(inputs, overrides=(*extra, *inputs.overrides))
 
 
@@ -171,7 +173,8 @@ def first_lines(inputs: CommandInputs) -> list[str]:
 def _overridden(assumption: str, given: str) -> bool:
     """A guess that a vramscope flag replaced (``--bits 4`` answers the 16-bit guess) is no longer one."""
     return ("bit" in assumption and "--bits" in given) or ("rank" in assumption and "--lora-r" in given) or (
-        "processes" in assumption and "--gpus" in given) or ("length" in assumption and "--seq-len" in given)
+        "processes" in assumption and "--gpus" in given) or ("length" in assumption and "--seq-len" in given) or (
+        "fsdp_version" in assumption and "--fsdp-version" in given)
 
 
 def json_fields(inputs: CommandInputs) -> dict[str, Any]:

@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="ddp, fsdp (FULL_SHARD), zero2, zero3 (DeepSpeed) or split (device_map=auto); needs --gpus")
     g.add_argument("--offload", choices=OFFLOADS,
                    help="move optimizer states (zero2/zero3) or parameters (fsdp/zero3) to the CPU; needs --strategy")
+    g.add_argument("--fsdp-version", type=int, choices=(1, 2), default=None, metavar="{1,2}",
+                   help="FSDP1 (FullyShardedDataParallel, accelerate's default) or FSDP2 (fully_shard); what "
+                        "parameter offload pins on the host differs (default: the command's, else 1)")
 
 
 def wanted(args: argparse.Namespace) -> bool:
@@ -56,6 +59,8 @@ def wanted(args: argparse.Namespace) -> bool:
         return False
     if args.offload is not None and args.strategy is None:
         raise UsageError("--offload needs --strategy (fsdp or zero3 for params, zero2 or zero3 for optimizer)")
+    if getattr(args, "fsdp_version", None) is not None and args.strategy not in (None, "fsdp"):
+        raise UsageError(f"--fsdp-version is for --strategy fsdp, not {args.strategy}")
     return True
 
 
@@ -70,7 +75,7 @@ def plan_gpus(model: Any, spec: QLoraSpec, args: argparse.Namespace, hardware: H
         dist = None
         if args.strategy is not None:
             par = parallelism(args.gpus, args.strategy, args.offload, layers=shape.layers,
-                              fsdp_version=getattr(args, "fsdp_version", None) or 1)  # set by plan -- <command>
+                              fsdp_version=getattr(args, "fsdp_version", None) or 1)  # the flag, or plan -- <command>
             dist = estimate_distributed(shape, spec, args.batch_size, args.seq_len, par, hw)
         table = fit_table(shape, spec, args.batch_size, args.seq_len, args.gpus, cap, hw,
                           target_batch=args.target_batch)
