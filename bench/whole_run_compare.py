@@ -51,6 +51,10 @@ def spec_of(inputs: dict[str, Any], command: str = "") -> QLoraSpec:
     """The recipe the run used, from what the probe saw inside it (and its command line)."""
     targets = inputs.get("lora_targets")
     lora_targets = tuple(targets) if isinstance(targets, list) else None  # None: every linear layer
+    if "all-linear" in command.split():
+        # what the user asked: the probe records peft's target_modules after peft's MoE conversion moved the
+        # experts and the router of Mixtral into target_parameters, so its list alone drops those adapters
+        lora_targets = None
     dtype = str(inputs.get("compute_dtype") or "bfloat16")
     return QLoraSpec(
         bits=int(inputs.get("bits") or 4), double_quant=bool(inputs.get("double_quant")),

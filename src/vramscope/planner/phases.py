@@ -21,7 +21,7 @@ from typing import Any
 
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, TOKEN_TILE, VOCAB_TILE, Framework, Precision, precision
-from vramscope.planner.layer import attention_bytes, forward_temporaries
+from vramscope.planner.layer import attention_bytes, forward_temporaries, merged_expert_bytes
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_tensors
 from vramscope.planner.pool import eval_loop_segments, eval_moments, train_blocks
 from vramscope.planner.shapes import ModelShape
@@ -187,6 +187,8 @@ def nograd_layer_bytes(shape: ModelShape, spec: QLoraSpec, rows: int, seq: int, 
         k, i = shape.experts_per_token, shape.intermediate
         wd = pr.params  # grouped_mm casts the routed tokens to the experts' dtype
         mlp = sd * h * T + 2 * 4 * shape.experts * T + k * T * wd * (2 * h + 3 * i)
+        # adapted experts (peft's ParamWrapper): both merged expert stacks exist through the experts' forward
+        mlp += sum(merged_expert_bytes(shape, spec, pr))
         if shape.shared_expert_intermediate:
             mlp += 3 * sd * shape.shared_expert_intermediate * T
     else:
