@@ -31,7 +31,8 @@ MATH_EXTRA_SCORES = 1
 # to the qwen2_moe pattern in transformers' ``_MODEL_TO_CONVERSION_PATTERN`` (5.17 and 5.24), qwen2_moe itself is
 # not a key there, so its experts stay untouched (the H200 Qwen1.5-MoE runs: 32 LoRA layers, q/k/v/o and the
 # shared expert's). Names: the router's, the two fused into gate_up_proj, down_proj's.
-_EXPERT_LORA_NAMES = {"mixtral": ("gate", ("w1", "w3"), "w2"), "qwen3_moe": ("gate", ("gate_proj", "up_proj"), "down_proj")}
+_EXPERT_LORA_NAMES = {"mixtral": ("gate", ("w1", "w3"), "w2"),
+                      "qwen3_moe": ("gate", ("gate_proj", "up_proj"), "down_proj")}
 
 
 @dataclass(frozen=True)
