@@ -8,7 +8,7 @@ Pure arithmetic over config.json fields; nothing here imports torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import Precision
@@ -365,8 +365,12 @@ def backward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
     shared_input_free = spec.lora_dropout == 0 and sd == la
     live = _Live(sd * h * T)  # the gradient arriving from the layer above
 
-    def module(lin: Linear, first: bool) -> None:
-        _module_backward(live, lin, lin.name in targets, spec, pr, T, first, mask_bytes)
+    # The routed experts stay 16-bit 3-D parameters whatever the recipe's bits (bitsandbytes quantizes only
+    # nn.Linear), so their grouped_mm backward dequantizes nothing: replayed as 16-bit linears k wide.
+    expert_spec = replace(spec, bits=16)
+
+    def module(lin: Linear, first: bool, expert: bool = False) -> None:
+        _module_backward(live, lin, lin.name in targets, expert_spec if expert else spec, pr, T, first, mask_bytes)
 
     def norm_backward() -> None:
         live.alloc(3 * 4 * h * T)  # grad * weight, grad * rsqrt, grad through pow
@@ -380,27 +384,34 @@ def backward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
         # same leaf names must not stand in for them); their backward is replayed as one gated MLP k wide
         lins = {}
     merged_gu, merged_down = merged_expert_bytes(shape, spec, pr)
-    wd, k = pr.params, shape.experts_per_token
-    if merged_down:
-        # grouped_mm's backward makes the merged weight's gradient; baddbmm's backward reduces it to the factors'
-        # and it goes; the node's saved merged weight and input go with it
-        live.alloc(merged_down)
-        live.free(merged_down)
-        live.free(merged_down + wd * i * T)
+    wd, k, e, r = pr.params, shape.experts_per_token, shape.experts, spec.lora_r
+
+    def merged_backward(merged: int, saved_input: int, factors: tuple[int, int]) -> None:
+        """After an adapted expert grouped_mm's backward (its merged weight's gradient made beside its input's):
+        its saved merged weight and input go; baddbmm's backward turns the gradient into each factor's (a bmm,
+        then the product scaled by alpha: kept as the LoRA gradient) and the merged gradient goes."""
+        live.free(merged + saved_input)
+        for n in factors:
+            live.alloc(2 * pr.lora_param * n)
+            live.free(pr.lora_param * n)
+        live.free(merged)
+
     if shape.experts or shape.gated_mlp:
         down = lins.get("down_proj") or Linear("down_proj", i, h)
-        module(down, True)
+        live.alloc(merged_down)
+        module(down, True, bool(shape.experts))
+        if merged_down:
+            merged_backward(merged_down, wd * i * T, (h * r * e, r * e * shape.intermediate))
         if shared_input_free and down.name in targets:
             live.free(la * i * T)  # the product was kept only for lora_A
         live.alloc(2 * sd * i * T)  # gradients of the activation output and of the up projection
         live.free(sd * i * T)  # the product's gradient
         live.free(2 * sd * i * T)  # the multiplication's saved operands
         ups = [lins[n] for n in ("up_proj", "gate_up_proj") if n in lins] or [Linear("up_proj", h, i)]
-        module(ups[0], True)
-        if merged_gu:  # the gate_up grouped_mm: its merged weight's gradient, then its saved weight and input go
-            live.alloc(merged_gu)
-            live.free(merged_gu)
-            live.free(merged_gu + wd * h * k * T)
+        live.alloc(merged_gu)
+        module(ups[0], True, bool(shape.experts))
+        if merged_gu:
+            merged_backward(merged_gu, wd * h * k * T, (2 * shape.intermediate * 2 * r * e, 2 * r * e * h))
         live.free(sd * i * T)  # up's gradient
         live.alloc(sd * i * T)  # activation backward
         live.free(sd * i * T)
