@@ -137,3 +137,93 @@ def test_one_moe_layers_saved_activations_match_a_real_forward(model_type: str) 
                      framework="loop-loss")
     planned = layer_bytes(shape_from_config(cfg.to_dict()), spec, 2, 64)
     assert planned == pytest.approx(kept[2] - kept[1], rel=0.02)
+
+
+def _tiny_peft(model_type: str, layers: int, targets: Any, dropout: float = 0.0, **wide: int) -> Any:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(model_type, hidden_size=64, num_hidden_layers=layers,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                            **{**TINY[model_type], **wide})
+    model = peft.get_peft_model(transformers.AutoModelForCausalLM.from_config(cfg),
+                                peft.LoraConfig(r=8, target_modules=targets, lora_dropout=dropout))
+    model.train()
+    return cfg, model
+
+
+def _spec(targets: Any) -> QLoraSpec:
+    return QLoraSpec(bits=16, compute_dtype="fp32", lora_r=8, lora_dropout=0.0, framework="loop-loss",
+                     lora_targets=None if targets == "all-linear" else tuple(targets))
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_peft_adapts_the_fused_experts_of_mixtral_and_qwen3_moe_under_all_linear(model_type: str) -> None:
+    # peft 0.21's MoE conversion moves Mixtral's and Qwen3-MoE's experts and router into target_parameters
+    # (ParamWrapper); Qwen2-MoE is not in its table, its experts stay frozen. The plan counts what peft made.
+    from vramscope.planner.layer import expert_lora
+
+    cfg, model = _tiny_peft(model_type, 2, "all-linear")
+    wrapped = {type(m).__name__ for m in model.modules()}
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    shape = shape_from_config(cfg.to_dict())
+    assert plan(cfg.to_dict(), 1, 64, _spec("all-linear")).trainable_params == trainable
+    assert ("ParamWrapper" in wrapped) == (model_type != "qwen2_moe") == expert_lora(shape, _spec("all-linear")).experts
+    # naming only attention leaves the experts alone, in peft and in the plan
+    _, attn_only = _tiny_peft(model_type, 2, ["q_proj", "v_proj"])
+    assert plan(cfg.to_dict(), 1, 64, _spec(["q_proj", "v_proj"])).trainable_params == sum(
+        p.numel() for p in attn_only.parameters() if p.requires_grad)
+
+
+def test_peft_refuses_expert_adapters_with_dropout_and_the_plan_has_none() -> None:
+    # the H200's Mixtral under HF Trainer's qlora recipe (dropout 0.05) stopped here, in get_peft_model
+    with pytest.raises(ValueError, match="ParamWrapper does not work with lora_dropout"):
+        _tiny_peft("mixtral", 1, "all-linear", dropout=0.05)
+    from vramscope.planner.layer import expert_lora, expert_lora_tensors
+
+    shape = shape_from_config(__import__("vramscope.planner", fromlist=["get_config"]).get_config("Mixtral-8x7B"))
+    spec = QLoraSpec(lora_dropout=0.05)
+    assert not expert_lora(shape, spec).experts and expert_lora_tensors(shape, spec) == []
+
+
+def _kept_and_backward(model: Any) -> tuple[int, int]:
+    """(bytes the forward keeps, the most the backward adds on top), counted on the CPU."""
+    torch = pytest.importorskip("torch")
+    from vramscope.planner.trace.counter import LiveBytes
+
+    counter = LiveBytes()
+    for t in [*model.parameters(), *model.buffers()]:
+        counter.track(t)
+    start = counter.now
+    with counter:
+        out = model.base_model.model.model(input_ids=torch.randint(0, 100, (2, 16)), use_cache=False)
+        kept = counter.now - start
+        counter.peak = counter.now
+        out.last_hidden_state.float().pow(2).mean().backward()
+        return kept, counter.peak - start - kept
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_adapted_experts_keep_their_merged_weights_and_backward_makes_their_gradients(model_type: str) -> None:
+    # Experts wide enough that their weights dominate (intermediate 512): what all-linear's expert adapters add
+    # to one layer's saved tensors (the merged gate_up and down stacks, grouped_mm's inputs, the router's input)
+    # and the layer backward's peak over them (a merged stack's gradient, the factors' gradients).
+    from vramscope.planner.frameworks import precision
+    from vramscope.planner.layer import backward_temporaries
+    from vramscope.planner.memory import layer_bytes
+
+    wide = {"intermediate_size": 512, "moe_intermediate_size": 512}
+    kept = {}
+    for targets in ("all-linear", ["q_proj", "k_proj", "v_proj", "o_proj"]):
+        cfg, model = _tiny_peft(model_type, 1, targets, **wide)
+        shape, spec = shape_from_config(cfg.to_dict()), _spec(targets)
+        kept[str(targets)], over = _kept_and_backward(model)
+        if targets == "all-linear":
+            assert backward_temporaries(shape, spec, 2, 16, precision(spec)) == pytest.approx(over, rel=0.02)
+            adapted = layer_bytes(shape, spec, 2, 16)
+        else:
+            attention = layer_bytes(shape, spec, 2, 16)
+    measured = kept["all-linear"] - kept[str(["q_proj", "k_proj", "v_proj", "o_proj"])]
+    assert measured > 4 * 3 * 64 * 512 * 4  # at least the merged stacks (4 or 6 experts x 3 x 64 x 512, fp32)
+    assert adapted - attention == pytest.approx(measured, rel=0.01)
