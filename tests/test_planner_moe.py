@@ -227,3 +227,39 @@ def test_adapted_experts_keep_their_merged_weights_and_backward_makes_their_grad
     measured = kept["all-linear"] - kept[str(["q_proj", "k_proj", "v_proj", "o_proj"])]
     assert measured > 4 * 3 * 64 * 512 * 4  # at least the merged stacks (4 or 6 experts x 3 x 64 x 512, fp32)
     assert adapted - attention == pytest.approx(measured, rel=0.01)
+
+
+def test_a_no_grad_forward_holds_both_merged_expert_stacks_unless_the_adapters_are_off() -> None:
+    # evaluation (adapters on) against the reference's forward (peft's disable_adapter): the peak of a no-grad
+    # forward differs by the two merged stacks ParamWrapper's baddbmm makes for the experts' call (at 4 tokens,
+    # so that the activations, whose fullest moment moves with the stacks, are small beside them)
+    torch = pytest.importorskip("torch")
+    from vramscope.planner.frameworks import precision
+    from vramscope.planner.layer import merged_expert_bytes
+    from vramscope.planner.phases import nograd_layer_bytes
+    from vramscope.planner.trace.counter import LiveBytes
+
+    cfg, model = _tiny_peft("mixtral", 1, "all-linear", intermediate_size=512)
+    model.eval()
+    ids = torch.randint(0, 100, (1, 4))
+
+    def peak(adapters: bool) -> int:
+        counter = LiveBytes()
+        for t in [*model.parameters(), *model.buffers()]:
+            counter.track(t)
+        start = counter.now
+        with counter, torch.no_grad():
+            if adapters:
+                model.base_model.model.model(input_ids=ids, use_cache=False)
+            else:
+                with model.disable_adapter():
+                    model.base_model.model.model(input_ids=ids, use_cache=False)
+        return counter.peak - start
+
+    shape, spec = shape_from_config(cfg.to_dict()), _spec("all-linear")
+    pr = precision(spec)
+    merged = sum(merged_expert_bytes(shape, spec, pr))
+    assert merged == 4 * 3 * 64 * 512 * 4  # 4 experts, gate_up and down, fp32
+    assert peak(True) - peak(False) == pytest.approx(merged, rel=0.03)
+    assert (nograd_layer_bytes(shape, spec, 2, 16, pr) - nograd_layer_bytes(shape, spec, 2, 16, pr, adapters=False)
+            == merged)
