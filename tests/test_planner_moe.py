@@ -263,3 +263,54 @@ def test_a_no_grad_forward_holds_both_merged_expert_stacks_unless_the_adapters_a
     assert peak(True) - peak(False) == pytest.approx(merged, rel=0.03)
     assert (nograd_layer_bytes(shape, spec, 2, 16, pr) - nograd_layer_bytes(shape, spec, 2, 16, pr, adapters=False)
             == merged)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
+def test_the_loaders_worst_moment_is_the_last_layers_expert_stack(model_type: str, tmp_path: Any) -> None:
+    # A real from_pretrained of a per-expert checkpoint (what save_pretrained writes) with on-the-fly 4-bit
+    # quantization (transformers 5's synchronous path), counted on the CPU target by target: each target's rise
+    # above the level before it, less what it and every later target leave loaded, at its worst. The checkpoint is
+    # fp32 and loads as bf16, so that each source is copied as it is on a GPU (a same-dtype CPU load aliases it).
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("bitsandbytes")
+    import transformers.core_model_loading as loading
+
+    from vramscope.planner.memory import loading_transient_bytes
+    from vramscope.planner.trace.counter import LiveBytes
+
+    wide = {"mixtral": {"num_local_experts": 8, "intermediate_size": 1024},
+            "qwen2_moe": {"num_experts": 16, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 256,
+                          "intermediate_size": 1024}}[model_type]
+    cfg = transformers.AutoConfig.for_model(model_type, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, vocab_size=100, num_experts_per_tok=2, **wide)
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(tmp_path)
+    counter = LiveBytes()
+    steps: list[tuple[int, int]] = []  # (peak rise, bytes left) per target, in load order
+    level: list[int] = []
+    original = loading.set_param_for_module
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        peak = counter.peak
+        out = original(*args, **kwargs)
+        if level:
+            steps.append((peak - level[-1], counter.now - level[-1]))
+        level.append(counter.now)
+        counter.peak = counter.now
+        return out
+
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
+    loading.set_param_for_module = watched
+    try:
+        with counter:
+            transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16, device_map="cpu",
+                                                              quantization_config=quant)
+    finally:
+        loading.set_param_for_module = original
+    worst = after = 0
+    for rise, left in reversed(steps):
+        after += left
+        worst = max(worst, rise - after)
+    spec = QLoraSpec(bits=4, double_quant=False, compute_dtype="bf16")
+    assert worst > 2**20 and loading_transient_bytes(shape_from_config(cfg.to_dict()), spec) == pytest.approx(
+        worst, rel=0.01)
