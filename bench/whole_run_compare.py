@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from vramscope.planner import Plan, plan, resolve_model  # noqa: E402
-from vramscope.planner.memory import loading_transient_bytes  # noqa: E402
+from vramscope.planner.memory import loading_transient_bytes, upcast_transient_bytes  # noqa: E402
 from vramscope.planner.phases import RunPhases  # noqa: E402
 from vramscope.recipe import QLoraSpec  # noqa: E402
 
@@ -164,6 +164,11 @@ def load_peak(point: dict[str, Any], p: Plan, batch: int, seq: int, run: RunPhas
     spec = spec_of(point["plan_inputs"], str(point.get("command") or ""))
     shape = resolve_model(config)[1]
     loader = loader_peak(p, shape, spec)
+    if p.framework == "hf":
+        # prepare_model_for_kbit_training's upcast, before get_peft_model: the fp32 weights, no adapters yet
+        assert p.run is not None
+        adapters = p.run.train.phase_breakdowns["optimizer step"].lora_weights
+        return max(load_bytes(p), loader, load_bytes(p) - adapters + upcast_transient_bytes(shape))
     if p.framework != "qlora":
         return max(load_bytes(p), loader)
     embedding = shape.embedding_params

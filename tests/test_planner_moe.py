@@ -314,3 +314,30 @@ def test_the_loaders_worst_moment_is_the_last_layers_expert_stack(model_type: st
     spec = QLoraSpec(bits=4, double_quant=False, compute_dtype="bf16")
     assert worst > 2**20 and loading_transient_bytes(shape_from_config(cfg.to_dict()), spec) == pytest.approx(
         worst, rel=0.01)
+
+
+@pytest.mark.parametrize(("model_type", "tied"), [("qwen2_moe", False), ("llama", False), ("llama", True)])
+def test_prepare_for_kbit_training_peaks_at_its_largest_late_cast(model_type: str, tied: bool, tmp_path: Any) -> None:
+    # HF Trainer's recipe: peft's upcast of every 16-bit parameter to fp32, one at a time, after a real 4-bit load
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    from vramscope.planner.memory import upcast_transient_bytes
+    from vramscope.planner.trace.counter import LiveBytes
+
+    extra = TINY[model_type] if model_type != "llama" else {"intermediate_size": 512}
+    cfg = transformers.AutoConfig.for_model(model_type, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, vocab_size=3000, tie_word_embeddings=tied,
+                                            **extra)
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16, device_map="cpu",
+                                                              quantization_config=quant)
+    counter = LiveBytes()
+    for t in model.parameters():
+        counter.track(t)
+    with counter:
+        peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        final = counter.now
+    assert upcast_transient_bytes(shape_from_config(cfg.to_dict())) == pytest.approx(counter.peak - final, rel=0.02)

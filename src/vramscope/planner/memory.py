@@ -52,7 +52,8 @@ from vramscope.recipe import QLoraSpec
 from vramscope.units import MIB
 
 __all__ = ["Breakdown", "Estimate", "Hardware", "estimate", "has_mask", "layer_activation_bytes",
-           "loading_transient_bytes", "lora_modules", "lora_tensors", "uses_math_attention", "validate_spec"]
+           "loading_transient_bytes", "lora_modules", "lora_tensors", "upcast_transient_bytes", "uses_math_attention",
+           "validate_spec"]
 
 
 # The caching allocator hands out blocks in multiples of 512 bytes.
@@ -503,4 +504,25 @@ def loading_transient_bytes(shape: ModelShape, spec: QLoraSpec) -> int:
     for extra, final in reversed(items):
         worst = max(worst, extra - after)
         after += final
+    return worst
+
+
+def upcast_transient_bytes(shape: ModelShape) -> int:
+    """The most peft's ``prepare_model_for_kbit_training`` holds above the fp32 weights it ends with.
+
+    It casts every 16-bit parameter that is not a ``Params4bit`` to fp32 one at a time (``param.data =
+    param.data.to(torch.float32)``, peft ``utils/other.py``), in ``model.parameters()`` order: while one is cast its
+    bf16 original (2 bytes a weight) is still alive beside the new fp32 tensor, and every parameter after it is still
+    bf16 (2 bytes short of its fp32 size). The worst moment is a large parameter late in the order: an untied
+    ``lm_head``, which comes last (2 x vocab x hidden bytes over the fp32 weights); with tied embeddings the
+    embedding, cast first while everything else is still bf16."""
+    # model.parameters() order: the embedding, each layer (its experts, router, norms, biases), the final norm,
+    # then an untied lm_head; only the large ones matter
+    per_layer = (shape.norm_params - shape.hidden * (2 if shape.norm_bias else 1)) // max(shape.layers, 1)
+    per_layer += (shape.expert_params + shape.bias_params) // max(shape.layers, 1)
+    order = [shape.embedding_params] + [per_layer] * shape.layers + [shape.hidden, shape.lm_head_params]
+    worst = after = 0
+    for n in reversed(order):
+        worst = max(worst, 2 * n - 2 * after)
+        after += n
     return worst
