@@ -8,8 +8,9 @@ trainer, the evaluation's settings and TRL's lengths the probe saw inside the ru
 formed: ``batch x`` the longest example after truncation (the longest batch the collator can form when it pads
 to the longest of each batch); DPO at prompt + the longer of chosen and rejected; GRPO at the probe's prompt +
 completion. ``train``, ``eval`` and ``generation`` points take that phase's figure; ``whole-run`` the largest
-phase (or loading, when it holds more); ``load`` the static weights and adapters (no process figure: the
-planner has no loading transient). Failed runs stay, ``planned_* = null`` with ``"why"``.
+phase (or loading, when it holds more); ``load`` the most of the static weights and adapters, from_pretrained's
+own peak (``loading_transient_bytes``) and, under HF Trainer, prepare_model_for_kbit_training's upcast
+(``upcast_transient_bytes``); no process figure. Failed runs stay, ``planned_* = null`` with ``"why"``.
 """
 
 from __future__ import annotations
