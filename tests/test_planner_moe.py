@@ -341,3 +341,12 @@ def test_prepare_for_kbit_training_peaks_at_its_largest_late_cast(model_type: st
         peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         final = counter.now
     assert upcast_transient_bytes(shape_from_config(cfg.to_dict())) == pytest.approx(counter.peak - final, rel=0.02)
+
+
+def test_naming_mixtrals_transformers_4_expert_linears_adapts_the_fused_stacks() -> None:
+    # peft maps w1 + w3 to gate_up_proj (rank doubled) and w2 to down_proj; the plan reads the same names
+    targets = ["q_proj", "w1", "w3", "w2"]
+    cfg, model = _tiny_peft("mixtral", 2, targets)
+    assert {type(m).__name__ for m in model.modules()} >= {"ParamWrapper"}
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert plan(cfg.to_dict(), 1, 64, _spec(targets)).trainable_params == trainable
