@@ -8,8 +8,9 @@ trainer, the evaluation's settings and TRL's lengths the probe saw inside the ru
 formed: ``batch x`` the longest example after truncation (the longest batch the collator can form when it pads
 to the longest of each batch); DPO at prompt + the longer of chosen and rejected; GRPO at the probe's prompt +
 completion. ``train``, ``eval`` and ``generation`` points take that phase's figure; ``whole-run`` the largest
-phase (or loading, when it holds more); ``load`` the static weights and adapters (no process figure: the
-planner has no loading transient). Failed runs stay, ``planned_* = null`` with ``"why"``.
+phase (or loading, when it holds more); ``load`` the most of the static weights and adapters, from_pretrained's
+own peak (``loading_transient_bytes``) and, under HF Trainer, prepare_model_for_kbit_training's upcast
+(``upcast_transient_bytes``); no process figure. Failed runs stay, ``planned_* = null`` with ``"why"``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from vramscope.planner import Plan, plan, resolve_model  # noqa: E402
+from vramscope.planner.memory import loading_transient_bytes, upcast_transient_bytes  # noqa: E402
 from vramscope.planner.phases import RunPhases  # noqa: E402
 from vramscope.recipe import QLoraSpec  # noqa: E402
 
@@ -51,6 +53,10 @@ def spec_of(inputs: dict[str, Any], command: str = "") -> QLoraSpec:
     """The recipe the run used, from what the probe saw inside it (and its command line)."""
     targets = inputs.get("lora_targets")
     lora_targets = tuple(targets) if isinstance(targets, list) else None  # None: every linear layer
+    if "all-linear" in command.split():
+        # what the user asked: the probe records peft's target_modules after peft's MoE conversion moved the
+        # experts and the router of Mixtral into target_parameters, so its list alone drops those adapters
+        lora_targets = None
     dtype = str(inputs.get("compute_dtype") or "bfloat16")
     return QLoraSpec(
         bits=int(inputs.get("bits") or 4), double_quant=bool(inputs.get("double_quant")),
@@ -155,12 +161,31 @@ def load_peak(point: dict[str, Any], p: Plan, batch: int, seq: int, run: RunPhas
     (prepare_model_for_kbit_training's fp32, fp32 LoRA) until its cast loop after get_peft_model; that loop walks
     ``named_modules()``, whose first hit is ``embed_tokens``: its bf16 copy is made while the fp32 original and
     every other fp32 tensor are still alive (qlora.py:396-405)."""
-    if p.framework != "qlora":
-        return load_bytes(p)
     config = point["plan_inputs"]["model_config"]
-    spec = spec_of(point["plan_inputs"], str(point.get("command") or "")).with_(framework="hf")
-    embedding = resolve_model(config)[1].embedding_params
-    return load_bytes(plan(config, batch, seq, spec, run=run)) + 2 * embedding
+    spec = spec_of(point["plan_inputs"], str(point.get("command") or ""))
+    shape = resolve_model(config)[1]
+    loader = loader_peak(p, shape, spec)
+    if p.framework == "hf":
+        # prepare_model_for_kbit_training's upcast, before get_peft_model: the fp32 weights, no adapters yet
+        assert p.run is not None
+        adapters = p.run.train.phase_breakdowns["optimizer step"].lora_weights
+        return max(load_bytes(p), loader, load_bytes(p) - adapters + upcast_transient_bytes(shape))
+    if p.framework != "qlora":
+        return max(load_bytes(p), loader)
+    embedding = shape.embedding_params
+    return max(load_bytes(plan(config, batch, seq, spec.with_(framework="hf"), run=run)) + 2 * embedding, loader)
+
+
+def loader_peak(p: Plan, shape: Any, spec: QLoraSpec) -> int:
+    """from_pretrained's own peak: the weights as loaded (16-bit parameters in the load dtype, before any
+    upcast; no adapters yet) plus the loader's worst moment (``loading_transient_bytes``)."""
+    assert p.run is not None
+    bd = p.run.train.phase_breakdowns["optimizer step"]
+    src = 4 if spec.compute_dtype == "fp32" else 2
+    unquantized = src * (shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params
+                         + shape.expert_params)
+    return (bd.quantized_weights + bd.quantization_constants + unquantized
+            + loading_transient_bytes(shape, spec))
 
 
 def planned_for(point: dict[str, Any]) -> tuple[int | None, int | None, str | None]:

@@ -8,6 +8,7 @@ Pure arithmetic over config.json fields; nothing here imports torch.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import Precision
@@ -21,6 +22,80 @@ MASK_PAD = 16
 # B x H x S x S fp32 tensor than a CPU replay of the same kernel (saved probabilities + their gradient + the
 # softmax gradient). Seen identically in 9 points of 3 architectures, with and without checkpointing.
 MATH_EXTRA_SCORES = 1
+
+
+# peft 0.21 (utils/transformers_weight_conversion.py, ``_convert_peft_config_moe``) rewrites a LoRA config for the
+# model types whose experts transformers 5 fused: the transformers 4 names of the experts' linears and of the router
+# become ``target_parameters`` (peft's ``ParamWrapper`` over the 3-D ``gate_up_proj`` / ``down_proj`` and the
+# router's ``gate.weight``), and ``all-linear`` takes every one of them. Mixtral is peft's own entry; qwen3_moe maps
+# to the qwen2_moe pattern in transformers' ``_MODEL_TO_CONVERSION_PATTERN`` (5.17 and 5.24), qwen2_moe itself is
+# not a key there, so its experts stay untouched (the H200 Qwen1.5-MoE runs: 32 LoRA layers, q/k/v/o and the
+# shared expert's). Names: the router's, the two fused into gate_up_proj, down_proj's.
+_EXPERT_LORA_NAMES = {"mixtral": ("gate", ("w1", "w3"), "w2"),
+                      "qwen3_moe": ("gate", ("gate_proj", "up_proj"), "down_proj")}
+
+
+@dataclass(frozen=True)
+class ExpertLora:
+    """What peft's ``ParamWrapper`` adapts in one MoE layer (see ``_EXPERT_LORA_NAMES``)."""
+
+    router: bool
+    gate_up: bool
+    down: bool
+
+    @property
+    def experts(self) -> bool:
+        return self.gate_up or self.down
+
+
+def expert_lora(shape: ModelShape, spec: QLoraSpec) -> ExpertLora:
+    """Which expert and router parameters peft wraps with LoRA for this run (none: ``ExpertLora(False, ...)``).
+
+    ``ParamWrapper`` refuses ``lora_dropout != 0`` (the run stops in ``get_peft_model``: the H200's Mixtral under
+    HF Trainer's qlora recipe), so with dropout there is no such adapter to plan."""
+    names = _EXPERT_LORA_NAMES.get(shape.model_type)
+    if not shape.experts or names is None or spec.lora_dropout > 0:
+        return ExpertLora(False, False, False)
+    targets = spec.lora_targets
+    if not targets or tuple(targets) == ("all-linear",):
+        return ExpertLora(True, True, True)
+    leaves = {t.strip().split(".")[-1] for t in targets}
+    router, fused, down = names
+    return ExpertLora(router in leaves, set(fused) <= leaves, down in leaves)
+
+
+def expert_lora_names(shape: ModelShape) -> set[str]:
+    """The target names peft turns into expert or router adapters on this model type (none for the others)."""
+    names = _EXPERT_LORA_NAMES.get(shape.model_type)
+    return set() if names is None or not shape.experts else {names[0], *names[1], names[2]}
+
+
+def expert_lora_tensors(shape: ModelShape, spec: QLoraSpec) -> list[int]:
+    """Element counts of one layer's expert and router LoRA tensors (``ParamWrapper``: lora_A is
+    ``[r * E, in]``, lora_B ``[out, r * E]``; the fused gate_up_proj gets rank and alpha doubled, the 2-D router
+    one expert)."""
+    el = expert_lora(shape, spec)
+    r, e, h, i = spec.lora_r, shape.experts, shape.hidden, shape.intermediate
+    out: list[int] = []
+    if el.router:
+        out += [r * h, e * r]
+    if el.gate_up:
+        out += [2 * r * e * h, 2 * i * 2 * r * e]
+    if el.down:
+        out += [r * e * i, h * r * e]
+    return out
+
+
+def merged_expert_bytes(shape: ModelShape, spec: QLoraSpec, pr: Precision) -> tuple[int, int]:
+    """(gate_up_proj, down_proj) bytes of the merged weights ``W + s * B @ A`` one layer's adapted experts make.
+
+    ``ParamWrapper`` parametrizes the 3-D weight (``_LoraFactorsProxy``: one ``torch.baddbmm`` over the frozen
+    weight and the two factors), so each forward materialises a new tensor the size of the whole expert stack in
+    the weight's dtype; being a function of trainable factors it requires grad, so ``grouped_mm`` keeps it (and
+    its input) for backward, and backward makes its gradient, the same size again."""
+    el = expert_lora(shape, spec)
+    one = pr.params * shape.experts * shape.hidden * shape.intermediate
+    return (2 * one if el.gate_up else 0), (one if el.down else 0)
 
 
 def lora_modules(shape: ModelShape, spec: QLoraSpec) -> list[Linear]:
@@ -38,6 +113,8 @@ def lora_modules(shape: ModelShape, spec: QLoraSpec) -> list[Linear]:
         # peft matches a target by the module name's last component (or a suffix of the dotted name).
         leaf = target.strip().split(".")[-1]
         hits = [lin for lin in shape.linears if lin.name == leaf]
+        if not hits and leaf in expert_lora_names(shape):
+            continue  # an expert or the router: a ParamWrapper (expert_lora), not a linear module
         if not hits:
             raise PlanInputError(
                 f"LoRA target {target!r} matches no linear layer of this {shape.model_type} model; "
@@ -52,7 +129,7 @@ def lora_tensors(shape: ModelShape, spec: QLoraSpec) -> list[int]:
     out: list[int] = []
     for lin in lora_modules(shape, spec):
         out += [spec.lora_r * lin.in_features, lin.out_features * spec.lora_r]
-    return out * shape.layers
+    return (out + expert_lora_tensors(shape, spec)) * shape.layers
 
 
 def has_mask(shape: ModelShape, spec: QLoraSpec, seq: int) -> bool:
@@ -179,6 +256,13 @@ def layer_activation_bytes(shape: ModelShape, spec: QLoraSpec, batch: int, seq: 
         # (only a weight's gradient needs it): a CPU replay of Mixtral and Qwen2-MoE layers keeps exactly this.
         wd = pr.params
         total += 2 * 4 * shape.experts * T + k * ((h + 3 * i) * wd + 16) * T
+        el = expert_lora(shape, spec)
+        if el.router:
+            total += sd * h * T  # F.linear over the router's merged (trainable) weight keeps its input
+        gate_up, down = merged_expert_bytes(shape, spec, pr)
+        # adapted experts (peft's ParamWrapper): the merged weights require grad, so each grouped_mm keeps its
+        # merged weight and its input (the routed tokens [k T, h]; the activation's product [k T, I])
+        total += gate_up + down + (k * h * T * wd if gate_up else 0) + (k * i * T * wd if down else 0)
         if shape.shared_expert_intermediate:
             # the shared expert (a gated MLP of nn.Linear), its output kept by the sigmoid gate's product, the gate
             total += 3 * sd * shape.shared_expert_intermediate * T + sd * h * T + sd * T
@@ -281,8 +365,12 @@ def backward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
     shared_input_free = spec.lora_dropout == 0 and sd == la
     live = _Live(sd * h * T)  # the gradient arriving from the layer above
 
-    def module(lin: Linear, first: bool) -> None:
-        _module_backward(live, lin, lin.name in targets, spec, pr, T, first, mask_bytes)
+    # The routed experts stay 16-bit 3-D parameters whatever the recipe's bits (bitsandbytes quantizes only
+    # nn.Linear), so their grouped_mm backward dequantizes nothing: replayed as 16-bit linears k wide.
+    expert_spec = replace(spec, bits=16)
+
+    def module(lin: Linear, first: bool, expert: bool = False) -> None:
+        _module_backward(live, lin, lin.name in targets, expert_spec if expert else spec, pr, T, first, mask_bytes)
 
     def norm_backward() -> None:
         live.alloc(3 * 4 * h * T)  # grad * weight, grad * rsqrt, grad through pow
@@ -295,16 +383,35 @@ def backward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
         # the routed experts are 3-D parameters, not LoRA-wrapped modules (a shared expert's nn.Linear of the
         # same leaf names must not stand in for them); their backward is replayed as one gated MLP k wide
         lins = {}
+    merged_gu, merged_down = merged_expert_bytes(shape, spec, pr)
+    wd, k, e, r = pr.params, shape.experts_per_token, shape.experts, spec.lora_r
+
+    def merged_backward(merged: int, saved_input: int, factors: tuple[int, int]) -> None:
+        """After an adapted expert grouped_mm's backward (its merged weight's gradient made beside its input's):
+        its saved merged weight and input go; baddbmm's backward turns the gradient into each factor's (a bmm,
+        then the product scaled by alpha: kept as the LoRA gradient) and the merged gradient goes."""
+        live.free(merged + saved_input)
+        for n in factors:
+            live.alloc(2 * pr.lora_param * n)
+            live.free(pr.lora_param * n)
+        live.free(merged)
+
     if shape.experts or shape.gated_mlp:
         down = lins.get("down_proj") or Linear("down_proj", i, h)
-        module(down, True)
+        live.alloc(merged_down)
+        module(down, True, bool(shape.experts))
+        if merged_down:
+            merged_backward(merged_down, wd * i * T, (h * r * e, r * e * shape.intermediate))
         if shared_input_free and down.name in targets:
             live.free(la * i * T)  # the product was kept only for lora_A
         live.alloc(2 * sd * i * T)  # gradients of the activation output and of the up projection
         live.free(sd * i * T)  # the product's gradient
         live.free(2 * sd * i * T)  # the multiplication's saved operands
         ups = [lins[n] for n in ("up_proj", "gate_up_proj") if n in lins] or [Linear("up_proj", h, i)]
-        module(ups[0], True)
+        live.alloc(merged_gu)
+        module(ups[0], True, bool(shape.experts))
+        if merged_gu:
+            merged_backward(merged_gu, wd * h * k * T, (2 * shape.intermediate * 2 * r * e, 2 * r * e * h))
         live.free(sd * i * T)  # up's gradient
         live.alloc(sd * i * T)  # activation backward
         live.free(sd * i * T)
@@ -427,4 +534,5 @@ def forward_temporaries(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int
     dequant = cb * n_max if spec.bits in (4, 8) else 0
     if spec.bits in (4, 8) and pr.autocast and cb == 4:
         dequant += 2 * n_max + 2 * shape.intermediate * T  # autocast's half copies inside the fp32 matmul
-    return (pr.stream + cb) * shape.intermediate * T + dequant
+    gate_up, down = merged_expert_bytes(shape, spec, pr)  # both merged expert stacks live through the experts
+    return (pr.stream + cb) * shape.intermediate * T + dequant + gate_up + down

@@ -51,8 +51,9 @@ from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 from vramscope.units import MIB
 
-__all__ = ["Breakdown", "Estimate", "Hardware", "estimate", "has_mask", "layer_activation_bytes", "lora_modules",
-           "lora_tensors", "uses_math_attention", "validate_spec"]
+__all__ = ["Breakdown", "Estimate", "Hardware", "estimate", "has_mask", "layer_activation_bytes",
+           "loading_transient_bytes", "lora_modules", "lora_tensors", "upcast_transient_bytes", "uses_math_attention",
+           "validate_spec"]
 
 
 # The caching allocator hands out blocks in multiples of 512 bytes.
@@ -68,6 +69,9 @@ MIN_8BIT_SIZE = 4096
 OPTIM_8BIT_BLOCK = 256
 OPTIMIZERS = ("paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "sgd")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
+# model types whose attention module's name sorts before "mlp" in a checkpoint (gpt_neox "attention", falcon
+# "self_attention"); the others' "self_attn" sorts after it
+_ATTENTION_SORTS_FIRST = {"gpt_neox", "falcon"}
 PHASES = ("forward", "loss backward", "layer backward (last)", "layer backward (first)", "optimizer step")
 
 
@@ -459,3 +463,66 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         kv_cache_bytes=kv_cache, logits_bytes=lg.materialised, host_offload_bytes=host_offload,
     )
 
+
+
+def loading_transient_bytes(shape: ModelShape, spec: QLoraSpec) -> int:
+    """The most transformers 5's loader holds above the weights it has loaded so far, at its worst moment.
+
+    With on-the-fly quantization (4- and 8-bit) transformers 5.17 loads synchronously (``core_model_loading.py``,
+    ``convert_and_load_state_dict_in_model``: no thread pool, "to avoid worker threads loading full-precision
+    tensors to GPU faster than the main thread can quantize them"), one target at a time in ``dot_natural_key``
+    order of the checkpoint's names: each target's sources are copied to the GPU in the load dtype, converted, set,
+    and freed before the next. A fused expert stack built from a per-expert checkpoint (what ``save_pretrained``
+    writes: transformers 5 reverts its fusion on save) holds twice its size at its peak (``MergeModulelist``'s
+    ``torch.stack`` beside its sources, then ``Concatenate``'s ``torch.cat`` beside both stacks); a 4- or 8-bit
+    linear holds its 16-bit source beside its quantized result. Every earlier target is already loaded, every later
+    one not yet, so the worst moment is a large target late in the order: in the last layer, where the MLP's names
+    sort before ``self_attn`` (``experts`` before the router ``gate``; Mixtral's ``w1`` makes gate_up's target
+    before ``w2`` makes down's, Qwen-MoE's ``down_proj`` sorts first). Returns that moment's bytes above the loaded
+    weights (0 for 16-bit bases, which load through the asynchronous pool: not modelled)."""
+    if spec.bits not in (4, 8):
+        return 0
+    src = 4 if spec.compute_dtype == "fp32" else 2  # the load dtype (TRL's --dtype, the recipe's torch_dtype)
+
+    def quantized(n: int, out: int) -> int:
+        return math.ceil(n / 2) + 4 * math.ceil(n / NF4_BLOCK) if spec.bits == 4 else n + 4 * out
+
+    # (bytes held above the final ones while converting, final bytes) in load order
+    attention = [(src * lin.params, quantized(lin.params, lin.out_features)) for lin in
+                 sorted((x for x in shape.linears if x.source in ("norm_attn", "attn_out")), key=lambda x: x.name)]
+    dense = [(src * lin.params, quantized(lin.params, lin.out_features)) for lin in
+             sorted((x for x in shape.linears if x.source not in ("norm_attn", "attn_out")), key=lambda x: x.name)]
+    mlp: list[tuple[int, int]] = []
+    if shape.experts:
+        one = src * shape.experts * shape.hidden * shape.intermediate
+        stacks = [(2 * one, 2 * one), (one, one)]  # gate_up (w1 before w2), down
+        mlp += stacks if shape.model_type == "mixtral" else stacks[::-1]
+        mlp.append((0, src * shape.experts * shape.hidden))  # the router
+    mlp += dense  # a shared expert (Qwen2-MoE) sorts after the router; a dense MLP is the whole MLP
+    items = attention + mlp if shape.model_type in _ATTENTION_SORTS_FIRST else mlp + attention
+    worst = after = 0
+    for extra, final in reversed(items):
+        worst = max(worst, extra - after)
+        after += final
+    return worst
+
+
+def upcast_transient_bytes(shape: ModelShape) -> int:
+    """The most peft's ``prepare_model_for_kbit_training`` holds above the fp32 weights it ends with.
+
+    It casts every 16-bit parameter that is not a ``Params4bit`` to fp32 one at a time (``param.data =
+    param.data.to(torch.float32)``, peft ``utils/other.py``), in ``model.parameters()`` order: while one is cast its
+    bf16 original (2 bytes a weight) is still alive beside the new fp32 tensor, and every parameter after it is still
+    bf16 (2 bytes short of its fp32 size). The worst moment is a large parameter late in the order: an untied
+    ``lm_head``, which comes last (2 x vocab x hidden bytes over the fp32 weights); with tied embeddings the
+    embedding, cast first while everything else is still bf16."""
+    # model.parameters() order: the embedding, each layer (its experts, router, norms, biases), the final norm,
+    # then an untied lm_head; only the large ones matter
+    per_layer = (shape.norm_params - shape.hidden * (2 if shape.norm_bias else 1)) // max(shape.layers, 1)
+    per_layer += (shape.expert_params + shape.bias_params) // max(shape.layers, 1)
+    order = [shape.embedding_params] + [per_layer] * shape.layers + [shape.hidden, shape.lm_head_params]
+    worst = after = 0
+    for n in reversed(order):
+        worst = max(worst, 2 * n - 2 * after)
+        after += n
+    return worst

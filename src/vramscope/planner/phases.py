@@ -21,7 +21,7 @@ from typing import Any
 
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, TOKEN_TILE, VOCAB_TILE, Framework, Precision, precision
-from vramscope.planner.layer import attention_bytes, forward_temporaries
+from vramscope.planner.layer import attention_bytes, forward_temporaries, merged_expert_bytes
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_tensors
 from vramscope.planner.pool import eval_loop_segments, eval_moments, train_blocks
 from vramscope.planner.shapes import ModelShape
@@ -168,7 +168,8 @@ class RunPlan:
 
 # --- no-grad forwards: evaluation, the reference, generation's prefill ------------------------------------
 
-def nograd_layer_bytes(shape: ModelShape, spec: QLoraSpec, rows: int, seq: int, pr: Precision) -> int:
+def nograd_layer_bytes(shape: ModelShape, spec: QLoraSpec, rows: int, seq: int, pr: Precision,
+                       adapters: bool = True) -> int:
     """The most one decoder layer's forward holds under ``torch.no_grad()`` (nothing saved for backward).
 
     The embedding output (the model's forward keeps ``inputs_embeds``), the layer's input and its residual
@@ -176,6 +177,8 @@ def nograd_layer_bytes(shape: ModelShape, spec: QLoraSpec, rows: int, seq: int, 
     for a LoRA module with dropout, its dropped copy; q, k, v and the attention output) and the MLP half (the
     normed input and the three intermediates of a gated MLP alive at the product; routed experts per token),
     and the largest weight being dequantized. Errs high: each half is taken at its fullest moment.
+    ``adapters=False``: the reference's forward, peft's adapters switched off (an adapted expert stack is then
+    read as it is, with no merged copy).
     """
     T = rows * seq
     sd, ad = pr.stream, attention_bytes(spec, pr)
@@ -187,6 +190,8 @@ def nograd_layer_bytes(shape: ModelShape, spec: QLoraSpec, rows: int, seq: int, 
         k, i = shape.experts_per_token, shape.intermediate
         wd = pr.params  # grouped_mm casts the routed tokens to the experts' dtype
         mlp = sd * h * T + 2 * 4 * shape.experts * T + k * T * wd * (2 * h + 3 * i)
+        # adapted experts (peft's ParamWrapper): both merged expert stacks exist through the experts' forward
+        mlp += sum(merged_expert_bytes(shape, spec, pr)) if adapters else 0
         if shape.shared_expert_intermediate:
             mlp += 3 * sd * shape.shared_expert_intermediate * T
     else:
@@ -280,7 +285,7 @@ def _reference_moment(est: Estimate, shape: ModelShape, spec: QLoraSpec, rows: i
     T = rows * seq
     fwd = est.phase_breakdowns["forward"]
     policy_head_saved = pr.stream * shape.hidden * T + 40 * T  # the gathered rows and the statistics
-    transient = max(nograd_layer_bytes(shape, spec, rows, seq, pr),
+    transient = max(nograd_layer_bytes(shape, spec, rows, seq, pr, adapters=False),
                     pr.stream * shape.hidden * T + _fused_head_nograd(shape, pr, T))
     return replace(fwd, logits_and_loss=policy_head_saved, temporaries=transient)
 
@@ -534,7 +539,8 @@ def generation_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, t
     beta = run.beta or 0.0
     if beta != 0.0 or needs_old:
         L = P + C
-        scored = nograd_layer_bytes(shape, spec, batch, L, pr)
+        # the old policy scores with its adapters; the reference (beta != 0) with them switched off
+        scored = nograd_layer_bytes(shape, spec, batch, L, pr, adapters=needs_old)
         head = pr.stream * shape.hidden * batch * L + _fused_head_nograd(shape, pr, batch * C)
         moments["scoring"] = replace(base, temporaries=max(scored, head) + ids + 4 * rows * C * 2)
     notes = [f"generation: {rows} rows at once (batch {batch} x steps_per_generation {steps}; "
@@ -558,7 +564,7 @@ def precompute_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, t
     rows = 2 * b if run.trainer == "dpo" else b
     T = rows * seq
     base = replace(_resident(train, T), optimizer_states=0, optimizer_states_paged=0)
-    transient = max(nograd_layer_bytes(shape, spec, rows, seq, pr),
+    transient = max(nograd_layer_bytes(shape, spec, rows, seq, pr, adapters=False),
                     pr.stream * shape.hidden * T + _fused_head_nograd(shape, pr, T))
     return _phase("precompute_ref", rows, seq, {"reference forward": replace(base, temporaries=transient)}, 0,
                   train.breakdown.cuda_context, 0)

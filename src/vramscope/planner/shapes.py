@@ -101,7 +101,8 @@ class ModelShape:
     def expert_params(self) -> int:
         """Mixture-of-experts weights. transformers 5 stores them as fused 3-D parameters, not ``nn.Linear``
         (``gate_up_proj`` [E, 2I, h] and ``down_proj`` [E, h, I] per layer) and the router as a bare [E, h]
-        parameter, so bitsandbytes leaves them unquantized and LoRA's ``all-linear`` does not reach them."""
+        parameter, so bitsandbytes leaves them unquantized; LoRA reaches them only through peft's MoE conversion
+        (``layer.expert_lora``)."""
         return self.routed_expert_params + self.router_params
 
     @property
