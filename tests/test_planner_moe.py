@@ -78,10 +78,10 @@ def test_bitsandbytes_4bit_leaves_the_fused_experts_in_bf16_and_the_plan_says_so
     assert p.breakdown.unquantized_params == sum(2 * t.numel() for t in left.values())
     quantized_params = sum(t.numel() for n, t in model.named_parameters() if n in quantized)
     assert quantized_params == s.layers * sum(lin.params for lin in s.linears)
-    assert p.warnings and "stay bf16" in p.warnings[0]
+    assert p.warnings and "stay bf16" in p.warnings[-1]
     # HF Trainer's prepare_model_for_kbit_training upcasts them to fp32: twice the bytes, said so
     hf = plan(cfg.to_dict(), 1, 64, QLoraSpec(framework="hf"))
-    assert hf.breakdown.unquantized_params == 2 * p.breakdown.unquantized_params and "fp32" in hf.warnings[0]
+    assert hf.breakdown.unquantized_params == 2 * p.breakdown.unquantized_params and "fp32" in hf.warnings[-1]
 
 
 def test_the_registry_has_mixtral_and_the_qwen_moe_shapes() -> None:
@@ -99,11 +99,12 @@ def test_a_moe_plan_says_first_that_the_experts_stay_16_bit(capsys: pytest.Captu
     assert main(["plan", "--model", "Mixtral-8x7B", "--batch-size", "1", "--seq-len", "512",
                  "--framework", "trl"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    warning = next(i for i, line in enumerate(lines) if "WARNING" in line)
+    warning = next(i for i, line in enumerate(lines) if "WARNING" in line and "stay" in line)
     assert warning < next(i for i, line in enumerate(lines) if "breakdown at the peak" in line)
     assert "stay bf16" in lines[warning] and "Ways out" in lines[warning]
     assert not plan("Llama-2-7B", 1, 512).warnings
-    assert not plan("Mixtral-8x7B", 1, 512, QLoraSpec(bits=16)).warnings  # nothing was meant to be quantized
+    # nothing was meant to be quantized (the one warning left: peft refuses the default dropout on the experts)
+    assert [w for w in plan("Mixtral-8x7B", 1, 512, QLoraSpec(bits=16)).warnings if "stay" in w] == []
 
 
 @pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
@@ -350,3 +351,21 @@ def test_naming_mixtrals_transformers_4_expert_linears_adapts_the_fused_stacks()
     assert {type(m).__name__ for m in model.modules()} >= {"ParamWrapper"}
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert plan(cfg.to_dict(), 1, 64, _spec(targets)).trainable_params == trainable
+
+
+def test_a_plan_peft_would_refuse_says_so_first() -> None:
+    """Dropout above 0 with targets that reach Mixtral's (or Qwen3-MoE's) fused experts or router: peft's
+    ParamWrapper refuses it in get_peft_model (the H200's Mixtral under an HF Trainer recipe died there), so the
+    plan's first warning says so, with the two ways out; dropout 0, attention-only targets, Qwen2-MoE (whose
+    experts peft leaves alone) and a dense model get no such line."""
+    refused = plan("Mixtral-8x7B", 1, 512, QLoraSpec(lora_dropout=0.05))
+    assert refused.warnings[0].startswith("peft will refuse this run") and "lora_dropout to 0" in refused.warnings[0]
+    assert "stay" in refused.warnings[1]  # the 16-bit experts, after it
+    for name, spec in (("Mixtral-8x7B", QLoraSpec(lora_dropout=0.0)),
+                       ("Mixtral-8x7B", QLoraSpec(lora_dropout=0.05, lora_targets=("q_proj", "k_proj", "v_proj",
+                                                                                   "o_proj"))),
+                       ("Qwen1.5-MoE-A2.7B", QLoraSpec(lora_dropout=0.05)),
+                       ("Llama-2-7B", QLoraSpec(lora_dropout=0.05))):
+        assert not [w for w in plan(name, 1, 512, spec).warnings if "refuse" in w], (name, spec)
+    qwen3 = plan("Qwen3-30B-A3B", 1, 512, QLoraSpec(lora_dropout=0.1, lora_targets=("down_proj",)))
+    assert qwen3.warnings[0].startswith("peft will refuse this run")

@@ -20,6 +20,7 @@ from vramscope.planner.frameworks import (
     framework_for,
     style_named,
 )
+from vramscope.planner.layer import expert_dropout_refusal
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
 from vramscope.planner.phase_advice import phase_reason, phase_recommendations
@@ -459,7 +460,8 @@ def plan(
     if (defaults_note and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command
             and run.trainer == "sft"):
         notes.append(defaults_note)
-    warnings = moe_warnings(shape, spec, whole.train)
+    refusal = expert_dropout_refusal(shape, spec)
+    warnings = (*((refusal,) if refusal else ()), *moe_warnings(shape, spec, whole.train))
     if cap is None:
         notes.append(_cards_note(top.device_bytes))
     fits = mb = ms = micro = accum = None

@@ -64,6 +64,24 @@ def expert_lora(shape: ModelShape, spec: QLoraSpec) -> ExpertLora:
     return ExpertLora(router in leaves, set(fused) <= leaves, down in leaves)
 
 
+def expert_dropout_refusal(shape: ModelShape, spec: QLoraSpec) -> str | None:
+    """The line a plan must start with when peft will refuse the run: the targets reach the fused experts or the
+    router (``ParamWrapper``) and ``lora_dropout`` is not 0 (``get_peft_model`` raises; seen on the H200 with
+    Mixtral under an HF Trainer recipe's 0.05)."""
+    names = _EXPERT_LORA_NAMES.get(shape.model_type)
+    if not shape.experts or names is None or spec.lora_dropout <= 0:
+        return None
+    targets = spec.lora_targets
+    reached = (not targets or tuple(targets) == ("all-linear",)
+               or bool({t.strip().split(".")[-1] for t in targets} & expert_lora_names(shape)))
+    if not reached:
+        return None
+    return (f"peft will refuse this run: on {shape.model_type} its LoRA targets reach the fused experts and the "
+            f"router, which peft wraps as ParamWrapper, and ParamWrapper takes no dropout (\"lora.ParamWrapper does "
+            f"not work with lora_dropout != 0\"). Set lora_dropout to 0, or name the attention's linears only "
+            f"(q_proj,k_proj,v_proj,o_proj); planned here without expert adapters")
+
+
 def expert_lora_names(shape: ModelShape) -> set[str]:
     """The target names peft turns into expert or router adapters on this model type (none for the others)."""
     names = _EXPERT_LORA_NAMES.get(shape.model_type)
