@@ -435,6 +435,33 @@ def test_search_backs_off_when_the_line_is_too_optimistic() -> None:
     assert all(rise(t.size) <= capacity for t in result.trials if t.ok)
 
 
+def test_the_last_trial_keeps_a_little_room_so_a_near_miss_does_not_lose_the_extrapolation() -> None:
+    """The H200's FSDP rehearsal (bench/results/multigpu/trl-accelerate_fsdp.txt): trials at 1 and 15, then the line
+    aimed the third and last at 38, which reserved 22.53 GiB against 22.29 usable, so the answer fell back to 15.
+    The same reserve, rebuilt from its three readings (a base, a per-sample rise, and the allocator's rounding that
+    grows a little faster far out): the last trial now lands inside the margin."""
+    gib = 1 << 30
+    capacity = int(23.46 * gib)
+    base = int(0.85 * gib)
+
+    def reserved(b: int) -> int:  # 1.66 GiB at 1, 9.31 at 15, 22.53 at 38 (the three H200 readings, within 0.1)
+        return base + int((0.81 + 0.5357 * (b - 1) + 0.000766 * (b - 1) ** 2) * gib)
+
+    def run(b: int) -> Trial:
+        r = reserved(b)
+        return Trial(b, r <= capacity, base, r, 0.0, None if r <= capacity else "cuda_allocator: CUDA out of memory",
+                     after_bytes=base)
+
+    assert abs(reserved(38) - 22.53 * gib) < 0.1 * gib and abs(reserved(15) - 9.31 * gib) < 0.1 * gib
+    result = search(run, capacity, start=1, max_trials=3)
+    usable = capacity * 0.95
+    truth = max(b for b in range(1, 100) if reserved(b) <= usable)
+    # Without the last trial's room (LAST_TRIAL_SAFETY = 0) the third trial overshoots and the answer falls back to
+    # the second trial's 26 here (15 on the H200, whose second trial came from a measured reserve's headroom).
+    assert len(result.trials) == 3 and result.trials[-1].ok
+    assert reserved(result.batch_size) <= usable and result.batch_size >= truth - 2
+
+
 def test_max_seq_len_linear_and_quadratic() -> None:
     dev = BudgetDevice(capacity=2000 * MIB, round_to=1)
     toy = ToyTraining(dev, weights=500 * MIB, per_sample=0, fixed=50 * MIB, state=0)

@@ -33,6 +33,12 @@ DEFAULT_MAX_TRIALS = 5
 # size (tests/data/planner/h200_measurements.csv: 0.3-1.0x at batch 1 x 512 tokens, where cached
 # weight blocks are reused, up to 1.39x at Mistral-7B batch 8 x 1024), and the far probe must not OOM.
 FAR_PROBE_HEADROOM = 0.4
+# The last trial aims this much below the usable memory: the answer is the largest size measured within the margin,
+# so a last trial that overshoots by a hair throws the whole extrapolation away. Why: a line through two points
+# still misses the reserve's growth far out (the allocator's segments round up as tensors grow); on the H200,
+# `tune --gpus 2` behind accelerate FSDP extrapolated from batch 15 to 38 and reserved 22.53 GiB against 22.29 GiB
+# usable (+1.1%), so its answer fell back to 15; the same through torchrun DDP landed 0.1% inside.
+LAST_TRIAL_SAFETY = 0.02
 
 
 class MemoryProbe(Protocol):
@@ -256,7 +262,8 @@ def search(
         if st.points:
             line = fit_line(st.points, degree)
             line = _corrected(line, st, degree)
-        size = _next_size(st, line, start, degree)
+        last = len(st.trials) == max_trials - 1
+        size = _next_size(st, line, start, degree, safety=LAST_TRIAL_SAFETY if last else 0.0)
 
     if st.limit == 0:
         smallest = min(t.size for t in st.trials)
@@ -317,8 +324,9 @@ def _corrected(line: _Line, st: _State, degree: int) -> _Line:
     return line
 
 
-def _next_size(st: _State, line: _Line | None, start: int, degree: int) -> int | None:
-    """The next size to run, or None when the answer is known."""
+def _next_size(st: _State, line: _Line | None, start: int, degree: int, safety: float = 0.0) -> int | None:
+    """The next size to run, or None when the answer is known; ``safety``: the share of the usable memory the
+    line's aim keeps free (the last trial's)."""
     tried = {t.size for t in st.trials}
     lo, hi = st.lo, st.hi
     if hi - lo <= 1:
@@ -326,7 +334,7 @@ def _next_size(st: _State, line: _Line | None, start: int, degree: int) -> int |
     if line is None:  # nothing ran yet: everything tried failed; halve towards 1
         nxt = max(1, min(t.size for t in st.trials) // 2)
         return None if nxt in tried else nxt
-    room = st.usable - st.base
+    room = st.usable * (1.0 - safety) - st.base
     if len(st.points) == 1 and lo > 0:
         # One point: if all of the rise scaled with size, this much would fit; the rise's fixed part
         # makes it a lower bound, and the allocator headroom in far_rise covers the reserve growing
