@@ -53,8 +53,15 @@ def expert_lora(shape: ModelShape, spec: QLoraSpec) -> ExpertLora:
 
     ``ParamWrapper`` refuses ``lora_dropout != 0`` (the run stops in ``get_peft_model``: the H200's Mixtral under
     HF Trainer's qlora recipe), so with dropout there is no such adapter to plan."""
+    if spec.lora_dropout > 0:
+        return ExpertLora(False, False, False)
+    return _expert_targets(shape, spec)
+
+
+def _expert_targets(shape: ModelShape, spec: QLoraSpec) -> ExpertLora:
+    """Which expert and router parameters the run's LoRA targets name, whatever the dropout."""
     names = _EXPERT_LORA_NAMES.get(shape.model_type)
-    if not shape.experts or names is None or spec.lora_dropout > 0:
+    if not shape.experts or names is None:
         return ExpertLora(False, False, False)
     targets = spec.lora_targets
     if not targets or tuple(targets) == ("all-linear",):
@@ -68,13 +75,8 @@ def expert_dropout_refusal(shape: ModelShape, spec: QLoraSpec) -> str | None:
     """The line a plan must start with when peft will refuse the run: the targets reach the fused experts or the
     router (``ParamWrapper``) and ``lora_dropout`` is not 0 (``get_peft_model`` raises; seen on the H200 with
     Mixtral under an HF Trainer recipe's 0.05)."""
-    names = _EXPERT_LORA_NAMES.get(shape.model_type)
-    if not shape.experts or names is None or spec.lora_dropout <= 0:
-        return None
-    targets = spec.lora_targets
-    reached = (not targets or tuple(targets) == ("all-linear",)
-               or bool({t.strip().split(".")[-1] for t in targets} & expert_lora_names(shape)))
-    if not reached:
+    named = _expert_targets(shape, spec)
+    if spec.lora_dropout <= 0 or not (named.router or named.experts):
         return None
     return (f"peft will refuse this run: on {shape.model_type} its LoRA targets reach the fused experts and the "
             f"router, which peft wraps as ParamWrapper, and ParamWrapper takes no dropout (\"lora.ParamWrapper does "
