@@ -331,21 +331,33 @@ def ratio_ci_pct(
     confidence: float = 0.95,
     resamples: int = 2000,
     seed: int = 0,
+    statistic: Callable[[Sequence[float]], float] = statistics.median,
+    by_block: bool = False,
 ) -> tuple[float, float] | None:
-    """Bootstrap interval of ``(median(arm) / median(base) - 1) * 100``, resampling within each block.
+    """Bootstrap interval of ``(statistic(arm) / statistic(base) - 1) * 100``.
 
-    Resampling block by block keeps the design's balance (every resample has each block's share of
-    both arms), so drift between blocks does not widen or shift the interval.
+    By default steps are resampled within each block, which keeps the design's balance (every resample has each
+    block's share of both arms), so drift between blocks does not widen or shift the interval. ``by_block``
+    resamples whole blocks instead (both arms' steps of a drawn block together): steps that are alike within a
+    block (a clock state lasting several steps) then count as one, and the interval cannot be narrower than the
+    blocks' own spread allows.
     """
     blocks = [b for b in arm if arm[b] and base.get(b)]
-    if not blocks or all(len(arm[b]) < 2 and len(base[b]) < 2 for b in blocks):
+    if not blocks or (not by_block and all(len(arm[b]) < 2 and len(base[b]) < 2 for b in blocks)):
         return None  # one step per block and arm: nothing to resample
+    if by_block and len(blocks) < 3:
+        return None
     rng = random.Random(seed)
     stats = []
     for _ in range(resamples):
-        mine = [rng.choice(arm[b]) for b in blocks for _ in arm[b]]
-        theirs = [rng.choice(base[b]) for b in blocks for _ in base[b]]
-        stats.append((statistics.median(mine) / statistics.median(theirs) - 1) * 100)
+        if by_block:
+            drawn = [rng.choice(blocks) for _ in blocks]
+            mine = [x for b in drawn for x in arm[b]]
+            theirs = [x for b in drawn for x in base[b]]
+        else:
+            mine = [rng.choice(arm[b]) for b in blocks for _ in arm[b]]
+            theirs = [rng.choice(base[b]) for b in blocks for _ in base[b]]
+        stats.append((statistic(mine) / statistic(theirs) - 1) * 100)
     stats.sort()
     tail = (1 - confidence) / 2
     return stats[max(0, math.floor(tail * resamples))], stats[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]

@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -399,6 +400,8 @@ def run_grid(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     grid = cases(args.arch, tuple(args.worlds), args.tiny, args.precision)
+    if args.only:
+        grid = [c for c in grid if re.search(args.only, c.name)]
     configs = {c.arch: config_of(c.arch) for c in grid}
     plans = {c: plan(c, configs[c.arch]) for c in grid}
     if args.dry_run:
@@ -581,6 +584,7 @@ def main() -> int:
                         help="fp32: no autocast (planned as loop-loss; the committed grid); autocast: bf16 autocast "
                         "around the forward (planned as hf, the HF Trainer's run)")
     parser.add_argument("--tiny", action="store_true", help="CPU: a tiny 4-bit Llama through the same code")
+    parser.add_argument("--only", metavar="REGEX", help="only the cases whose name (7b-fsdp8-offload) matches")
     parser.add_argument("--dry-run", action="store_true", help="print every case's command and plan; run nothing")
     parser.add_argument("--trl", metavar="DIR", help="write the TRL rehearsal's model, data and fsdp.yaml in DIR "
                         "(unless --dry-run) and print its two commands, one a line")

@@ -29,6 +29,7 @@ import whole_run_probe  # the checks, installed before transformers builds anyth
 whole_run_probe.install()
 
 import torch  # noqa: E402
+import whole_run_snapshot  # noqa: E402  (the pool's segments, when WR_SNAPSHOT_DIR asks for them)
 from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -85,6 +86,7 @@ def main() -> None:
     args = ap.parse_args()
 
     gpu = torch.cuda.is_available()  # without one (a CPU smoke run): no quantization, float32, nothing measured
+    snapshots = whole_run_snapshot.start_recording()
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                bnb_4bit_compute_dtype=torch.bfloat16) if gpu else None
     model = AutoModelForCausalLM.from_pretrained(args.model, quantization_config=quant,
@@ -115,6 +117,8 @@ def main() -> None:
     collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, padding="longest")
     trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=test, data_collator=collator,
                       **kwargs)
+    if snapshots is not None:
+        trainer.add_callback(whole_run_snapshot.SegmentSnapshots(snapshots))
     trainer.train()
     print("whole_run_hf: done", flush=True)
 

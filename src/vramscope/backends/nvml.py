@@ -62,6 +62,10 @@ class NvmlBackend:
         self._v2_memory = True  # False once the driver lacks the v2 call: every GPU uses v1
         self._v1_only: set[int] = set()  # GPUs that answered NotSupported to v2 (the others keep v2)
         self._handles: dict[int, Any] = {}
+        # A GPU's UUID and name never change while NVML is up: read once each (two NVML calls a row saved on
+        # the per-step path), and again only after close().
+        self._identity: dict[int, tuple[Any, Any]] = {}
+        self._count: int | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _ensure_init(self) -> bool:
@@ -92,8 +96,13 @@ class NvmlBackend:
     def device_count(self) -> int:
         if not self._ensure_init():
             return 0
-        count = self._query(-1, "count", self._nvml.nvmlDeviceGetCount)  # type: ignore[union-attr]
-        return int(count) if count is not None else 0
+        if self._count is None:
+            # The driver's GPU count is fixed for the life of the NVML session (no hot-plug under CUDA).
+            count = self._query(-1, "count", self._nvml.nvmlDeviceGetCount)  # type: ignore[union-attr]
+            if count is None:
+                return 0
+            self._count = int(count)
+        return self._count
 
     def indices(self) -> list[int]:
         count = self.device_count()
@@ -110,6 +119,8 @@ class NvmlBackend:
                     pass
             self._initialised = False
             self._handles.clear()
+            self._identity.clear()
+            self._count = None
 
     # -- reading ---------------------------------------------------------------------------------
     def read(self) -> tuple[GpuReading, ...]:
@@ -136,8 +147,12 @@ class NvmlBackend:
             reserved = int(memory.reserved) if hasattr(memory, "reserved") else None
 
         util = self._query(index, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle, errors=errors)
-        uuid = self._query(index, "uuid", nvml.nvmlDeviceGetUUID, handle, errors=errors)
-        name = self._query(index, "name", nvml.nvmlDeviceGetName, handle, errors=errors)
+        uuid, name = self._identity.get(index, (None, None))
+        if uuid is None or name is None:
+            uuid = self._query(index, "uuid", nvml.nvmlDeviceGetUUID, handle, errors=errors)
+            name = self._query(index, "name", nvml.nvmlDeviceGetName, handle, errors=errors)
+            if uuid is not None and name is not None:
+                self._identity[index] = (uuid, name)
         procs = self._query(index, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, handle, errors=errors)
         return GpuReading(
             index=index,
