@@ -91,3 +91,45 @@ def test_hf_argmax_eval_finds_one_fp32_block_in_autocasts_half_lm_head() -> None
 def test_an_evaluation_no_wider_than_the_step_fits_its_pool() -> None:
     for config, spec in ((LLAMA31_8B, TRL), (QWEN25_7B, TRL), (LLAMA31_8B, HF)):
         assert _growth(config, spec, 4, 1024, RunPhases(eval_batch=4)) == 0
+
+
+MIXTRAL_2L: dict[str, Any] = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+                              "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+                              "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2,
+                              "max_position_embeddings": 32768, "tie_word_embeddings": False}
+
+
+def test_adapted_experts_leave_their_merged_stacks_and_gradients_cached() -> None:
+    # HF recipe on Mixtral-8x7B-2L with all-linear (peft's ParamWrapper on the fused experts, dropout 0): after a
+    # step the H200's pool held two free 3584 MiB blocks (the fp32 merged gate_up stack, opened in the forward,
+    # and its gradient, opened in backward) and two of 1792 MiB (down's); bench/results/whole-run/
+    # segments-2026-12-02/hf-evalloss-Mixtral-8x7B-2L/segments-after-step2.json
+    from vramscope.planner.frameworks import framework_for, precision
+    from vramscope.planner.pool import train_blocks
+
+    spec = HF.with_(lora_dropout=0.0, lora_targets=("all-linear",))
+    shape = resolve_model(MIXTRAL_2L)[1]
+    fw = framework_for(spec)
+    blocks = train_blocks(shape, spec, fw, precision(spec, fw), 2, 1024)
+    assert blocks.count(3584 * MIB) == 2 and blocks.count(1792 * MIB) == 2
+
+
+def test_an_evaluation_finds_room_in_the_merged_expert_blocks() -> None:
+    # the 4 x 1024 loss-only evaluation beside the 2 x 1024 step: its fp32 loss pair ([4096, 32000], 500 MiB each)
+    # and the no-grad forward's merged stacks take the cached merged blocks (H200: reserved 24772 MiB before the
+    # evaluation, 24774 after; the plan before said +1000 MiB)
+    spec = HF.with_(lora_dropout=0.0, lora_targets=("all-linear",))
+    assert _growth(MIXTRAL_2L, spec, 2, 1024, RunPhases(eval_batch=4, eval_examples=8)) == 0
+
+
+@pytest.mark.parametrize(("spec", "measured"), [
+    # the H200's process memory over the training steps (bench/results/whole-run/points.json, 2026-12-01/02)
+    (HF.with_(lora_dropout=0.0, lora_targets=("all-linear",)), 26774339584),
+    (TRL.with_(lora_dropout=0.0, lora_targets=("all-linear",)), 14541651968),
+])
+def test_merged_expert_blocks_are_not_scaled_as_fragmented_activations(spec: QLoraSpec, measured: int) -> None:
+    # The frameworks' fragmentation factors were fitted on activations; applied to the merged expert stacks too
+    # (they are among a layer's saved tensors) they put the HF run's process at +30 %. As exact-fit blocks they
+    # add only those of them free at the backward's fullest moment (layer.merged_expert_pool).
+    p = plan_run(resolve_model(MIXTRAL_2L)[1], spec, 2, 1024, run=RunPhases())
+    assert abs(p.phases["train"].process_bytes / measured - 1) < 0.09

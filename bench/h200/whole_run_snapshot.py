@@ -62,6 +62,18 @@ def write_segments(folder: Path, moment: str) -> None:
             "block_frames": [_frames(b) for b in seg.get("blocks", []) if b.get("frames")][:4],
         })
     segments.sort(key=lambda s: -s["mib"])
+    # Inside the largest segment (transformers' caching_allocator_warmup: the loaded weights), every large
+    # allocation and free the history kept, in order: who held which part of it, and when it was let go.
+    events: list[dict[str, Any]] = []
+    if snap.get("segments"):
+        top = max(snap["segments"], key=lambda seg: int(seg["total_size"]))
+        lo, hi = int(top["address"]), int(top["address"]) + int(top["total_size"])
+        for trace in snap.get("device_traces", []):
+            for event in trace:
+                if lo <= int(event.get("addr", -1)) < hi and int(event.get("size", 0)) >= smallest:
+                    offset = round((int(event["addr"]) - lo) / _MIB, 2)
+                    events.append({"action": event.get("action"), "offset_mib": offset,
+                                   "mib": round(int(event["size"]) / _MIB, 2), "frames": _frames(event)[-6:]})
     stats = torch.cuda.memory_stats()
     out = {
         "moment": moment,
@@ -71,6 +83,7 @@ def write_segments(folder: Path, moment: str) -> None:
         "peak_allocated_bytes": stats.get("allocated_bytes.all.peak"),
         "segments_at_least_mib": smallest // _MIB,
         "segments": segments,
+        "largest_segment_events": events,
     }
     (folder / f"segments-{moment}.json").write_text(json.dumps(out, indent=1))
 
@@ -82,6 +95,9 @@ class SegmentSnapshots(TrainerCallback):  # type: ignore[misc]
         self.folder = folder
         self.steps = steps
         self.evaluations = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        write_segments(self.folder, "train-begin")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step <= self.steps:

@@ -118,6 +118,22 @@ def merged_expert_bytes(shape: ModelShape, spec: QLoraSpec, pr: Precision) -> tu
     return (2 * one if el.gate_up else 0), (one if el.down else 0)
 
 
+def merged_expert_pool(shape: ModelShape, spec: QLoraSpec, pr: Precision) -> tuple[int, int]:
+    """(bytes of merged expert stacks among a layer's saved tensors, bytes of their cached blocks free at the peak).
+
+    The merged stacks and their gradients are made and freed at the same four sizes in every layer's forward
+    and backward, so the allocator keeps one block of each (the merged gate_up and down, and a gradient of
+    each) and hands them back by exact fit layer after layer: they fragment nothing, unlike the activations the
+    frameworks' fragmentation factors were fitted on. What they add to the reserved pool is the blocks not live
+    at the backward's fullest moment. The backward replay (``backward_temporaries``) holds at most gate_up and
+    down with down's gradient (down's backward), or gate_up with its gradient (gate_up's backward)."""
+    gate_up, down = merged_expert_bytes(shape, spec, pr)
+    if not (gate_up or down):
+        return 0, 0
+    live = max(gate_up + 2 * down, 2 * gate_up)
+    return gate_up + down, 2 * (gate_up + down) - live
+
+
 def lora_modules(shape: ModelShape, spec: QLoraSpec) -> list[Linear]:
     """The per-layer linear modules LoRA wraps. ``None`` or ``all-linear`` means every linear but lm_head.
 

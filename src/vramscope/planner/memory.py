@@ -44,6 +44,7 @@ from vramscope.planner.layer import (
     lora_modules,
     lora_tensors,
     lora_weight_copies,
+    merged_expert_pool,
     recompute_tail_temporaries,
 )
 from vramscope.planner.layer import uses_math_attention as _uses_math_attention
@@ -449,7 +450,9 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         bd = Breakdown(**{**bd.to_dict(), "calibration": adjust})
     frag = hw.fragmentation if hw.fragmentation is not None else fw.fragmentation
     f_layer, f_logits = frag[:2] if spec.gradient_checkpointing else frag[2:]
-    overhead = _align(f_layer * S + f_logits * lg.materialised)
+    # The fitted factors scale the activations' blocks; merged expert stacks are exact-fit blocks (their own term).
+    merged_saved, merged_free = merged_expert_pool(shape, spec, pr)
+    overhead = _align(f_layer * (S - merged_saved) + f_logits * lg.materialised + merged_free)
     reserved = peak_alloc + overhead
     paged_counted = opt_paged if hw.paged_in_process else 0
     context = hw.cuda_context_bytes if hw.cuda_context_bytes is not None else fw.cuda_context_bytes
@@ -516,11 +519,15 @@ def upcast_transient_bytes(shape: ModelShape) -> int:
     bf16 (2 bytes short of its fp32 size). The worst moment is a large parameter late in the order: an untied
     ``lm_head``, which comes last (2 x vocab x hidden bytes over the fp32 weights); with tied embeddings the
     embedding, cast first while everything else is still bf16."""
-    # model.parameters() order: the embedding, each layer (its experts, router, norms, biases), the final norm,
-    # then an untied lm_head; only the large ones matter
-    per_layer = (shape.norm_params - shape.hidden * (2 if shape.norm_bias else 1)) // max(shape.layers, 1)
-    per_layer += (shape.expert_params + shape.bias_params) // max(shape.layers, 1)
-    order = [shape.embedding_params] + [per_layer] * shape.layers + [shape.hidden, shape.lm_head_params]
+    # model.parameters() order: the embedding, each layer (its fused experts: gate_up_proj then down_proj, two
+    # parameters cast one after the other; router, norms, biases), the final norm, then an untied lm_head; only the
+    # large ones matter
+    layers = max(shape.layers, 1)
+    small = (shape.norm_params - shape.hidden * (2 if shape.norm_bias else 1) + shape.router_params
+             + shape.bias_params) // layers
+    stack = shape.experts * shape.hidden * shape.intermediate if shape.experts else 0  # one layer's down_proj
+    per_layer = [n for n in (2 * stack, stack, small) if n]
+    order = [shape.embedding_params] + per_layer * shape.layers + [shape.hidden, shape.lm_head_params]
     worst = after = 0
     for n in reversed(order):
         worst = max(worst, 2 * n - 2 * after)

@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 
 from vramscope.planner.frameworks import TOKEN_TILE, VOCAB_TILE, Framework, Precision
-from vramscope.planner.layer import lora_modules
+from vramscope.planner.layer import lora_modules, merged_expert_bytes
 from vramscope.planner.shapes import Linear, ModelShape
 from vramscope.recipe import QLoraSpec
 from vramscope.units import MIB
@@ -154,7 +154,9 @@ def _mlp_moments(shape: ModelShape, spec: QLoraSpec, fw: Framework, pr: Precisio
     """The large tensors of one dense MLP's forward, moment by moment (transformers' ``down(act(gate(x)) *
     up(x))``, or Phi-3's fused ``gate_up`` chunked in two; a plain ``down(act(up(x)))``)."""
     if shape.experts:
-        return []  # routed experts: per-expert slices of the tokens, smaller than the dense blocks
+        # routed experts: per-expert slices of the tokens, smaller than the dense blocks; adapted experts (peft's
+        # ParamWrapper) make both merged stacks for the experts' call, no-grad or not
+        return [[size for size in merged_expert_bytes(shape, spec, pr) if size]]
     act = _act_bytes(fw, pr)
     lora = {lin.name for lin in lora_modules(shape, spec)}
     by_name = {lin.name: lin for lin in shape.linears}
@@ -207,6 +209,8 @@ def train_blocks(shape: ModelShape, spec: QLoraSpec, fw: Framework, pr: Precisio
     T = rows * seq
     moments = _mlp_moments(shape, spec, fw, pr, T) + _head_blocks(shape, fw, pr, T, grad=True)
     blocks: list[int] = list(_dequantized(shape, spec, pr))
+    # adapted experts: each merged stack and its gradient, one cached block each (layer.merged_expert_pool)
+    blocks += [size for size in merged_expert_bytes(shape, spec, pr) if size] * 2
     # a kind's block count is the most the step held at once; blocks already listed are reused, not added
     for moment in moments:
         need = sorted((t for t in moment if t > LARGE), reverse=True)
