@@ -141,7 +141,8 @@ def _pct(v: Any) -> str:
 def table(points: list[dict[str, Any]]) -> str:
     """strategy x world size x offload, planned vs rehearsed (the table of docs/distributed.md)."""
     lines = ["| model | strategy | GPUs | offload | planned alloc | rehearsed alloc | error | planned host | "
-             "rehearsed host | host error |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "rehearsed host (RSS) | host error | counted host | counted error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     names = list(grid.ARCHS.values())
     order = sorted(points, key=lambda p: (names.index(p["arch"]) if p["arch"] in names else len(names), p["arch"],
                                           p["strategy"] != "fsdp", p["offload"], p["world_size"]))
@@ -151,7 +152,8 @@ def table(points: list[dict[str, Any]]) -> str:
         lines.append(f"| {p['arch']} | {p['strategy'].upper()} | {p['world_size']} | {p['offload']} | "
                      f"{_gib(p['planned_peak_allocated_bytes'])} | {measured} | {_pct(p['allocated_error'])} | "
                      f"{_gib(p['planned_host_bytes']) if host else '-'} | "
-                     f"{_gib(p['measured_host_bytes']) if host else '-'} | {_pct(p['host_error'])} |")
+                     f"{_gib(p['measured_host_bytes']) if host else '-'} | {_pct(p['host_error'])} | "
+                     f"{_gib(p.get('counted_host_bytes'))} | {_pct(p.get('counted_host_error'))} |")
     return "\n".join(lines)
 
 
@@ -200,9 +202,10 @@ def main(argv: list[str] | None = None) -> int:
                       ("host under offload, counted", "host_under_offload_counted")):
         now, then = s[key], s["as_measured"].get(key, {})
         if now.get("points"):
-            print(f"{name}: {now['points']} points, median |error| {now['median_abs'] * 100:.1f}%, worst "
-                  f"{now['worst_abs'] * 100:.1f}% (the plan measured against: median "
-                  f"{then.get('median_abs', 0) * 100:.1f}%, worst {then.get('worst_abs', 0) * 100:.1f}%)")
+            before = (f" (the plan measured against: median {then['median_abs'] * 100:.1f}%, worst "
+                      f"{then['worst_abs'] * 100:.1f}%)") if then.get("points") else ""
+            print(f"{name}: {now['points']} points, median |error| {now['median_abs'] * 100:.2f}%, worst "
+                  f"{now['worst_abs'] * 100:.2f}%{before}")
     return 0
 
 

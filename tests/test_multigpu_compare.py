@@ -36,14 +36,16 @@ def test_the_committed_grid_replans_to_the_committed_points_and_meets_the_goal(t
     assert all(p.keys() >= ISSUE_FIELDS for p in points)
     # The table of docs/distributed.md: one row a case.
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| Llama-2-")]
-    assert len(rows) == 24 and "(skipped)" in proc.stdout
+    assert len(rows) == 24 and "(skipped)" not in proc.stdout  # 70B x 8 with offload ran on 2026-12-02
     committed = json.loads(POINTS.read_text())
     assert [p["planned_peak_allocated_bytes"] for p in committed["points"]] == \
         [p["planned_peak_allocated_bytes"] for p in points], "re-run bench/multigpu_compare.py and commit points.json"
     s = written["summary"]
-    assert s["allocated"]["points"] == 23 and s["host_under_offload"]["points"] == 10
+    assert s["allocated"]["points"] == 24 and s["host_under_offload"]["points"] == 11
     assert s["allocated"]["median_abs"] <= 0.03 and s["allocated"]["worst_abs"] <= 0.08
     assert s["host_under_offload"]["median_abs"] <= 0.10
+    # counted inside each offloaded case (pinned host blocks + CPU AdamW states): every case within the 10 % goal
+    assert s["host_under_offload_counted"]["points"] == 11 and s["host_under_offload_counted"]["worst_abs"] <= 0.10
     # The plan the grid was measured against (HF's autocast precision, not the loop's) was off by more.
     assert s["as_measured"]["allocated"]["worst_abs"] > 0.08
 
