@@ -128,12 +128,19 @@ def _refuse_double_dash_values(argv: Sequence[str]) -> None:
             raise UsageError(f"{flag} needs a value, and '--' is not one (write e.g. {flag}=1)")
 
 
+def _subcommand(argv: Sequence[str]) -> str | None:
+    """The command word of ``vramscope [--debug] COMMAND ...`` (the global options are flags without values)."""
+    return next((token for token in argv if not token.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    # pyarrow's default allocator (mimalloc) reserves about 1 GiB of address space at its first use: a report under
-    # a memory limit (ulimit -v, a batch system's cap) would fail on what it never touches. vramscope's own process
-    # only: set before pyarrow is imported, and never over the user's choice.
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if _subcommand(args_list) == "report":
+        # pyarrow's default allocator (mimalloc) reserves about 1 GiB of address space at its first use: a report
+        # under a memory limit (ulimit -v, a batch system's cap) would fail on what it never touches. Set before
+        # pyarrow is imported, never over the user's choice, and for `report` alone: the commands that start the
+        # user's programs (run, tune) hand them this process's environment, which must stay the user's.
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     debug = "--debug" in args_list
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s")
     try:
