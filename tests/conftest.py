@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can `import fake_nvml`
 
 import fake_nvml
+
+# One intra-op thread for torch in the test processes and every child they start (unless the caller chose):
+# the models here are tiny, so a second thread buys nothing, and with pytest-xdist's workers and their children
+# all on the same few cores, OpenMP threads waiting on each other at every barrier only burn time.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _cuda_available() -> bool:
