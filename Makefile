@@ -11,8 +11,10 @@ demo: setup
 	.venv/bin/vramscope run --overwrite --log out/demo_memory.csv -- .venv/bin/python examples/train_tiny_lora.py
 	.venv/bin/vramscope report out/demo_memory.steps.csv
 
-# Both cores (pytest-xdist); worksteal hands a worker's queued tests to an idle one, so the slow process tests
-# (real trainers, pty, signals) do not finish on one core alone.
+# pytest-xdist on every core, with half again as many workers as cores (tests/conftest.py: many tests wait on a
+# child process or a timer, and another worker uses the core meanwhile); worksteal hands a worker's queued tests
+# to an idle one, so the slow process tests (real trainers, pty, signals) do not finish on one worker alone.
+# PYTEST_XDIST_AUTO_NUM_WORKERS=N sets the number of workers.
 test: setup
 	.venv/bin/python -m pytest -q -n auto --dist worksteal
 

@@ -152,6 +152,7 @@ def test_a_large_csv_is_read_in_a_fraction_of_its_size(tmp_path: Path) -> None:
     assert table.labels("phase").names == ["train"] and (table.labels("phase").codes == 0).all()
 
 
+@pytest.mark.slow  # many chunked reads of a large CSV: about 4 s here
 def test_a_csv_scanned_in_many_chunks_reads_as_the_csv_module_reads_it(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "big.csv", 100_000)  # lines straddle each chunk's boundary
     assert path.stat().st_size > 2 * CHUNK_BYTES

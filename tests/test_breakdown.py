@@ -115,6 +115,7 @@ def test_a_trainer_run_leaves_its_breakdown_beside_the_step_log(tmp_path: Path) 
     assert "what held memory" not in text and "peak" in text
 
 
+@pytest.mark.slow  # a child Python that imports torch and transformers
 def test_summary_prints_a_table_in_a_fresh_interpreter() -> None:
     code = (
         "import torch, transformers, vramscope\n"

@@ -96,6 +96,7 @@ def test_rank0_log_has_every_rank_and_report_shows_imbalance(tmp_path: Path) -> 
     assert "rank" in text.stdout and "imbalance" in text.stdout
 
 
+@pytest.mark.slow  # two torchrun ranks, each a Python with torch and transformers
 def test_gather_false_keeps_rank0_log_to_itself(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT.replace("warn=False", "warn=False, gather=False, rank_logs=False"))

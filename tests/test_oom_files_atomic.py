@@ -13,6 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from tests.test_oom import event, make_snapshot  # the scenario fixtures of the OOM tests
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -36,6 +37,7 @@ REWRITE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a child Python with torch
 def test_a_full_disk_keeps_the_first_report(tmp_path: Path) -> None:
     from vramscope.oom.postmortem import post_mortem
     from vramscope.oom.render import write_report

@@ -266,6 +266,7 @@ def test_a_no_grad_forward_holds_both_merged_expert_stacks_unless_the_adapters_a
             == merged)
 
 
+@pytest.mark.slow  # real MoE models built and loaded on the CPU
 @pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
 def test_the_loaders_worst_moment_is_the_last_layers_expert_stack(model_type: str, tmp_path: Any) -> None:
     # A real from_pretrained of a per-expert checkpoint (what save_pretrained writes) with on-the-fly 4-bit

@@ -60,6 +60,7 @@ TINY: dict[str, Any] = {"model_type": "gemma2", "hidden_size": 256, "intermediat
                         "sliding_window": 512, "query_pre_attn_scalar": 64}
 
 
+@pytest.mark.slow  # a traced step per cap
 def test_a_traced_tiny_gemma2_grows_by_what_the_analytic_plan_adds_for_each_cap() -> None:
     pytest.importorskip("bitsandbytes")
     from vramscope.planner.trace.engine import trace_plan

@@ -34,6 +34,7 @@ def warm() -> None:
     trace_step(TINY, 1, 8, QLoraSpec(bits=16, attn="eager", lora_r=4))
 
 
+@pytest.mark.slow  # a fake and a real step, each traced
 @pytest.mark.parametrize(("framework", "ckpt", "optim"), [
     ("hf", True, "adamw_torch"),
     ("trl", True, "paged_adamw_32bit"),
@@ -184,6 +185,7 @@ def test_cuda_autocast_casts_as_cuda_does() -> None:
     assert out["logits"].dtype == torch.float32 and out["ids"].dtype == torch.long
 
 
+@pytest.mark.slow  # a real HF step traced per case
 @pytest.mark.parametrize(("arch", "ckpt"), [("llama", False), ("mistral", False), ("mistral", True),
                                             ("gemma2", False)])
 def test_traced_hf_step_under_autocast_matches_the_analytic_plan(arch: str, ckpt: bool) -> None:
@@ -243,6 +245,7 @@ def _plan_in_a_pty(tmp_path: Path, extra: list[str]) -> tuple[int, str, str]:
     return proc.returncode, out, b"".join(chunks).decode()
 
 
+@pytest.mark.slow  # a child Python with torch, transformers and peft on a pty
 def test_plan_trace_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     pytest.importorskip("bitsandbytes")
     code, out, err = _plan_in_a_pty(tmp_path, [])

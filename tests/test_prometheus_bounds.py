@@ -45,6 +45,7 @@ def get(url: str, method: str = "GET", timeout: float = 3.0) -> tuple[int, bytes
         return exc.code, exc.read(), exc.headers.get("Content-Type", "")
 
 
+@pytest.mark.slow  # a thousand real sockets
 def test_a_thousand_idle_sockets_cost_no_thread_and_scrapes_still_answer(sink: PrometheusSink) -> None:
     # Before: a thread per connection, each waiting forever for a request; 776 of the later scrapes timed out.
     threads_before = threading.active_count()

@@ -246,6 +246,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusS
 # -- scraping the exporter --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real Prometheus server's scrape interval
 @needs_prometheus
 def test_prometheus_scrapes_the_exporter_and_promql_returns_the_values(prometheus: PrometheusServer) -> None:
     port, slot = prometheus.claim()

@@ -62,6 +62,7 @@ def _child_env(world: int | None) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow  # a child Python with torch, peft and transformers
 def test_fsdp2_under_the_fake_group_holds_a_quarter_of_a_lora_llama_and_trains(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(CHILD, encoding="utf-8")
@@ -84,13 +85,14 @@ def test_fsdp2_under_the_fake_group_holds_a_quarter_of_a_lora_llama_and_trains(t
     assert out["loss_shape"] == []
 
 
+@pytest.mark.slow  # a child Python with torch; gloo's 1 s timeout
 def test_without_the_variable_nothing_is_patched_and_the_real_group_is_asked_for(tmp_path: Path) -> None:
     assert world_size_of({}) is None and world_size_of({ENV_REHEARSAL: "x"}) is None
     assert world_size_of({ENV_REHEARSAL: "8"}) == 8
     assert install({}) is False
     script = tmp_path / "init.py"
     script.write_text("import datetime, torch.distributed as dist\n"
-                      "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=3))\n", encoding="utf-8")
+                      "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=1))\n", encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script)], env=_child_env(None), capture_output=True, text=True,
                           timeout=120)
     # A real gloo group at a port where nothing listens: it fails (with the fake group it would have opened).

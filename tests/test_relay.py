@@ -224,7 +224,7 @@ TRAIN_SCRIPT = textwrap.dedent(
             self.kept = []
         def on_step_end(self, args, state, control, **kwargs):
             self.kept.append(b"x" * (1024 * 1024))
-            time.sleep(0.05)
+            time.sleep(0.02)
             if os.path.exists("release"):
                 control.should_training_stop = True
 

@@ -110,6 +110,7 @@ LAUNCHER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # three attempts, each a second's wait for a second SIGTERM
 @pytest.mark.parametrize("shape", ["plain", "vramscope", "nested"])
 def test_a_launcher_forwarding_sigterm_gives_its_worker_one(shape: str, tmp_path: Path) -> None:
     (tmp_path / "worker.py").write_text(COUNT_SIGTERMS)
@@ -184,7 +185,9 @@ IGNORES_TSTP = textwrap.dedent(
     # Ignored, or caught by a handler that does not stop (a program that saves its state on Ctrl-Z).
     signal.signal(signal.SIGTSTP, signal.SIG_IGN if sys.argv[2] == "ignore" else lambda *_: None)
     pathlib.Path(sys.argv[1]).write_text("1")
-    time.sleep(3.0)
+    done, deadline = pathlib.Path(sys.argv[3]), time.monotonic() + 30
+    while not done.exists() and time.monotonic() < deadline:  # runs on through the Ctrl-Z until told to end
+        time.sleep(0.01)
     print("FINISHED", flush=True)
     """
 )
@@ -197,13 +200,15 @@ def test_ctrl_z_on_a_command_that_ignores_it_stops_nothing(under_vramscope: bool
     (tmp_path / "t.py").write_text(IGNORES_TSTP)
     terminal = Terminal(tmp_path)
     try:
-        command = f"{PYTHON} t.py ready {how}"
+        command = f"{PYTHON} t.py ready {how} done"
         if under_vramscope:
             command = f"{PYTHON} -m vramscope run --quiet --log m.csv --interval 0.1 -- {command}"
         terminal.run(command)
         wait_for(tmp_path / "ready")
         time.sleep(0.3)
         terminal.send(b"\x1a")  # Ctrl-Z: SIGTSTP to the foreground process group
+        time.sleep(1.0)  # a second of the command (and the monitor's sampling) after the Ctrl-Z
+        (tmp_path / "done").touch()
         assert terminal.wait_for(b"FINISHED", timeout=30), terminal.text
         assert terminal.wait_for(b"PROMPT> ", timeout=30), terminal.text
         assert b"Stopped" not in terminal.output[terminal.mark:], terminal.text  # as without vramscope

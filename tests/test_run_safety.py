@@ -14,6 +14,8 @@ Job control in a real terminal is in tests/test_run_jobcontrol.py.
 
 from __future__ import annotations
 
+import array
+import dataclasses
 import fcntl
 import http.server
 import json
@@ -22,6 +24,7 @@ import signal
 import socketserver
 import subprocess
 import sys
+import termios
 import textwrap
 import threading
 import time
@@ -80,6 +83,7 @@ TRAIN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a real HF Trainer in a child Python per fault
 @pytest.mark.parametrize(
     ("fault", "limit"),
     [("step log path is a directory", 0), ("step log cannot be written at the start (EFBIG)", 64),
@@ -167,21 +171,64 @@ FILL_AND_END = textwrap.dedent(
     pathlib.Path(sys.argv[1]).write_text(str(time.time()))
     """
 )
+# The same child, ending when the test says so (the file argv[2] appears) rather than after a fixed time.
+END_WHEN_TOLD = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    told, deadline = pathlib.Path(sys.argv[2]), time.monotonic() + 60
+    while not told.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pathlib.Path(sys.argv[1]).write_text(str(time.time()))
+    """
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StalledFifo:
+    path: Path
+    reader: int
+
+    def held(self) -> int:
+        """Bytes written to the FIFO and never read (FIONREAD on its reader)."""
+        count = array.array("i", [0])
+        fcntl.ioctl(self.reader, termios.FIONREAD, count)
+        return count[0]
+
+    def wait_until_a_writer_blocks(self, proc: subprocess.Popen[str]) -> None:
+        """Until the log's writer is stuck in write(): the buffer over half full and no byte added for ten
+        sample intervals (it writes a row per sample, so a writer still able to write adds one every 0.05 s)."""
+        deadline = time.monotonic() + 60
+        last, since = -1, time.monotonic()
+        while True:
+            held, now = self.held(), time.monotonic()
+            if held != last:
+                last, since = held, now
+            elif held > 2048 and now - since >= 0.5:
+                return
+            assert proc.poll() is None, f"vramscope run ended early: {proc.communicate()[1][-2000:]}"
+            assert now < deadline, f"the FIFO never filled: {held} bytes in it"
+            time.sleep(0.02)
 
 
 @pytest.fixture
-def stalled_fifo(tmp_path: Path) -> Iterator[Path]:
+def stalled_fifo(tmp_path: Path) -> Iterator[StalledFifo]:
     """A FIFO whose one reader has stopped reading, its buffer one page: writes to it block in seconds."""
     fifo = tmp_path / "mem.csv"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a reader (and writer) that never reads
     fcntl.fcntl(reader, 1031, 4096)  # F_SETPIPE_SZ: one page
-    yield fifo
+    yield StalledFifo(fifo, reader)
     os.close(reader)
 
 
-def _run_until_the_child_ends(argv: list[str], ended: Path, then: Any = None) -> tuple[int, str, float, float]:
+def _run_until_the_child_ends(argv: list[str], ended: Path, then: Any = None,
+                              blocked: StalledFifo | None = None) -> tuple[int, str, float, float]:
+    """Runs `argv`, waits for its child to write `ended` (with `blocked`: first until that FIFO's writer is
+    stuck, then tells the END_WHEN_TOLD child to end), calls `then(proc)`, and waits for vramscope to exit."""
     proc = subprocess.Popen(argv, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if blocked is not None:
+        blocked.wait_until_a_writer_blocks(proc)
+        (ended.parent / "told").touch()
     deadline = time.monotonic() + 60
     while not ended.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -193,20 +240,24 @@ def _run_until_the_child_ends(argv: list[str], ended: Path, then: Any = None) ->
     return proc.returncode, err, ended_at, time.monotonic()
 
 
-def test_a_log_fifo_nobody_reads_does_not_hold_up_the_end(stalled_fifo: Path, tmp_path: Path) -> None:
+@pytest.mark.slow  # the FIFO fills, then vramscope's 3 s bound on the end
+def test_a_log_fifo_nobody_reads_does_not_hold_up_the_end(stalled_fifo: StalledFifo, tmp_path: Path) -> None:
     ended = tmp_path / "ended"
     code, err, ended_at, exited_at = _run_until_the_child_ends(
-        [*VRAMSCOPE, "run", "--log", str(stalled_fifo), "--interval", "0.05", "--",
-         PYTHON, "-c", FILL_AND_END + "\nraise SystemExit(5)", str(ended), "4"], ended)
+        [*VRAMSCOPE, "run", "--log", str(stalled_fifo.path), "--interval", "0.05", "--",
+         PYTHON, "-c", END_WHEN_TOLD + "\nraise SystemExit(5)", str(ended), str(tmp_path / "told")], ended,
+        blocked=stalled_fifo)
     assert code == 5, err  # the child's code
     assert exited_at - ended_at < CLEANUP_LIMIT_S + 2.0, err  # bounded, instead of forever
-    warned = one_line_warnings(err, "gave up on", str(stalled_fifo), f"still blocked after {CLEANUP_LIMIT_S:g} s")
+    warned = one_line_warnings(err, "gave up on", str(stalled_fifo.path),
+                               f"still blocked after {CLEANUP_LIMIT_S:g} s")
     assert len(warned) == 1, err
     assert "exited with 5" in err  # the summary still came
 
 
+@pytest.mark.slow  # the FIFO fills at the sampling rate first
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_ends_the_wait_for_a_blocked_sink_at_once(stalled_fifo: Path, tmp_path: Path,
+def test_a_signal_ends_the_wait_for_a_blocked_sink_at_once(stalled_fifo: StalledFifo, tmp_path: Path,
                                                            sig: signal.Signals) -> None:
     ended = tmp_path / "ended"
 
@@ -215,8 +266,8 @@ def test_a_signal_ends_the_wait_for_a_blocked_sink_at_once(stalled_fifo: Path, t
         proc.send_signal(sig)
 
     code, err, ended_at, exited_at = _run_until_the_child_ends(
-        [*VRAMSCOPE, "run", "--log", str(stalled_fifo), "--interval", "0.05", "--",
-         PYTHON, "-c", FILL_AND_END, str(ended), "4"], ended, signal_soon)
+        [*VRAMSCOPE, "run", "--log", str(stalled_fifo.path), "--interval", "0.05", "--",
+         PYTHON, "-c", END_WHEN_TOLD, str(ended), str(tmp_path / "told")], ended, signal_soon, blocked=stalled_fifo)
     assert code == 0, err  # still the child's code: it ended well before the signal
     assert exited_at - ended_at < 0.3 + 1.0, err
     assert len(one_line_warnings(err, "gave up on", "a signal asked vramscope to end")) == 1, err
@@ -243,6 +294,7 @@ class _SlowGateway(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow  # vramscope's 3 s bound on the end
 def test_a_slow_pushgateway_does_not_hold_up_the_end(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _SlowGateway)

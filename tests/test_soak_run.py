@@ -16,12 +16,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = int(os.environ.get("VRAMSCOPE_SOAK_RUN_SAMPLES", "40000"))
 RSS_GROWTH_BOUND = 4 * 1024 * 1024  # as in tests/test_soak.py
 RSS_ABSOLUTE_BOUND = 100 * 1024 * 1024
 
 
+@pytest.mark.slow  # a child that replays a simulated day
 def test_a_simulated_day_through_vramscope_run_keeps_every_row_in_flat_memory(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     out = tmp_path / "soak.json"

@@ -168,6 +168,7 @@ def test_each_trial_ends_with_its_whole_process_group(made: Callable[[str], Setu
     assert [p for p in pids if running(p)] == []
 
 
+@pytest.mark.slow  # real signals, the trial's grace period
 @pytest.mark.parametrize(("sig", "mode", "code"), [
     (signal.SIGTERM, "hang", -signal.SIGTERM),
     (signal.SIGHUP, "hang", -signal.SIGHUP),
