@@ -262,25 +262,27 @@ class NumberBuilder:
         if array.null_count == n:
             return  # nothing in this block: its rows stay zero and unknown
         odd = None
+        known: np.ndarray | None = None  # None: every cell of the block is a number
         if pa.types.is_string(array.type):
             number = _ints(array, array.type) if self.dtype == np.int64 else _floats(array, array.type)
             values, known = number.values, number.known
         else:
             values = _values_view(array, self.dtype)
-            known = values != INT64_MIN if self.dtype == np.int64 else np.isfinite(values)
-            if array.null_count:
-                valid = numpy_of(pc.is_valid(array))
-                known &= valid
-                odd = valid & ~known
-            else:
-                odd = ~known
-        every = bool(known.all())
+            if array.null_count or not _all_numbers(values):
+                known = values != INT64_MIN if self.dtype == np.int64 else np.isfinite(values)
+                if array.null_count:
+                    valid = numpy_of(pc.is_valid(array))
+                    known &= valid
+                    odd = valid & ~known
+                else:
+                    odd = ~known
+        every = known is None or bool(known.all())
         if not every and odd is not None and odd.any():  # there, but no number: unknown, yet a filled cell
             self._odd.append(np.flatnonzero(odd) + at)
         if at > self._end or not every:  # rows without a number: the mask is needed
             self._known_array(at + n)
         if self._known is not None:
-            self._known[at : at + n] = known
+            self._known[at : at + n] = True if known is None else known
         if self._values is None and every and at == 0 == self._end and values[0] == values.min() == values.max():
             self._same = values[0].item()  # the first block: one value
         elif self._values is None and self._same is not None and every and self._known is None and (
@@ -289,7 +291,7 @@ class NumberBuilder:
         else:
             target = self._values_array(at + n)
             target[at : at + n] = values
-            if not every:
+            if not every and known is not None:
                 target[at : at + n][~known] = 0
         self._end = at + n
 
@@ -401,6 +403,16 @@ def _grown(array: np.ndarray, rows: int) -> np.ndarray:
     bigger = np.zeros(max(rows, 2 * len(array)), dtype=array.dtype)
     bigger[: len(array)] = array
     return bigger
+
+
+def _all_numbers(values: np.ndarray) -> bool:
+    """Every value is a number (no int64 lowest, no NaN or infinity), found by one reduction, no array made:
+    a sum of floats is finite only when every float is (an overflow to infinity says no, wrongly but safely:
+    the caller then looks cell by cell)."""
+    if values.dtype == np.int64:
+        return bool(values.min() != INT64_MIN)
+    with np.errstate(over="ignore", invalid="ignore"):  # 1e308 + 1e308, inf - inf: no warning, just "no"
+        return bool(np.isfinite(np.add.reduce(values)))
 
 
 def _values_view(array: pa.Array, dtype: np.dtype) -> np.ndarray:

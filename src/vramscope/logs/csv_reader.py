@@ -107,7 +107,9 @@ def _typed(name: str, texts: pa.Array) -> ArrowColumn:
 
 def _blocks(stream: BinaryIO | LineStream, width: int, winner: dict[str, int], typed: bool, threads: bool,
             quotes: bool = True) -> Iterator[dict[str, pa.Array]]:
-    """Each block's columns (header name -> array); ``quotes``: line ends inside quotes are a cell's."""
+    """Each block's columns (header name -> array); ``quotes``: quotes are heeded (a line end inside them is a
+    cell's). Without, a ``"`` is a character like any other: only for a LineStream whose ``quoted`` the caller
+    checks afterwards."""
     names = [f"c{j}" for j in range(width)]
     wanted = {h: f"c{j}" for h, j in winner.items()}
     types = {wanted[h]: _kind(h) if typed else pa.string() for h in wanted}
@@ -115,7 +117,10 @@ def _blocks(stream: BinaryIO | LineStream, width: int, winner: dict[str, int], t
         reader = pacsv.open_csv(
             stream,
             read_options=pacsv.ReadOptions(column_names=names, block_size=BLOCK_BYTES, use_threads=threads),
-            parse_options=pacsv.ParseOptions(newlines_in_values=quotes, invalid_row_handler=_skip_row),
+            # Without quotes the tokenizer need not look for them at all (a tenth faster): that pass's rows are
+            # kept only when no quote went by (LineStream.quoted).
+            parse_options=pacsv.ParseOptions(newlines_in_values=quotes, quote_char='"' if quotes else False,
+                                             invalid_row_handler=_skip_row),
             convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(types),
                                                  null_values=_NULLS, strings_can_be_null=True,
                                                  quoted_strings_can_be_null=True),
