@@ -51,6 +51,15 @@ def numpy_of(array: pa.Array) -> np.ndarray:
     return copied
 
 
+def numpy_filled(array: pa.Array, fill: int) -> np.ndarray:
+    """An int array as numpy, its nulls ``fill``: ``pc.fill_null(array, -1)`` without the Python scalar, which
+    made pyarrow import pandas (tens of MB and a large part of a second, for a report that never uses it)."""
+    values = numpy_of(array)
+    if array.null_count:
+        values[~numpy_of(pc.is_valid(array))] = fill
+    return values
+
+
 def array_of(values: np.ndarray, known: np.ndarray | None = None) -> pa.Array:
     """int64 or float64 values (their known mask, if any) as a pyarrow array."""
     kind = pa.int64() if values.dtype == np.int64 else pa.float64()
@@ -178,7 +187,7 @@ def _labels_of_pieces(pieces: Sequence[Piece], rows: int) -> Labels:
             at += piece
             continue
         indices = next(chunks).indices
-        codes[at : at + len(piece)] = numpy_of(pc.fill_null(indices, -1)).astype(np.int32, copy=False)
+        codes[at : at + len(piece)] = numpy_filled(indices, -1).astype(np.int32, copy=False)
         at += len(piece)
     names: list[str] = encoded.chunks[-1].dictionary.to_pylist() if encoded.num_chunks else []
     return Labels(codes, names)
@@ -469,8 +478,8 @@ class SparseColumn:
 def labels_of(array: pa.Array) -> Labels:
     """Text cells as codes into their distinct non-null cells, numbered in order of first appearance."""
     names = pc.unique(array.drop_null())
-    codes = pc.fill_null(pc.index_in(array, value_set=names), -1)
-    return Labels(numpy_of(codes).astype(np.int32, copy=False), names.to_pylist())
+    codes = numpy_filled(pc.index_in(array, value_set=names), -1)
+    return Labels(codes.astype(np.int32, copy=False), names.to_pylist())
 
 
 def _known(array: pa.Array) -> np.ndarray:

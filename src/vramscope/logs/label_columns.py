@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from vramscope.logs.arrow_columns import ArrowColumn, _floats, _ints, numpy_of
+from vramscope.logs.arrow_columns import ArrowColumn, _floats, _ints, numpy_filled
 from vramscope.logs.cells import Column, Labels
 
 LABEL_TYPE = pa.dictionary(pa.int32(), pa.string())
@@ -34,7 +33,7 @@ class LabelBuilder:
         n = len(array)
         if array.null_count == n:
             return  # an empty block: its rows stay -1
-        local = numpy_of(pc.fill_null(array.indices, -1))
+        local = numpy_filled(array.indices, -1)
         names = array.dictionary.to_pylist()
         # The block's names that occur, in order of their first row: new ones are numbered in that order.
         seen, first = np.unique(local[local >= 0], return_index=True)

@@ -21,7 +21,7 @@ import pyarrow.csv as pacsv
 
 from vramscope.logs import cells as cellparse
 from vramscope.logs import smi_samples
-from vramscope.logs.arrow_columns import ArrowColumn, array_of, numbers_by_rule, numpy_of
+from vramscope.logs.arrow_columns import ArrowColumn, array_of, numbers_by_rule, numpy_filled, numpy_of
 from vramscope.logs.cells import Column, Labels
 from vramscope.logs.csv_reader import csv_columns
 from vramscope.logs.errors import LogFormatError
@@ -166,10 +166,10 @@ def by_distinct(read: Callable[[pa.Array], Column], cells: pa.Array) -> Column:
     if len(encoded.dictionary) > n // 4:  # mostly distinct: no gain
         return read(cells)
     distinct = read(encoded.dictionary)
-    codes = numpy_of(pc.fill_null(encoded.indices, 0)).astype(np.intp, copy=False)
+    codes = numpy_filled(encoded.indices, -1).astype(np.intp, copy=False)  # -1: an empty cell
     values, known = distinct.values[codes], distinct.known[codes]
     if encoded.null_count:
-        empty = ~numpy_of(pc.is_valid(encoded.indices))
+        empty = codes < 0
         values[empty] = 0
         known[empty] = False
     return Column(values, known)
