@@ -199,6 +199,7 @@ def make_arrays(table: LogTable) -> None:
 
 def measure(kind: str, rows: int, repeat: int, folder: Path) -> dict[str, Any]:
     path = folder / f"{kind}.csv"
+    load = [os.getloadavg()]  # the neighbours' load, as each repetition starts: the ratios move with it
     print(f"[{time.strftime('%H:%M:%S')}] writing a {rows:,}-row '{kind}' log", file=sys.stderr, flush=True)
     started = time.perf_counter()
     write_log(path, rows, kind)
@@ -210,6 +211,7 @@ def measure(kind: str, rows: int, repeat: int, folder: Path) -> dict[str, Any]:
     csv_pass(path)  # warm the page cache for both arms
     for r in range(repeat):
         print(f"[{time.strftime('%H:%M:%S')}] {kind}: repetition {r + 1}/{repeat}", file=sys.stderr, flush=True)
+        load.append(os.getloadavg())
         wall, cpu = csv_pass(path)
         baseline.append(wall)
         baseline_cpu.append(cpu)
@@ -243,6 +245,8 @@ def measure(kind: str, rows: int, repeat: int, folder: Path) -> dict[str, Any]:
         "read_and_columns_ratio_median": statistics.median(
             (r["read_s"] + r["columns_s"]) / base for r, base in zip(reading, baseline, strict=True)),
         "html_bytes": reports[-1]["html_bytes"],
+        "load_average_per_repetition": load[1:],  # (1, 5, 15 min) as each repetition began
+        "load_average_before_writing": load[0],
     }
     path.unlink()
     return result
@@ -292,6 +296,8 @@ def main() -> int:
         handle.write("\n")
     os.replace(tmp, target)
     for r in results:
+        loads = ", ".join(f"{one[0]:.1f}" for one in r["load_average_per_repetition"])
+        print(f"{r['kind']:>5}: load average (1 min) {loads}")
         print(f"{r['kind']:>5}: {r['rows']:,} rows, {r['file_bytes'] / 1e6:.0f} MB; csv.reader pass "
               f"{r['csv_reader_median_s']:.2f} s; report {r['report_total_median_s']:.2f} s "
               f"(ratio {r['ratio_median']:.2f}, CPU ratio {r['cpu_ratio_median']:.2f}; "

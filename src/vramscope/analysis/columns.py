@@ -39,6 +39,10 @@ MAX_ELAPSED_S = 1e18
 
 def _plausible_seconds(column: Column) -> Column:
     """``elapsed_s`` with the cells beyond :data:`MAX_ELAPSED_S` either way unknown, like any damaged cell."""
+    values = column.values
+    # Two reductions, no array made, say that no cell is beyond (a comparison with NaN is False: looked at below).
+    if not len(values) or (values.min() >= -MAX_ELAPSED_S and values.max() <= MAX_ELAPSED_S):
+        return column
     beyond = column.known & ~(np.abs(column.values) <= MAX_ELAPSED_S)
     if not beyond.any():
         return column

@@ -51,6 +51,15 @@ def numpy_of(array: pa.Array) -> np.ndarray:
     return copied
 
 
+def numpy_filled(array: pa.Array, fill: int) -> np.ndarray:
+    """An int array as numpy, its nulls ``fill``: ``pc.fill_null(array, -1)`` without the Python scalar, which
+    made pyarrow import pandas (tens of MB and a large part of a second, for a report that never uses it)."""
+    values = numpy_of(array)
+    if array.null_count:
+        values[~numpy_of(pc.is_valid(array))] = fill
+    return values
+
+
 def array_of(values: np.ndarray, known: np.ndarray | None = None) -> pa.Array:
     """int64 or float64 values (their known mask, if any) as a pyarrow array."""
     kind = pa.int64() if values.dtype == np.int64 else pa.float64()
@@ -178,7 +187,7 @@ def _labels_of_pieces(pieces: Sequence[Piece], rows: int) -> Labels:
             at += piece
             continue
         indices = next(chunks).indices
-        codes[at : at + len(piece)] = numpy_of(pc.fill_null(indices, -1)).astype(np.int32, copy=False)
+        codes[at : at + len(piece)] = numpy_filled(indices, -1).astype(np.int32, copy=False)
         at += len(piece)
     names: list[str] = encoded.chunks[-1].dictionary.to_pylist() if encoded.num_chunks else []
     return Labels(codes, names)
@@ -262,25 +271,27 @@ class NumberBuilder:
         if array.null_count == n:
             return  # nothing in this block: its rows stay zero and unknown
         odd = None
+        known: np.ndarray | None = None  # None: every cell of the block is a number
         if pa.types.is_string(array.type):
             number = _ints(array, array.type) if self.dtype == np.int64 else _floats(array, array.type)
             values, known = number.values, number.known
         else:
             values = _values_view(array, self.dtype)
-            known = values != INT64_MIN if self.dtype == np.int64 else np.isfinite(values)
-            if array.null_count:
-                valid = numpy_of(pc.is_valid(array))
-                known &= valid
-                odd = valid & ~known
-            else:
-                odd = ~known
-        every = bool(known.all())
+            if array.null_count or not _all_numbers(values):
+                known = values != INT64_MIN if self.dtype == np.int64 else np.isfinite(values)
+                if array.null_count:
+                    valid = numpy_of(pc.is_valid(array))
+                    known &= valid
+                    odd = valid & ~known
+                else:
+                    odd = ~known
+        every = known is None or bool(known.all())
         if not every and odd is not None and odd.any():  # there, but no number: unknown, yet a filled cell
             self._odd.append(np.flatnonzero(odd) + at)
         if at > self._end or not every:  # rows without a number: the mask is needed
             self._known_array(at + n)
         if self._known is not None:
-            self._known[at : at + n] = known
+            self._known[at : at + n] = True if known is None else known
         if self._values is None and every and at == 0 == self._end and values[0] == values.min() == values.max():
             self._same = values[0].item()  # the first block: one value
         elif self._values is None and self._same is not None and every and self._known is None and (
@@ -289,7 +300,7 @@ class NumberBuilder:
         else:
             target = self._values_array(at + n)
             target[at : at + n] = values
-            if not every:
+            if not every and known is not None:
                 target[at : at + n][~known] = 0
         self._end = at + n
 
@@ -403,6 +414,16 @@ def _grown(array: np.ndarray, rows: int) -> np.ndarray:
     return bigger
 
 
+def _all_numbers(values: np.ndarray) -> bool:
+    """Every value is a number (no int64 lowest, no NaN or infinity), found by one reduction, no array made:
+    a sum of floats is finite only when every float is (an overflow to infinity says no, wrongly but safely:
+    the caller then looks cell by cell)."""
+    if values.dtype == np.int64:
+        return bool(values.min() != INT64_MIN)
+    with np.errstate(over="ignore", invalid="ignore"):  # 1e308 + 1e308, inf - inf: no warning, just "no"
+        return bool(np.isfinite(np.add.reduce(values)))
+
+
 def _values_view(array: pa.Array, dtype: np.dtype) -> np.ndarray:
     """An int64 or float64 array's values as numpy, no copy (a null's slot holds anything)."""
     data = array.buffers()[1]
@@ -457,8 +478,8 @@ class SparseColumn:
 def labels_of(array: pa.Array) -> Labels:
     """Text cells as codes into their distinct non-null cells, numbered in order of first appearance."""
     names = pc.unique(array.drop_null())
-    codes = pc.fill_null(pc.index_in(array, value_set=names), -1)
-    return Labels(numpy_of(codes).astype(np.int32, copy=False), names.to_pylist())
+    codes = numpy_filled(pc.index_in(array, value_set=names), -1)
+    return Labels(codes.astype(np.int32, copy=False), names.to_pylist())
 
 
 def _known(array: pa.Array) -> np.ndarray:

@@ -25,6 +25,7 @@ import pyarrow.csv as pacsv
 
 from vramscope.logs.arrow_columns import ArrowColumn, NumberBuilder, Piece, TextBuilder, _floats, _ints
 from vramscope.logs.errors import LogFormatError
+from vramscope.logs.label_columns import LABEL_TYPE, LabelBuilder
 from vramscope.logs.schema import FLOAT_COLUMNS, INT_COLUMNS
 from vramscope.logs.source import LineStream, LogSource
 from vramscope.logs.table import ColumnData, LogTable
@@ -34,6 +35,7 @@ _NULLS = [""]
 # One thread: pyarrow's streaming reader gained nothing from a second one here (the same CPU and wall time on
 # 2 cores, a day's log of 800k rows), and the blocks it parses ahead cost 10-20 MB more peak RSS.
 THREADS = False
+LABEL_COLUMNS = frozenset({"phase", "gpu_uuid"})  # text of a few distinct cells (train/eval; one UUID a GPU)
 
 
 def sniff(source: LogSource) -> bool:
@@ -107,15 +109,23 @@ def _typed(name: str, texts: pa.Array) -> ArrowColumn:
 
 def _blocks(stream: BinaryIO | LineStream, width: int, winner: dict[str, int], typed: bool, threads: bool,
             quotes: bool = True) -> Iterator[dict[str, pa.Array]]:
-    """Each block's columns (header name -> array); ``quotes``: line ends inside quotes are a cell's."""
+    """Each block's columns (header name -> array); ``quotes``: quotes are heeded (a line end inside them is a
+    cell's). Without, a ``"`` is a character like any other: only for a LineStream whose ``quoted`` the caller
+    checks afterwards."""
     names = [f"c{j}" for j in range(width)]
     wanted = {h: f"c{j}" for h, j in winner.items()}
-    types = {wanted[h]: _kind(h) if typed else pa.string() for h in wanted}
+    # The quote-free pass reads the phase (and the GPU's UUID) as pyarrow's dictionary type: cheaper than text,
+    # and the labels the analysis asks for are then made as the blocks come (vramscope.logs.label_columns).
+    types = {wanted[h]: (LABEL_TYPE if h in LABEL_COLUMNS and not quotes else _kind(h)) if typed else pa.string()
+             for h in wanted}
     try:
         reader = pacsv.open_csv(
             stream,
             read_options=pacsv.ReadOptions(column_names=names, block_size=BLOCK_BYTES, use_threads=threads),
-            parse_options=pacsv.ParseOptions(newlines_in_values=quotes, invalid_row_handler=_skip_row),
+            # Without quotes the tokenizer need not look for them at all (a tenth faster): that pass's rows are
+            # kept only when no quote went by (LineStream.quoted).
+            parse_options=pacsv.ParseOptions(newlines_in_values=quotes, quote_char='"' if quotes else False,
+                                             invalid_row_handler=_skip_row),
             convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(types),
                                                  null_values=_NULLS, strings_can_be_null=True,
                                                  quoted_strings_can_be_null=True),
@@ -138,6 +148,7 @@ def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Arra
     pieces: dict[str, list[Piece]] = {h: [] for h in winner if pa.types.is_string(_kind(h))}
     numbers = {h: NumberBuilder(_kind(h)) for h in winner if h not in pieces}
     texts: dict[str, TextBuilder | None] = {h: TextBuilder() for h in pieces}
+    labels: dict[str, LabelBuilder] = {}  # the text columns read as dictionaries
     rows = 0
     for block in blocks:
         size = 0
@@ -148,6 +159,13 @@ def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Arra
                 if builder.capacity == 0:  # rows expected: this block's share of the whole
                     builder.capacity = size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
                 builder.add(rows, array)
+                continue
+            if pa.types.is_dictionary(array.type):
+                label = labels.get(h)
+                if label is None:
+                    label = labels[h] = LabelBuilder()
+                    label.capacity = size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
+                label.add(rows, array)
                 continue
             text = texts[h]
             if text is not None and pa.types.is_string(array.type):
@@ -170,7 +188,8 @@ def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Arra
         if text is not None:
             pieces[h] = [whole] if whole is not None else ([rows] if rows else [])
     columns: dict[str, ColumnData] = {
-        h: ArrowColumn(pieces[h], _kind(h)) if h in pieces else numbers[h].column(rows) for h in winner}
+        h: labels[h].column(rows) if h in labels else ArrowColumn(pieces[h], _kind(h)) if h in pieces
+        else numbers[h].column(rows) for h in winner}
     return LogTable(name, columns, rows=rows)
 
 

@@ -129,7 +129,7 @@ class LineStream(io.RawIOBase):
 
     def __init__(self, handle: BinaryIO, begin: int, end: int) -> None:
         super().__init__()
-        self._handle = handle
+        self._fd = handle.fileno()
         self._at = begin
         self._end = end
         self.quoted = False
@@ -137,14 +137,18 @@ class LineStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        want = min(len(buffer), self._end - self._at)
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (the rest when negative): what pyarrow calls, the block read into one bytes
+        object (``os.pread``: one copy, no seek; RawIOBase's own ``read`` copied each block twice more)."""
+        want = self._end - self._at if size is None or size < 0 else min(size, self._end - self._at)
         if want <= 0:
-            return 0
-        self._handle.seek(self._at)
-        data = self._handle.read(want)  # bytes, for the quote's search at memchr speed
-        got = len(data)
-        memoryview(buffer).cast("B")[:got] = data
-        self.quoted = self.quoted or b'"' in data
-        self._at += got
-        return got
+            return b""
+        data = os.pread(self._fd, want, self._at)
+        self.quoted = self.quoted or b'"' in data  # at memchr speed
+        self._at += len(data)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)

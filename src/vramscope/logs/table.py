@@ -53,13 +53,15 @@ class NumberColumn:
     def ints(self) -> Column:
         values, known = self.column.values, self.column.known
         if values.dtype == np.int64:
-            return Column(values.copy(), known.copy())
+            return Column(_read_only(values), _read_only(known))  # no copy: the table's arrays are read only
         # As the text "1.037" reads as an int: the whole part, within int64.
         whole = known & (np.abs(values) <= cellparse.MAX_CELL_INT)
         return Column(np.where(whole, np.trunc(np.where(whole, values, 0)), 0).astype(np.int64), whole)
 
     def floats(self) -> Column:
-        return Column(self.column.values.astype(np.float64), self.column.known.copy())
+        values = self.column.values
+        return Column(_read_only(values) if values.dtype == np.float64 else values.astype(np.float64),
+                      _read_only(self.column.known))
 
     def texts(self) -> list[str | None]:
         values: list[int | float] = self.column.values.tolist()
@@ -74,6 +76,14 @@ class NumberColumn:
 
     def take(self, rows: np.ndarray) -> NumberColumn:
         return NumberColumn(Column(self.column.values[rows], self.column.known[rows]), self.decimals)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A view of ``array`` that cannot be written: the table hands out its arrays, not copies (a million-row
+    column copied cost a report more than reading it)."""
+    view: np.ndarray = array.view()
+    view.flags.writeable = False
+    return view
 
 
 class JoinedColumn:
