@@ -61,14 +61,17 @@ def read_csv(source: LogSource) -> LogTable:
     try:
         table = _table(source.name, winner, _blocks(stream, len(header), winner, typed=True, threads=threads,
                                                     quotes=False), body)
-        if not stream.quoted:
+        if not stream.quoted and not stream.hex_prefixed:
             return table
     except pa.ArrowInvalid:
         pass  # a cell that is no plain number, or bytes that are not UTF-8: the per-cell rules below
-    if stream.quoted:
+    if stream.quoted and not stream.hex_prefixed:
+        again = source.lines(start)
         try:
-            return _table(source.name, winner, _blocks(source.lines(start), len(header), winner, typed=True,
-                                                       threads=threads), body)
+            table = _table(source.name, winner, _blocks(again, len(header), winner, typed=True, threads=threads),
+                           body)
+            if not again.hex_prefixed:
+                return table
         except pa.ArrowInvalid:
             pass
     repaired = source.data()[start - source.offset :]

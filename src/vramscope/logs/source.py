@@ -124,7 +124,9 @@ class LineStream(io.RawIOBase):
     """Bytes ``begin`` to ``end`` of an open file, read in the caller's blocks (pyarrow's).
 
     ``quoted`` says whether a ``"`` went by: a CSV reader may split lines without looking for line ends
-    inside quotes (faster) and read again, quotes heeded, only a file that has one.
+    inside quotes (faster) and read again, quotes heeded, only a file that has one. ``hex_prefixed`` says
+    whether a ``0x`` or ``0X`` went by: pyarrow's integer parser takes ``0x10`` for 16, the per-cell rules
+    (``logs.cells.int_of``) take it for no number, so a file with one is read by those rules.
     """
 
     def __init__(self, handle: BinaryIO, begin: int, end: int) -> None:
@@ -133,6 +135,7 @@ class LineStream(io.RawIOBase):
         self._at = begin
         self._end = end
         self.quoted = False
+        self.hex_prefixed = False
 
     def readable(self) -> bool:
         return True
@@ -145,6 +148,7 @@ class LineStream(io.RawIOBase):
             return b""
         data = os.pread(self._fd, want, self._at)
         self.quoted = self.quoted or b'"' in data  # at memchr speed
+        self.hex_prefixed = self.hex_prefixed or b"0x" in data or b"0X" in data
         self._at += len(data)
         return data
 
