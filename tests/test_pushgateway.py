@@ -90,7 +90,10 @@ def test_delete_on_close_removes_the_group(gateway: Gateway) -> None:
     sink.write(training_sample())
     gateway.wait_for_value("vramscope_gpu_memory_used_bytes", job="deleted-run", gpu="0")
     sink.close()
-    assert gateway.values("vramscope_gpu_memory_used_bytes", job="deleted-run") == []
+    # The Pushgateway answers a DELETE with 202 Accepted and applies it from its write queue: poll, as a
+    # dashboard would see it, instead of reading once at the instant close() returns.
+    wait_for(lambda: gateway.values("vramscope_gpu_memory_used_bytes", job="deleted-run") == [],
+             "the deleted group to leave the gateway")
 
 
 @needs_pushgateway
