@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 import rehearsal_grid as grid  # noqa: E402
 from vramscope.commands import parse_command  # noqa: E402
 from vramscope.tune.rehearse import worker_of  # noqa: E402
+
+
+def run_tiny_case(case: grid.Case) -> dict[str, Any]:
+    """The grid's child for ``case`` on the CPU (a tiny 4-bit Llama), as the H200 runs it; its RESULT, checked ok."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(grid.child_command(case, None, tiny=True), env=env, capture_output=True, text=True,
+                          timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
+    assert result["status"] == "ok", result.get("error")
+    return result
 
 
 def test_the_grid_covers_every_strategy_world_size_and_offload() -> None:
@@ -72,13 +85,7 @@ def test_the_dry_run_builds_every_command_and_the_trl_rehearsals(tmp_path: Path)
 def test_a_case_built_on_meta_runs_as_rank_0_of_4_and_holds_a_quarter(tmp_path: Path) -> None:
     pytest.importorskip("bitsandbytes")
     case = grid.Case("tiny", "fsdp", 4, "none", 2, 32, "meta")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(grid.child_command(case, None, tiny=True), env=env, capture_output=True, text=True,
-                          timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
-    result = json.loads(lines[-1][len("RESULT "):])
-    assert result["status"] == "ok", result.get("error")
+    result = run_tiny_case(case)
     assert result["backend"] == "fake" and result["parameters_held"] * 4 == result["parameters"]
     row = grid.row(case, result, grid.plan(case, grid.config_of("tiny")))
     assert (row["how"], row["rank"], row["world_size"], row["strategy"]) == ("fake_pg", 0, 4, "fsdp")

@@ -4,9 +4,6 @@ into its own results file; a tiny case runs under autocast on the CPU as rank 0 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import multigpu_compare as compare  # noqa: E402
 import rehearsal_grid as grid  # noqa: E402
+from test_rehearsal_grid import run_tiny_case  # noqa: E402
 
 
 def test_each_precision_is_planned_as_the_framework_that_runs_it() -> None:
@@ -42,13 +40,7 @@ def test_each_precision_is_planned_as_the_framework_that_runs_it() -> None:
 def test_a_tiny_case_runs_under_autocast_as_rank_0_of_4(tmp_path: Path) -> None:
     pytest.importorskip("bitsandbytes")
     case = grid.Case("tiny", "fsdp", 4, "none", 2, 32, "meta", "autocast")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(grid.child_command(case, None, tiny=True), env=env, capture_output=True, text=True,
-                          timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
-    result = json.loads(lines[-1][len("RESULT "):])
-    assert result["status"] == "ok", result.get("error")
+    result = run_tiny_case(case)
     assert result["precision"] == "autocast" and result["parameters_held"] * 4 <= result["parameters"] + 4096
     assert len(result["rss_steps_bytes"]) == 3 and result["host_pinned_bytes"] is None  # no CUDA here
     assert result["host_optimizer_cpu_bytes"] > 0  # on the CPU every AdamW state is a CPU tensor

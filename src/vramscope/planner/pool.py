@@ -156,7 +156,8 @@ def _mlp_moments(shape: ModelShape, spec: QLoraSpec, fw: Framework, pr: Precisio
     if shape.experts:
         # routed experts: per-expert slices of the tokens, smaller than the dense blocks; adapted experts (peft's
         # ParamWrapper) make both merged stacks for the experts' call, no-grad or not
-        return [[size for size in merged_expert_bytes(shape, spec, pr) if size]]
+        merged = [size for size in merged_expert_bytes(shape, spec, pr) if size]
+        return [merged] if merged else []
     act = _act_bytes(fw, pr)
     lora = {lin.name for lin in lora_modules(shape, spec)}
     by_name = {lin.name: lin for lin in shape.linears}
