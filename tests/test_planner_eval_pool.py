@@ -133,3 +133,36 @@ def test_merged_expert_blocks_are_not_scaled_as_fragmented_activations(spec: QLo
     # add only those of them free at the backward's fullest moment (layer.merged_expert_pool).
     p = plan_run(resolve_model(MIXTRAL_2L)[1], spec, 2, 1024, run=RunPhases())
     assert abs(p.phases["train"].process_bytes / measured - 1) < 0.09
+
+
+@pytest.mark.parametrize(("config", "measured_free_mib"), [
+    # the H200's largest free block in transformers' loading segment after the first steps, HF recipe (r 64, all
+    # linear layers, bf16 load): bench/results/whole-run/segments-2026-12-02/hf-evalargmax-*-history/
+    (QWEN25_7B, 1646.56),  # 2079 MiB freed by the upcast, 252 of adapters, two cuBLAS workspaces and 120 of gaps
+    (LLAMA31_8B, 1732.0),  # 2004 freed, 224 of adapters, one workspace inside it (the other in a loss block)
+])  # the plan counts every adapter tensor above 1 MiB in it (some fit smaller gaps): the smaller figure
+def test_the_loading_region_is_the_upcast_embedding_and_head_less_the_adapters(config: dict[str, Any],
+                                                                               measured_free_mib: float) -> None:
+    from vramscope.planner.frameworks import framework_for, precision
+    from vramscope.planner.pool import loading_region
+
+    shape = resolve_model(config)[1]
+    fw = framework_for(HF)
+    region = loading_region(shape, HF, fw, precision(HF, fw))
+    freed = 2 * (shape.embedding_params + shape.lm_head_params)
+    assert 0 < region < freed
+    assert 0.9 * measured_free_mib * MIB < region <= measured_free_mib * MIB
+    # TRL keeps the 16-bit embedding and head (no upcast, no region); a model loaded in fp32 is not upcast
+    trl_fw = framework_for(TRL)
+    assert loading_region(shape, TRL, trl_fw, precision(TRL, trl_fw)) == 0
+    fp32 = HF.with_(compute_dtype="fp32")
+    assert loading_region(shape, fp32, fw, precision(fp32, fw)) == 0
+
+
+def test_hf_argmax_eval_of_qwen_takes_the_loading_region_for_its_fp32_logits() -> None:
+    # Qwen2.5-7B, HF recipe, 2 x 512 step, 4 x 512 argmax eval: autocast's half lm_head (1039.5 MiB) and then the
+    # loss's fp32 upcast of the [2048, 152064] logits (1188 MiB) take the loading region; only the log-softmax
+    # opens a segment (H200: reserved 12214 MiB after step 2, 13402 after the evaluation; the plan before the
+    # region said two segments, +8.7 % in process memory)
+    run = RunPhases(eval_batch=4, eval_examples=16, eval_logits="argmax")
+    assert _growth(QWEN25_7B, HF, 2, 512, run) == segment_bytes(4 * 2048 * 152064)

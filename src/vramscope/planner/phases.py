@@ -23,7 +23,7 @@ from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import FRAMEWORK_TABLE, TOKEN_TILE, VOCAB_TILE, Framework, Precision, precision
 from vramscope.planner.layer import attention_bytes, forward_temporaries, merged_expert_bytes
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_tensors
-from vramscope.planner.pool import eval_loop_segments, eval_moments, train_blocks
+from vramscope.planner.pool import eval_loop_segments, eval_moments, loading_region, train_blocks
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
@@ -470,7 +470,7 @@ def _eval_segments(shape: ModelShape, spec: QLoraSpec, fw: Framework, run: RunPh
     dequantized weights needs its intermediates placed anew. Logits kept for compute_metrics stay in their
     block and are concatenated into a new, larger tensor at every step (``EvalLoopContainer``)."""
     pr = precision(spec, fw)
-    pool = train_blocks(shape, spec, fw, pr, train.rows, train.seq)
+    pool = train_blocks(shape, spec, fw, pr, train.rows, train.seq, cached=[loading_region(shape, spec, fw, pr)])
     kept = run.eval_logits == "kept" and fw.logits != "score"
     held = returned_logit_bytes(fw, pr) * ev.rows * ev.seq * shape.vocab * run.world_size if kept else 0
     assert run.eval_batch is not None
