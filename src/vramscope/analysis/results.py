@@ -385,7 +385,7 @@ class PhasePeaks:
     """A phase's rows on a device and the peak of each memory column within them."""
 
     rows: int
-    peaks: dict[str, PeakAt]  # by column, in the order of :data:`vramscope.analysis.devices.METRICS`
+    peaks: dict[str, PeakAt]  # by column, in the order of :data:`vramscope.analysis.details.METRICS`
 
     def report_json(self) -> Json:
         return {"rows": self.rows, **{m: p.report_json() for m, p in self.peaks.items()}}

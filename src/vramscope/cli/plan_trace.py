@@ -1,6 +1,6 @@
 """``vramscope plan --trace``: print the traced step's memory (a table, or ``--json``).
 
-Thin: :func:`vramscope.planner.trace.trace_plan` does the work (and imports torch, so this module imports it
+Thin: :func:`vramscope.planner.trace.engine.trace_plan` does the work (and imports torch, so this module imports it
 only when ``--trace`` is given).
 """
 
