@@ -478,7 +478,7 @@ def _eval_segments(shape: ModelShape, spec: QLoraSpec, fw: Framework, run: RunPh
     dequantized weights needs its intermediates placed anew. Logits kept for compute_metrics stay in their
     block and are concatenated into a new, larger tensor at every step (``EvalLoopContainer``)."""
     pr = precision(spec, fw)
-    pool = train_blocks(shape, spec, fw, pr, train.rows, train.seq, cached=[loading_region(shape, spec, fw, pr)])
+    pool = train_blocks(shape, spec, fw, pr, train.rows, train.seq, region=loading_region(shape, spec, fw, pr))
     kept = run.eval_logits == "kept" and fw.logits != "score"
     held = returned_logit_bytes(fw, pr) * ev.rows * ev.seq * shape.vocab * run.world_size if kept else 0
     assert run.eval_batch is not None
