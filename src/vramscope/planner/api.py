@@ -29,6 +29,7 @@ from vramscope.planner.recommendation import Recommendation as Recommendation  #
 from vramscope.planner.search import largest_fitting
 from vramscope.planner.settings import offered, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
+from vramscope.planner.totals import PlanTotals
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MAX_BYTES
 
@@ -40,31 +41,17 @@ MAX_SEQ = 1 << 20
 EXPANDABLE_SEGMENTS_RECLAIM = 0.8
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A prediction of one QLoRA/LoRA run's GPU memory."""
+@dataclass(frozen=True, kw_only=True)
+class Plan(PlanTotals):
+    """A prediction of one QLoRA/LoRA run's GPU memory (the shared fields: :class:`PlanTotals`)."""
 
-    model: str
-    batch_size: int
-    seq_len: int
-    spec: QLoraSpec
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    process_bytes: int
-    peak_phase: str
     breakdown: Breakdown
-    phases: dict[str, int]
-    trainable_params: int
-    total_params: int
-    gpu_memory_bytes: int | None = None
-    fits: bool | None = None
     max_batch_size: int | None = None
     max_seq_len: int | None = None
     target_batch: int | None = None
     micro_batch_size: int | None = None
     grad_accum_steps: int | None = None
     recommendations: tuple[Recommendation, ...] = ()
-    notes: tuple[str, ...] = ()
     # Given a GPU memory: why the plan does not fit (None when it does), and whether the longest sequence
     # stopped at the model's context (max_position_embeddings) rather than at the memory.
     cannot_fit_reason: str | None = None
@@ -95,9 +82,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "model": self.model, "batch_size": self.batch_size, "seq_len": self.seq_len, "spec": self.spec.to_dict(),
-            "peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
-            "process_bytes": self.process_bytes, "peak_phase": self.run_peak_phase,
+            **self.totals_dict(), "peak_phase": self.run_peak_phase,
             "step_peak_phase": self.peak_phase, "breakdown": self.breakdown.to_dict(),
             "phases": {k: v.to_dict() for k, v in self.run.phases.items()} if self.run is not None else {},
             "step_phases": dict(self.phases), "trainer": self.run_phases.trainer,

@@ -39,6 +39,7 @@ from vramscope.planner.frameworks import framework_for
 from vramscope.planner.frameworks import traced as traced_frameworks
 from vramscope.planner.memory import Hardware, estimate, validate_spec
 from vramscope.planner.registry import get_config
+from vramscope.planner.totals import PlanTotals
 from vramscope.planner.trace.autocast import cuda_autocast, outputs_to_fp32
 from vramscope.planner.trace.counter import LiveBytes
 from vramscope.planner.trace.standins import KERNELS_USED, BnbOptimizerStandIn, cuda_kernels, quantize_linears
@@ -66,37 +67,22 @@ def require_trace_libraries(bits: int = 4) -> None:
         raise TraceError(f"plan --trace needs {', '.join(missing)}; run: {INSTALL}")
 
 
-@dataclass(frozen=True)
-class TracePlan:
-    """The traced step's memory, in the :class:`~vramscope.planner.api.Plan` vocabulary."""
+@dataclass(frozen=True, kw_only=True)
+class TracePlan(PlanTotals):
+    """The traced step's memory, in the :class:`~vramscope.planner.api.Plan` vocabulary (the shared fields:
+    :class:`~vramscope.planner.totals.PlanTotals`); the breakdown is the counter's lines by name."""
 
-    model: str
-    batch_size: int
-    seq_len: int
-    spec: QLoraSpec
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    process_bytes: int
-    peak_phase: str
     breakdown: dict[str, int]
-    phases: dict[str, int]
     traced_peak_bytes: int
     optimizer_states_paged_bytes: int
-    trainable_params: int
-    total_params: int
     trace_seconds: float
     traced: tuple[str, ...] = ()
     modelled: tuple[str, ...] = ()
-    gpu_memory_bytes: int | None = None
-    fits: bool | None = None
-    notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "engine": "trace", "model": self.model, "batch_size": self.batch_size, "seq_len": self.seq_len,
-            "spec": self.spec.to_dict(), "framework": self.spec.framework,
-            "peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
-            "process_bytes": self.process_bytes, "peak_phase": self.peak_phase, "breakdown": dict(self.breakdown),
+            "engine": "trace", **self.totals_dict(), "framework": self.spec.framework,
+            "peak_phase": self.peak_phase, "breakdown": dict(self.breakdown),
             "phases": dict(self.phases), "traced_peak_bytes": self.traced_peak_bytes,
             "optimizer_states_paged_bytes": self.optimizer_states_paged_bytes,
             "trainable_params": self.trainable_params, "total_params": self.total_params,
