@@ -51,9 +51,9 @@ def test_a_torchrun_command_rehearses_as_rank_0_of_4_on_the_fake_group(tmp_path:
     # listens and no other rank comes: it got rank 0 of 4 on the fake group, and DDP trained over it.
     assert "rehearsal: rank 0 of 4 on torch's fake process group (asked for gloo)" in log
     record = outcome.record
-    assert record["status"] == "done" and [s["inputs"] for s in record["steps"]] == [[[3, 24]], [[3, 24]]]
-    assert record["model_class"] == "DistributedDataParallel" or record["parameters"] > 0
-    assert all(s["rss_bytes"] > 50 * 2**20 for s in record["steps"])  # the host memory, for CPU offload
+    assert record.status == "done" and [s.inputs for s in record.steps] == [((3, 24),), ((3, 24),)]
+    assert record.model_class == "DistributedDataParallel" or (record.parameters or 0) > 0
+    assert all((s.rss_bytes or 0) > 50 * 2**20 for s in record.steps)  # the host memory, for CPU offload
     assert not list((tmp_path / "out").glob("checkpoint-*")) if (tmp_path / "out").exists() else True
 
 
@@ -126,6 +126,7 @@ def test_the_result_names_rank_0s_peaks_nccl_the_plan_and_what_it_cannot_see(tmp
     from vramscope.tune.command import CommandTrial, CommandTuneResult
     from vramscope.tune.rehearse import RehearsalResult, _rank_peak, plan_for, worker_of
     from vramscope.tune.search import Trial, TuneResult
+    from vramscope.tune.trial_record import TrialRecord
 
     model = tmp_path / "llama7b"
     model.mkdir()
@@ -141,8 +142,8 @@ def test_the_result_names_rank_0s_peaks_nccl_the_plan_and_what_it_cannot_see(tmp
               "device_used_bytes": 9 * gib, "process_gpu_bytes": 7 * gib, "rss_bytes": 3 * gib},
              {"step": 2, "peak_allocated_bytes": 5 * gib + 1, "peak_reserved_bytes": 6 * gib,
               "device_used_bytes": 9 * gib, "process_gpu_bytes": 7 * gib, "rss_bytes": 3 * gib}]
-    record = {"status": "done", "steps": steps, "parameters": 6_900_000_000,
-              "parameters_held": 1_725_000_000}
+    record = TrialRecord.from_json({"status": "done", "steps": steps, "parameters": 6_900_000_000,
+                                    "parameters_held": 1_725_000_000})
     trial = Trial(size=3, ok=True, base_bytes=gib, peak_bytes=5 * gib + 1, seconds=30.0, peak_reserved_bytes=6 * gib)
     done = CommandTrial(trial, 20 * gib, record, "trial1.log")
     tune = CommandTuneResult(

@@ -59,7 +59,7 @@ def test_the_step_log_is_absolute_because_the_child_may_change_directory(
 
 def test_the_readers_follow_the_rule(tmp_path: Path) -> None:
     from vramscope.analysis.alerts import warnings_path
-    from vramscope.tune.command import _records
+    from vramscope.tune.trial_record import read_records
 
     log = tmp_path / "mem.csv"
     assert warnings_path(log) == sibling(log, suffix=".warnings.jsonl") == str(tmp_path / "mem.warnings.jsonl")
@@ -72,4 +72,4 @@ def test_the_readers_follow_the_rule(tmp_path: Path) -> None:
     for rank in (0, 1, 2):
         Path(record_path(record, rank)).write_text(f'{{"rank": {rank}}}', encoding="utf-8")
     (folder / "trial0.steps.json").write_text('{"rank": 9}', encoding="utf-8")  # beside it, not a rank's
-    assert [r["rank"] for r in _records(record)] == [0, 1, 2]
+    assert [r.rank for r in read_records(record)] == [0, 1, 2]

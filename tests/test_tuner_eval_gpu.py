@@ -90,7 +90,7 @@ def test_a_trial_measures_its_evaluation_with_the_logits_kept(tmp_path: Path, sc
                                 eval_batch_size=EVAL_ROWS)
     loss = run_trial_child(_argv(script, tmp_path / "o2"), loss_request, log_path=str(tmp_path / "l.log"),
                            timeout_s=600)
-    assert loss.record.get("status") == "done"
+    assert loss.record.status == "done"
     assert json.loads((tmp_path / "l.json").read_text())["eval"]["logits"] == "none"
     assert loss.phases.eval_allocated is not None and kept.phases.eval_allocated > loss.phases.eval_allocated + logits
 

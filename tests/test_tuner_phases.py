@@ -24,6 +24,7 @@ from vramscope.tune.phase_limit import (
     phase_peaks,
 )
 from vramscope.tune.search import Trial, search
+from vramscope.tune.trial_record import TrialRecord
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_lora.py"
 GIB = 2**30
@@ -55,9 +56,10 @@ def test_axolotls_eval_batch_follows_the_batch_tried(tmp_path: Path) -> None:
     assert eval_batch_for(fixed, 7) == 3 and not eval_follows_train(fixed)
 
 
-def _record(train: list[int], evaluation: dict | None = None, **top: object) -> dict:
+def _record(train: list[int], evaluation: dict | None = None, **top: object) -> TrialRecord:
     steps = [{"step": i + 1, "peak_allocated_bytes": p, "peak_reserved_bytes": p + GIB} for i, p in enumerate(train)]
-    return {"status": "done", "steps": steps, **({"eval": evaluation} if evaluation else {}), **top}
+    return TrialRecord.from_json({"status": "done", "steps": steps, **({"eval": evaluation} if evaluation else {}),
+                                  **top})
 
 
 def test_a_trials_phases_come_from_every_rank_and_step() -> None:
@@ -75,7 +77,8 @@ def test_a_trials_phases_come_from_every_rank_and_step() -> None:
     cached = phase_peaks([_record([20 * GIB], {"status": "done", "batch_size": 8, "logits": "none",
                                                "peak_allocated_bytes": 12 * GIB, "peak_reserved_bytes": 21 * GIB})])
     assert cached.phase == "train"
-    oom = phase_peaks([{"status": "oom", "phase": "eval", "steps": [{"peak_allocated_bytes": 5}]}])
+    oom = phase_peaks([TrialRecord.from_json({"status": "oom", "phase": "eval",
+                                              "steps": [{"peak_allocated_bytes": 5}]})])
     assert oom.phase == "eval" and oom.oom_phase == "eval"
     assert phase_peaks([_record([7])]).phase == "train" and phase_peaks([_record([7])]).eval is None
 

@@ -7,6 +7,7 @@
 * :mod:`~vramscope.tune.model_dir`: the QLoRA model and step built from a Hugging Face folder, then searched.
 * :mod:`~vramscope.tune.command`: trials that are runs of the user's own training command.
 * :mod:`~vramscope.tune.command_trial`: inside a trial child, its HF Trainer made to run one trial.
+* :mod:`~vramscope.tune.trial_record`: the trial's request and record (the JSON the tuner and its children exchange).
 * :mod:`~vramscope.tune.qlora`: build and step a real QLoRA/LoRA model (tune, calibration, the demo, benchmarks).
 * :mod:`~vramscope.tune.calibrate`: ``plan --calibrate``, a few real steps fitted to the planner.
 

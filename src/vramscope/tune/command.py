@@ -13,8 +13,6 @@ Imports no torch: the parent never touches the GPU, so the children get all of i
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import shutil
 import subprocess
@@ -27,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.commands import ParsedCommand
-from vramscope.output.names import sibling
 from vramscope.planner.batching import split_batch
 from vramscope.run.inject import ENV_PACKAGE_PARENT, ENV_TRAINER_HOOKS, PACKAGE_PARENT, SITE_DIR
-from vramscope.tune.command_trial import ENV_TRIAL, OOM_EXIT_CODE, TrialRequest
+from vramscope.tune.command_trial import ENV_TRIAL, OOM_EXIT_CODE
 from vramscope.tune.groups import Stopped, end_group, held, stop_on_signals
 from vramscope.tune.phase_limit import (
     Limit,
@@ -42,6 +39,7 @@ from vramscope.tune.phase_limit import (
     phase_peaks,
 )
 from vramscope.tune.search import NoSizeFitsError, Trial, TuneResult, search
+from vramscope.tune.trial_record import TrialRecord, TrialRequest, read_records
 
 DEFAULT_TRIAL_STEPS = 2  # the first step creates the optimizer state; the second runs with it in place
 DEFAULT_TRIAL_TIMEOUT_S = 900.0
@@ -58,7 +56,7 @@ class CommandTrial:
 
     trial: Trial
     capacity_bytes: int | None
-    record: Mapping[str, Any]
+    record: TrialRecord  # rank 0's
     log_path: str
     phases: PhasePeaks = field(default_factory=lambda: PhasePeaks(None, None))  # train and eval peaks
 
@@ -73,20 +71,6 @@ def child_environment(request: TrialRequest, environ: Mapping[str, str] | None =
     env[ENV_TRAINER_HOOKS] = "vramscope.tune.command_trial:install"  # the start-up hook runs the trial
     env.pop("VRAMSCOPE_INJECT", None)  # a trial measures the step alone, without the monitor's callback
     return env
-
-
-def _records(record: str) -> list[dict[str, Any]]:
-    """Rank 0's record and those of any other ranks beside it."""
-    out: list[dict[str, Any]] = []
-    # The names tune.command_trial.record_path gives the other ranks (mem.rank3.json), the log's name escaped
-    # so that a "[" in a folder or file name is not read as a pattern.
-    others = sorted(glob.glob(sibling(glob.escape(record), tag="rank*")))
-    for path in [record, *others]:
-        try:
-            out.append(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def _tail(path: str) -> str:
@@ -129,7 +113,7 @@ def run_trial_child(argv: Sequence[str], request: TrialRequest, *, log_path: str
             if proc is not None:  # after any end: helpers left by a crash or an OOM would hold the GPU into the next
                 end_group(proc)
     seconds = time.perf_counter() - t0
-    records = _records(request.record)
+    records = read_records(request.record)  # a torn record is skipped (tune.trial_record says what reads as one)
     tail = _tail(log_path)
     if not records:
         if code == 0:
@@ -139,22 +123,22 @@ def run_trial_child(argv: Sequence[str], request: TrialRequest, *, log_path: str
         if not oom:
             raise TrialFailed(f"the command exited with {code} before training began: {_last_line(tail)} "
                               f"(output: {log_path})")
-        records = [{"status": "oom", "error": f"out of memory before training began: {_last_line(tail)}"}]
-    statuses = {r.get("status") for r in records}
+        records = [TrialRecord(status="oom", error=f"out of memory before training began: {_last_line(tail)}")]
+    statuses = {r.status for r in records}
     first = records[0]
-    base = int(first.get("base_allocated_bytes") or 0)
-    base_reserved = first.get("base_reserved_bytes")
-    capacity = first.get("capacity_bytes")
+    base = first.base_allocated_bytes or 0
+    base_reserved = first.base_reserved_bytes
+    capacity = first.capacity_bytes
     phases = phase_peaks(records)
     if "oom" in statuses or (code == OOM_EXIT_CODE and "done" not in statuses):
-        oom_error = next((str(r.get("error")) for r in records if r.get("status") == "oom"), "out of memory")
+        oom_error = next((str(r.error) for r in records if r.status == "oom"), "out of memory")
         trial = Trial(size=0, ok=False, base_bytes=base, peak_bytes=None, seconds=seconds, error=oom_error,
                       after_bytes=base, base_reserved_bytes=base_reserved, after_reserved_bytes=base_reserved)
         if phases.oom_phase == "eval":
             trial = replace(trial, error=f"in evaluation: {oom_error}")
         return CommandTrial(trial, capacity, first, log_path, phases)
     if statuses != {"done"}:
-        error = next((str(r.get("error")) for r in records if r.get("error")), None)
+        error = next((r.error for r in records if r.error), None)
         raise TrialFailed(f"the trial at {_size(request)} failed: {error or _last_line(tail)} (exit {code}; "
                           f"output: {log_path})")
     # Per device: the worst rank and the worst step (the first one also creates the optimizer state), and the

@@ -12,8 +12,9 @@ trainer are subclasses):
   cut) to that shape, so the trial measures the longest batch the run can meet, whatever the dataset
   holds (padding-free batches, one row of packed tokens, become ``batch_size x seq_len`` tokens);
 * records, per step, the peak allocated and reserved CUDA memory, the GPU's used memory, the process's
-  resident host memory and the shape the model received, into
-  the request's record file (``<record>.rank<k>.json`` for rank k > 0), and after the last step exits
+  resident host memory and the shape the model received, into the request's record file
+  (``<record>.rank<k>.json`` for rank k > 0; its format is :class:`~vramscope.tune.trial_record.TrialRecord`),
+  and after the last step exits
   the process (``os._exit``): nothing after ``train()`` (saving, pushing) runs;
 * with ``eval_batch_size``, after the last step runs the user's evaluation on a slice of its eval set at that
   batch (:mod:`vramscope.tune.trial_eval`) and records its peaks as the record's ``eval``;
@@ -30,45 +31,13 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import Any
 
-from vramscope.training.ranks import rank_path
+from vramscope.tune.trial_record import TrialRecord, TrialRequest, TrialStep, record_path
 
 ENV_TRIAL = "VRAMSCOPE_TRIAL"
 OOM_EXIT_CODE = 3  # the trial child ran out of GPU memory (its record says which kind)
-
-
-@dataclass(frozen=True)
-class TrialRequest:
-    """What one trial child must do; travels as JSON in :data:`ENV_TRIAL`."""
-
-    batch_size: int
-    seq_len: int | None  # None: keep the data's own lengths
-    max_steps: int
-    record: str  # absolute path of the JSON record to write
-    memory_limit_bytes: int | None = None  # cap the allocator as on a smaller GPU
-    eval_batch_size: int | None = None  # run an evaluation pass at this eval batch after the last step; None: none
-
-    def to_env(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_env(cls, text: str) -> TrialRequest:
-        data = json.loads(text)
-        return cls(
-            batch_size=int(data["batch_size"]),
-            seq_len=None if data.get("seq_len") is None else int(data["seq_len"]),
-            max_steps=int(data["max_steps"]),
-            record=str(data["record"]),
-            memory_limit_bytes=None if data.get("memory_limit_bytes") is None else int(data["memory_limit_bytes"]),
-            eval_batch_size=None if data.get("eval_batch_size") is None else int(data["eval_batch_size"]),
-        )
-
-
-def record_path(record: str, rank: int) -> str:
-    """Rank 0 writes ``record``; rank k > 0 writes ``<stem>.rank<k><suffix>`` beside it, as a rank's log."""
-    return rank_path(record, rank)
 
 
 def _rank() -> int:
@@ -80,18 +49,20 @@ def _rank() -> int:
 
 
 class _Record:
-    """The child's record file, rewritten whole (through a temporary name) at each change."""
+    """The child's record file, rewritten whole (through a temporary name) at each change.
+
+    ``now`` is the record as it stands; a change not yet saved is written with the next :meth:`save`."""
 
     def __init__(self, request: TrialRequest) -> None:
         self.path = record_path(request.record, _rank())
-        self.data: dict[str, Any] = {"status": "started", "request": asdict(request), "rank": _rank(),
-                                     "pid": os.getpid(), "steps": []}
+        self.now = TrialRecord(status="started", request=request, rank=_rank(), pid=os.getpid())
 
-    def write(self, **changes: Any) -> None:
-        self.data.update(changes)
+    def save(self, record: TrialRecord | None = None) -> None:
+        if record is not None:
+            self.now = record
         tmp = f"{self.path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.data, f)
+            json.dump(self.now.to_json(), f)
         os.replace(tmp, self.path)
 
 
@@ -233,11 +204,11 @@ def _callback_class() -> type:
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
             import torch
 
-            fields: dict[str, Any] = {"status": "training", "cuda": torch.cuda.is_available()}
+            now = replace(self.record.now, status="training", cuda=torch.cuda.is_available())
             if model is not None:
                 model.register_forward_pre_hook(self._seen, with_kwargs=True)
                 total, held = parameter_counts(model.parameters())
-                fields.update(model_class=type(model).__name__, parameters=total, parameters_held=held)
+                now = replace(now, model_class=type(model).__name__, parameters=total, parameters_held=held)
             if torch.cuda.is_available():
                 self._cuda = True
                 device = torch.cuda.current_device()
@@ -250,13 +221,13 @@ def _callback_class() -> type:
                 capacity = int(free) + int(torch.cuda.memory_reserved(device))
                 if self.request.memory_limit_bytes is not None:
                     capacity = min(capacity, self.request.memory_limit_bytes)
-                fields.update(device=device, device_name=torch.cuda.get_device_name(device),
+                now = replace(now, device=device, device_name=torch.cuda.get_device_name(device),
                               total_bytes=int(total), capacity_bytes=capacity,
                               base_allocated_bytes=int(torch.cuda.memory_allocated(device)),
                               base_reserved_bytes=int(torch.cuda.memory_reserved(device)))
                 torch.cuda.reset_peak_memory_stats(device)
                 self._nvml = _nvml()
-            self.record.write(**fields)
+            self.record.save(now)
 
         def _seen(self, module: Any, args: Any, kwargs: Any) -> None:
             ids = kwargs.get("input_ids") if isinstance(kwargs, dict) else None
@@ -269,32 +240,28 @@ def _callback_class() -> type:
                 self.shapes.append([int(d) for d in shape[:2]])
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            step: dict[str, Any] = {"step": int(state.global_step), "inputs": self.shapes}
+            step = TrialStep(step=int(state.global_step), inputs=tuple(tuple(shape) for shape in self.shapes))
             self.shapes = []
             if self._cuda:
                 import torch
 
                 free, total = torch.cuda.mem_get_info()
-                step.update(peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
-                            peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
-                            allocated_bytes=int(torch.cuda.memory_allocated()),
-                            reserved_bytes=int(torch.cuda.memory_reserved()),
-                            # the whole GPU's use: this process with its CUDA context (a rehearsal's process memory)
-                            device_used_bytes=int(total) - int(free))
-                held = _process_gpu_bytes(self._nvml)
-                if held is not None:
-                    step["process_gpu_bytes"] = held  # NVML's figure for this process (nvidia-smi's)
+                step = replace(step, peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
+                               peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
+                               allocated_bytes=int(torch.cuda.memory_allocated()),
+                               reserved_bytes=int(torch.cuda.memory_reserved()),
+                               # the whole GPU's use: this process with its CUDA context (a rehearsal's process memory)
+                               device_used_bytes=int(total) - int(free),
+                               process_gpu_bytes=_process_gpu_bytes(self._nvml))  # NVML's figure (nvidia-smi's)
                 torch.cuda.reset_peak_memory_stats()
-            rss = _rss_bytes()
-            if rss is not None:
-                step["rss_bytes"] = rss  # host memory: what CPU offload keeps there
-            self.record.data["steps"].append(step)
+            step = replace(step, rss_bytes=_rss_bytes())  # host memory: what CPU offload keeps there
+            self.record.now = replace(self.record.now, steps=(*self.record.now.steps, step))
             if state.global_step >= self.request.max_steps:
                 if self.request.eval_batch_size is not None and self.trainer is not None:
                     self._evaluate()
-                self.record.write(status="done")
+                self.record.save(replace(self.record.now, status="done"))
                 _exit(0)
-            self.record.write()
+            self.record.save()
 
         def _evaluate(self) -> None:
             """The evaluation pass where the run's first evaluation runs: after a step, its states in place."""
@@ -302,14 +269,14 @@ def _callback_class() -> type:
 
             assert self.request.eval_batch_size is not None
             self.eval_pass = EvalPass(self.request.eval_batch_size, self._cuda)
-            self.record.write(status="evaluating", phase="eval")
+            self.record.save(replace(self.record.now, status="evaluating", phase="eval"))
             try:
-                self.record.data["eval"] = self.eval_pass.run(self.trainer)
+                evaluation = self.eval_pass.run(self.trainer)
             except BaseException:  # out of memory (re-raised by the pass): keep what it ran at, for the answer
-                self.record.data["eval"] = {**self.eval_pass.settings, "status": "oom",
-                                            "step_peaks": self.eval_pass.step_peaks}
+                self.record.now = replace(self.record.now, eval={**self.eval_pass.settings, "status": "oom",
+                                                                 "step_peaks": self.eval_pass.step_peaks})
                 raise
-            self.record.data.pop("phase", None)
+            self.record.now = replace(self.record.now, eval=evaluation, phase=None)
 
         def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.eval_pass is not None:
@@ -357,9 +324,10 @@ def install(trainer_module: Any, environ: dict[str, str] | None = None) -> None:
             kind = oom_kind(exc)
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             if kind is not None:
-                record.write(status="oom", error=f"{kind}: {first}", phase=record.data.get("phase", "train"))
+                record.save(replace(record.now, status="oom", error=f"{kind}: {first}",
+                                    phase=record.now.phase or "train"))
                 _exit(OOM_EXIT_CODE)
-            record.write(status="error", error=f"{type(exc).__name__}: {first}")
+            record.save(replace(record.now, status="error", error=f"{type(exc).__name__}: {first}"))
             raise
 
     __init__.__wrapped__ = original_init  # type: ignore[attr-defined]

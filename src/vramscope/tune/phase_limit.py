@@ -3,7 +3,8 @@
 A trial child records its training steps' peaks and, when the command evaluates, its evaluation pass's
 (:mod:`vramscope.tune.trial_eval`). A trial's peak is the larger of the two; the phase that limits the answer is
 the one that broke the next size up (the size that ran out of memory, or ate into the margin), or, when no larger
-size ran, the one that set the chosen size's peak. Pure: records in, typed figures and words out.
+size ran, the one that set the chosen size's peak. Pure: records (:class:`~vramscope.tune.trial_record.TrialRecord`)
+in, typed figures and words out.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramscope.commands import ParsedCommand
+from vramscope.tune.trial_record import TrialRecord
 
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size's default
 PHASE_WORDS = {"train": "the training step", "eval": "evaluation"}
@@ -87,14 +89,14 @@ def _most(values: Sequence[Any]) -> int | None:
     return max((int(v) for v in values if v is not None), default=None)
 
 
-def phase_peaks(records: Sequence[Mapping[str, Any]]) -> PhasePeaks:
+def phase_peaks(records: Sequence[TrialRecord]) -> PhasePeaks:
     """The per-phase peaks of a trial from its ranks' records (the worst rank and step of each phase)."""
-    steps = [s for r in records for s in r.get("steps", ())]
-    evals = [r["eval"] for r in records if isinstance(r.get("eval"), Mapping)]
-    oom = next((str(r.get("phase") or "train") for r in records if r.get("status") == "oom"), None)
+    steps = [s for r in records for s in r.steps]
+    evals = [r.eval for r in records if r.eval is not None]
+    oom = next((r.phase or "train" for r in records if r.status == "oom"), None)
     return PhasePeaks(
-        train_allocated=_most([s.get("peak_allocated_bytes") for s in steps]),
-        train_reserved=_most([s.get("peak_reserved_bytes") for s in steps]),
+        train_allocated=_most([s.peak_allocated_bytes for s in steps]),
+        train_reserved=_most([s.peak_reserved_bytes for s in steps]),
         eval_allocated=_most([e.get("peak_allocated_bytes") for e in evals]),
         eval_reserved=_most([e.get("peak_reserved_bytes") for e in evals]),
         eval=evals[0] if evals else None,

@@ -19,7 +19,7 @@ Imports no torch: the children get the whole GPU.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from vramscope.planner.shapes import shape_from_config
 from vramscope.tune.command import CommandTrial, CommandTuneResult, tune_command
 from vramscope.tune.launch_env import WorkerLaunch, worker_launch
 from vramscope.tune.rehearsal_pg import rehearsal_environment
+from vramscope.tune.trial_record import TrialRecord
 
 HOW = "fake_pg"
 CANNOT_SEE = (
@@ -117,23 +118,20 @@ def refuse(launch: WorkerLaunch) -> None:
 
 
 def _rank_peak(trial: CommandTrial | None, nccl: int) -> RankPeak:
-    steps = [] if trial is None else list(trial.record.get("steps", ()))
+    record = TrialRecord() if trial is None else trial.record
+    steps = record.steps
 
-    def worst(key: str) -> int | None:
-        values = [int(s[key]) for s in steps if isinstance(s.get(key), int)]
-        return max(values) if values else None
+    def worst(values: Iterable[int | None]) -> int | None:
+        return max((v for v in values if v is not None), default=None)
 
-    record = {} if trial is None else trial.record
-    held, total = record.get("parameters_held"), record.get("parameters")
     # NVML's figure for the process when it lists it; the GPU's used memory otherwise (the same when the
     # rehearsal has the GPU to itself).
-    used = worst("process_gpu_bytes")
-    used = used if used is not None else worst("device_used_bytes")
-    return RankPeak(rank=0, peak_allocated_bytes=worst("peak_allocated_bytes"),
-                    peak_reserved_bytes=worst("peak_reserved_bytes"), device_used_bytes=used,
-                    nccl_bytes=nccl, host_rss_bytes=worst("rss_bytes"),
-                    parameters=total if isinstance(total, int) else None,
-                    parameters_held=held if isinstance(held, int) else None)
+    used = worst(s.process_gpu_bytes for s in steps)
+    used = used if used is not None else worst(s.device_used_bytes for s in steps)
+    return RankPeak(rank=0, peak_allocated_bytes=worst(s.peak_allocated_bytes for s in steps),
+                    peak_reserved_bytes=worst(s.peak_reserved_bytes for s in steps), device_used_bytes=used,
+                    nccl_bytes=nccl, host_rss_bytes=worst(s.rss_bytes for s in steps),
+                    parameters=record.parameters, parameters_held=record.parameters_held)
 
 
 def plan_for(parsed: ParsedCommand, launch: WorkerLaunch, batch: int, seq: int | None) -> dict[str, Any] | None:
