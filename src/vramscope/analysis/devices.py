@@ -61,6 +61,7 @@ class DeviceRows:
         self.n = len(self.positions)
         self.every = self.n == cols.n  # the device has every row: its cells are the columns themselves
         self._cells: dict[str, Column] = {}
+        self._training_phase: np.ndarray | None = None
         step = self.column("step")
         self.has_steps = bool(step.known.any())
         self.codes, self.names = self._phase_labels()
@@ -113,12 +114,17 @@ class DeviceRows:
 
     def training_phase(self) -> np.ndarray:
         """The rows of a training phase (logged as ``train`` or with no phase): not eval's, predict's or a
-        start-up's, whose batches and memory are their own."""
-        logged = self.cols.labels("phase")
-        codes = logged.codes if self.every else logged.codes[self.sel]
-        train_codes = [c for c, name in enumerate(logged.names) if name in TRAIN_PHASES]
-        in_train: np.ndarray = (codes < 0) | np.isin(codes, train_codes) if train_codes else codes < 0
-        return in_train
+        start-up's, whose batches and memory are their own. Made once (the leak test, the batches and the forecast
+        each ask); read-only."""
+        if self._training_phase is None:
+            logged = self.cols.labels("phase")
+            codes = logged.codes if self.every else logged.codes[self.sel]
+            # One lookup per row (the last entry is code -1's, no phase: training), not isin's passes.
+            in_phase = np.array([name in TRAIN_PHASES for name in logged.names] + [True])
+            in_train: np.ndarray = in_phase[codes]
+            in_train.flags.writeable = False
+            self._training_phase = in_train
+        return self._training_phase
 
     def training(self) -> np.ndarray:
         """The rows the leak test reads: a training phase (empty or ``train``) with a known step."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from vramscope.analysis.columns import ANALYSED_COLUMNS, Clock, LogColumns, tail
+from vramscope.analysis.columns import ANALYSED_COLUMNS, Clock, LogColumns, last_known, tail
 from vramscope.analysis.details import device_detail, rank_imbalance
 from vramscope.analysis.devices import DeviceRows, device_rows
 from vramscope.analysis.forecast import (
@@ -228,12 +228,12 @@ def _check_device(peak: DevicePeak, leak: DeviceLeak, oom: OomForecast) -> None:
 def _peak(dev: DeviceRows, clock: Clock, name: str | None) -> DevicePeak:
     """The highest reading of the device's peak signal, overall and per phase (first one of equals)."""
     total = dev.column("device_total_bytes")
-    last = np.flatnonzero(total.known)
+    last = last_known(total.known)
     peak = DevicePeak(key=dev.key, metric=name, at=None, phases={},
                       max_reserved_bytes=_top(dev, "reserved_bytes"),
                       max_device_used_bytes=_top(dev, "device_used_bytes"),
                       max_host_rss_bytes=_top(dev, "host_rss_bytes"),
-                      total_bytes=int(total.values[last[-1]]) if len(last) else None)
+                      total_bytes=int(total.values[last]) if last is not None else None)
     if name is None:
         return peak
     top = dev.argmax(name)
