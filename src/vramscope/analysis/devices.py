@@ -30,6 +30,8 @@ def device_rows(cols: LogColumns) -> dict[str, Selector]:
     n = cols.n
     if not n:
         return {}
+    if gpu.known.all() and gpu.values.min() == gpu.values.max():  # one GPU: two reductions, no array of every row
+        return {_key(int(gpu.values[0])): slice(None)}
     # The lowest int64 is no GPU's index: it stands for the host (a row without a GPU).
     ids = np.where(gpu.known, gpu.values, _LOWEST)
     first = int(ids[0])

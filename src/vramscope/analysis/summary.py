@@ -266,9 +266,14 @@ def _series(dev: DeviceRows, name: str, train: np.ndarray, unit: str) -> tuple[n
     signal = dev.column(name)
     picked = train & signal.known
     x = dev.column("step" if unit == "step" else "elapsed_s")
-    xs = x.values[picked].astype(np.float64)
-    ys = signal.values[picked].astype(np.float64)
     tokens = dev.column("tokens")
+    if picked.all():  # every row, as a rule: one copy of each column as floats, not a pick and then a cast
+        xs, ys = x.values.astype(np.float64), signal.values.astype(np.float64)
+        known = tokens.known
+        toks = np.where(known, tokens.values, np.nan) if known.any() else None
+        return xs, ys, toks
+    xs = x.values[picked].astype(np.float64, copy=False)
+    ys = signal.values[picked].astype(np.float64, copy=False)
     known = tokens.known[picked]
     toks = np.where(known, tokens.values[picked], np.nan) if known.any() else None
     return xs, ys, toks
