@@ -204,7 +204,8 @@ class Clock:
         from the first to the last row's time (a hand-written log, a damaged last cell), never below zero;
         else the range of the logged seconds there are."""
         elapsed = self.cols.column("elapsed_s")
-        seconds = elapsed.values[elapsed.known]
+        # Every second known, as a rule: the column itself, not a copy of its known cells.
+        seconds = elapsed.values if elapsed.known.all() else elapsed.values[elapsed.known]
         if self.cols.n and elapsed.known[0] and elapsed.known[-1]:
             return float(seconds.max() - seconds.min())
         if self.first_row is not None and self.last_row is not None:

@@ -46,12 +46,12 @@ def device_detail(dev: DeviceRows, clock: Clock, capacity_bytes: int | None) -> 
     for m in metrics:
         j = dev.argmax(m)
         if j is not None:
-            peaks[m] = dev.peak_at(m, j, clock.at(int(dev.positions[j])))
+            peaks[m] = dev.peak_at(m, j, clock.at(dev.row(j)))
     rows = dev.phase_rows()
     phases: dict[str, dict[str, PeakAt]] = {label: {} for label in rows}
     for m in metrics:
         for label, j in dev.phase_maxima(m).items():
-            phases[label][m] = dev.peak_at(m, j, clock.at(int(dev.positions[j])))
+            phases[label][m] = dev.peak_at(m, j, clock.at(dev.row(j)))
     total = dev.column("device_total_bytes")
     last = last_known(total.known)
     logged_total = None if last is None else int(total.values[last])
@@ -264,9 +264,9 @@ def longest_batches(dev: DeviceRows, clock: Clock) -> tuple[BatchPeak, ...]:
                     continue
                 seen.add(s)
             known_peak = peak is not None and bool(peak.known[j])
-            out.append(BatchPeak(row=int(dev.positions[j]), step=s, tokens=length,
+            out.append(BatchPeak(row=dev.row(j), step=s, tokens=length,
                                  peak_allocated_bytes=int(peak.values[j]) if peak is not None and known_peak else None,
-                                 phase=dev.label(j), since_start_s=clock.at(int(dev.positions[j]))))
+                                 phase=dev.label(j), since_start_s=clock.at(dev.row(j))))
             if len(out) == LONGEST_BATCHES:
                 break
     return tuple(out)

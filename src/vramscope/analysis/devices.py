@@ -58,9 +58,13 @@ class DeviceRows:
         self.key = key
         self.sel = sel
         self.cols = cols
-        # The table row of each of the device's rows (a slice's: its interleave alone, no arange of every row).
-        self.positions = np.arange(*sel.indices(cols.n)) if isinstance(sel, slice) else np.arange(cols.n)[sel]
-        self.n = len(self.positions)
+        # The table row of each of the device's rows (a slice's: its interleave alone), made when asked for.
+        self._positions: np.ndarray | None = None
+        if isinstance(sel, slice):
+            self.n = len(range(*sel.indices(cols.n)))
+        else:
+            self._positions = np.arange(cols.n)[sel]
+            self.n = len(self._positions)
         self.every = self.n == cols.n  # the device has every row: its cells are the columns themselves
         self._cells: dict[str, Column] = {}
         self._training_phase: np.ndarray | None = None
@@ -70,6 +74,18 @@ class DeviceRows:
         change = np.flatnonzero(self.codes[1:] != self.codes[:-1]) + 1
         self.starts = np.concatenate(([0], change)).astype(np.int64) if self.n else np.zeros(0, np.int64)
         self.ends = np.concatenate((change, [self.n])).astype(np.int64) if self.n else np.zeros(0, np.int64)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """The table row of each of the device's rows."""
+        if self._positions is None:
+            assert isinstance(self.sel, slice)  # positions are made at once for any other selector
+            self._positions = np.arange(*self.sel.indices(self.cols.n))
+        return self._positions
+
+    def row(self, j: int) -> int:
+        """The table row of the device's row ``j`` (itself when the device has every row: no positions made)."""
+        return j if self.every else int(self.positions[j])
 
     def column(self, name: str) -> Column:
         found = self._cells.get(name)
@@ -174,7 +190,7 @@ class DeviceRows:
         """The reading of a column on the device's row ``j``, with where it was."""
         step = self.column("step")
         elapsed = self.column("elapsed_s")
-        row = int(self.positions[j])
+        row = self.row(j)
         return PeakAt(row=row, bytes=int(self.column(name).values[j]),
                       step=int(step.values[j]) if step.known[j] else None, phase=self.label(j),
                       time=self.cols.text("time", row),

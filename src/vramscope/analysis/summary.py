@@ -240,7 +240,7 @@ def _peak(dev: DeviceRows, clock: Clock, name: str | None) -> DevicePeak:
     if top is None:
         return peak
     def at(j: int) -> PeakAt:
-        return dev.peak_at(name, j, clock.at(int(dev.positions[j])))
+        return dev.peak_at(name, j, clock.at(dev.row(j)))
 
     phases = {label: at(j) for label, j in dev.phase_maxima(name).items()}
     return replace(peak, at=at(top), phases=phases)
@@ -267,8 +267,8 @@ def _series(dev: DeviceRows, name: str, train: np.ndarray, unit: str) -> tuple[n
     picked = train & signal.known
     x = dev.column("step" if unit == "step" else "elapsed_s")
     tokens = dev.column("tokens")
-    if picked.all():  # every row, as a rule: one copy of each column as floats, not a pick and then a cast
-        xs, ys = x.values.astype(np.float64), signal.values.astype(np.float64)
+    if picked.all():  # every row, as a rule: the columns as floats (seconds as they are: read-only), no pick
+        xs, ys = x.values.astype(np.float64, copy=False), signal.values.astype(np.float64, copy=False)
         known = tokens.known
         toks = np.where(known, tokens.values, np.nan) if known.any() else None
         return xs, ys, toks
