@@ -20,6 +20,7 @@ from test_log_cells import SMI_HEADERS, same_smi, same_table, smi_text
 from vramscope.analysis.columns import ANALYSED_COLUMNS
 from vramscope.logs.reader import read_log
 from vramscope.logs.smi_reader import STREAM_FROM
+from vramscope.logs.source import LogSource
 
 ROWS = 40_000  # about 3.5 MB: a few blocks
 
@@ -104,3 +105,26 @@ def test_nvidia_smi_logs_over_a_mib_are_the_per_line_rules(tmp_path: Path, heade
     path.write_text(text)
     assert path.stat().st_size > STREAM_FROM
     same_smi(path)
+
+
+@pytest.mark.parametrize("first", [3, 4, 100])
+def test_a_0x_is_seen_within_a_block_and_cut_between_two(tmp_path: Path, first: int) -> None:
+    # The stream looks for "0x" only in a block with an x in it (a memchr: "0x" itself is searched for at a tenth
+    # of the speed); a "0" ending one block (3 bytes: "1,0") and an "x" starting the next is a 0x all the same.
+    path = tmp_path / "hex.csv"
+    path.write_bytes(b"time,gpu,step\n1,0x10,3\n")
+    with LogSource(str(path), "a log") as source:
+        stream = source.lines(source.header_end + 1)
+        stream.read(first)
+        stream.read(-1)
+        assert stream.hex_prefixed
+
+
+def test_an_x_without_a_0_before_it_leaves_the_fast_path(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_bytes(b"time,gpu,phase\n1,0,x\n2,0,X0\n")
+    with LogSource(str(path), "a log") as source:
+        stream = source.lines(source.header_end + 1)
+        for size in (1, 3, 2, 100):
+            stream.read(size)
+        assert not stream.hex_prefixed and not stream.quoted

@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from vramscope.logs.arrow_columns import ArrowColumn
 from vramscope.logs.cells import Column, Labels
+from vramscope.logs.label_columns import LabelColumn
 from vramscope.logs.schema import FLOAT_COLUMNS
 from vramscope.logs.table import ColumnData, LogTable
 
@@ -135,8 +137,10 @@ class LogColumns:
             return [None if not cells[r] else str(cells[r]) for r in np.asarray(rows, dtype=np.int64).tolist()]
         if name not in self._text_cells:
             data = self._table.column_data(name)
-            # Taken whole once: the cells located once, each later take a pick of a few of them.
-            self._text_cells[name] = None if data is None else data.take(np.arange(self.n, dtype=np.int64))
+            # Taken whole once: the cells located once, each later take a pick of a few of them. A column read
+            # as pyarrow's pieces or as labels is that already (taking every row gives it back): no arange of every row.
+            whole = isinstance(data, ArrowColumn | LabelColumn)
+            self._text_cells[name] = data if data is None or whole else data.take(np.arange(self.n, dtype=np.int64))
         taken = self._text_cells[name]
         return [None] * len(rows) if taken is None else taken.take(np.asarray(rows, dtype=np.int64)).texts()
 
@@ -200,7 +204,8 @@ class Clock:
         from the first to the last row's time (a hand-written log, a damaged last cell), never below zero;
         else the range of the logged seconds there are."""
         elapsed = self.cols.column("elapsed_s")
-        seconds = elapsed.values[elapsed.known]
+        # Every second known, as a rule: the column itself, not a copy of its known cells.
+        seconds = elapsed.values if elapsed.known.all() else elapsed.values[elapsed.known]
         if self.cols.n and elapsed.known[0] and elapsed.known[-1]:
             return float(seconds.max() - seconds.min())
         if self.first_row is not None and self.last_row is not None:
@@ -249,4 +254,18 @@ def last_known(known: np.ndarray) -> int | None:
 
 def tail(mask: np.ndarray, count: int) -> np.ndarray:
     """The last ``count`` positions where ``mask`` is true."""
-    return np.flatnonzero(mask)[-count:] if count > 0 else np.zeros(0, np.int64)
+    if count <= 0:
+        return np.zeros(0, np.int64)
+    # From the end, a window at a time: the newest rows, not the positions of every row (a million of them).
+    found: list[np.ndarray] = []
+    have, hi, window = 0, len(mask), max(4 * count, 1 << 12)
+    while hi > 0 and have < count:
+        lo = max(0, hi - window)
+        part = np.flatnonzero(mask[lo:hi]) + lo
+        found.append(part)
+        have += len(part)
+        hi, window = lo, 4 * window
+    if not found:
+        return np.zeros(0, np.int64)
+    picked: np.ndarray = np.concatenate(found[::-1])[-count:]
+    return picked

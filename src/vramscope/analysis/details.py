@@ -4,7 +4,7 @@ and, for a log of several ranks, each rank's peaks and their imbalance. Whole-co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -46,12 +46,12 @@ def device_detail(dev: DeviceRows, clock: Clock, capacity_bytes: int | None) -> 
     for m in metrics:
         j = dev.argmax(m)
         if j is not None:
-            peaks[m] = dev.peak_at(m, j, clock.at(int(dev.positions[j])))
+            peaks[m] = dev.peak_at(m, j, clock.at(dev.row(j)))
     rows = dev.phase_rows()
     phases: dict[str, dict[str, PeakAt]] = {label: {} for label in rows}
     for m in metrics:
         for label, j in dev.phase_maxima(m).items():
-            phases[label][m] = dev.peak_at(m, j, clock.at(int(dev.positions[j])))
+            phases[label][m] = dev.peak_at(m, j, clock.at(dev.row(j)))
     total = dev.column("device_total_bytes")
     last = last_known(total.known)
     logged_total = None if last is None else int(total.values[last])
@@ -258,19 +258,37 @@ def longest_batches(dev: DeviceRows, clock: Clock) -> tuple[BatchPeak, ...]:
             values = np.full(len(rows), -1, np.int64)
         else:
             values = np.where(peak.known[rows], peak.values[rows], -1)
-        for j in rows[np.lexsort((-rows, -values))].tolist():  # peak first, then the latest row
+        for j in _highest_first(rows, values):
             s = int(step.values[j]) if step.known[j] else None
             if s is not None:
                 if s in seen:  # a step logged twice counts once
                     continue
                 seen.add(s)
             known_peak = peak is not None and bool(peak.known[j])
-            out.append(BatchPeak(row=int(dev.positions[j]), step=s, tokens=length,
+            out.append(BatchPeak(row=dev.row(j), step=s, tokens=length,
                                  peak_allocated_bytes=int(peak.values[j]) if peak is not None and known_peak else None,
-                                 phase=dev.label(j), since_start_s=clock.at(int(dev.positions[j]))))
+                                 phase=dev.label(j), since_start_s=clock.at(dev.row(j))))
             if len(out) == LONGEST_BATCHES:
                 break
     return tuple(out)
+
+
+def _highest_first(rows: np.ndarray, values: np.ndarray) -> Iterator[int]:
+    """``rows`` by ``values``, highest first, then the latest row: the few highest sorted first (a length can hold
+    a quarter of a million rows, and a step logged twice is skipped, so more may be asked for), then the rest."""
+    def order_of(picked: np.ndarray) -> np.ndarray:
+        return picked[np.lexsort((-rows[picked], -values[picked]))]
+
+    few = 4 * LONGEST_BATCHES
+    if len(rows) <= 4 * few:
+        yield from rows[order_of(np.arange(len(rows)))].tolist()
+        return
+    # Every row at or above the few-th highest value: the head of the whole order (ties at it included).
+    floor = np.partition(values, len(values) - few)[len(values) - few]
+    head = np.flatnonzero(values >= floor)
+    yield from rows[order_of(head)].tolist()
+    rest = np.flatnonzero(values < floor)
+    yield from rows[order_of(rest)].tolist()
 
 
 # -- ranks ------------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ def device_rows(cols: LogColumns) -> dict[str, Selector]:
     n = cols.n
     if not n:
         return {}
+    if gpu.known.all() and gpu.values.min() == gpu.values.max():  # one GPU: two reductions, no array of every row
+        return {_key(int(gpu.values[0])): slice(None)}
     # The lowest int64 is no GPU's index: it stands for the host (a row without a GPU).
     ids = np.where(gpu.known, gpu.values, _LOWEST)
     first = int(ids[0])
@@ -56,17 +58,34 @@ class DeviceRows:
         self.key = key
         self.sel = sel
         self.cols = cols
-        # The table row of each of the device's rows (a slice's: its interleave alone, no arange of every row).
-        self.positions = np.arange(*sel.indices(cols.n)) if isinstance(sel, slice) else np.arange(cols.n)[sel]
-        self.n = len(self.positions)
+        # The table row of each of the device's rows (a slice's: its interleave alone), made when asked for.
+        self._positions: np.ndarray | None = None
+        if isinstance(sel, slice):
+            self.n = len(range(*sel.indices(cols.n)))
+        else:
+            self._positions = np.arange(cols.n)[sel]
+            self.n = len(self._positions)
         self.every = self.n == cols.n  # the device has every row: its cells are the columns themselves
         self._cells: dict[str, Column] = {}
+        self._training_phase: np.ndarray | None = None
         step = self.column("step")
         self.has_steps = bool(step.known.any())
         self.codes, self.names = self._phase_labels()
         change = np.flatnonzero(self.codes[1:] != self.codes[:-1]) + 1
         self.starts = np.concatenate(([0], change)).astype(np.int64) if self.n else np.zeros(0, np.int64)
         self.ends = np.concatenate((change, [self.n])).astype(np.int64) if self.n else np.zeros(0, np.int64)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """The table row of each of the device's rows."""
+        if self._positions is None:
+            assert isinstance(self.sel, slice)  # positions are made at once for any other selector
+            self._positions = np.arange(*self.sel.indices(self.cols.n))
+        return self._positions
+
+    def row(self, j: int) -> int:
+        """The table row of the device's row ``j`` (itself when the device has every row: no positions made)."""
+        return j if self.every else int(self.positions[j])
 
     def column(self, name: str) -> Column:
         found = self._cells.get(name)
@@ -113,12 +132,17 @@ class DeviceRows:
 
     def training_phase(self) -> np.ndarray:
         """The rows of a training phase (logged as ``train`` or with no phase): not eval's, predict's or a
-        start-up's, whose batches and memory are their own."""
-        logged = self.cols.labels("phase")
-        codes = logged.codes if self.every else logged.codes[self.sel]
-        train_codes = [c for c, name in enumerate(logged.names) if name in TRAIN_PHASES]
-        in_train: np.ndarray = (codes < 0) | np.isin(codes, train_codes) if train_codes else codes < 0
-        return in_train
+        start-up's, whose batches and memory are their own. Made once (the leak test, the batches and the forecast
+        each ask); read-only."""
+        if self._training_phase is None:
+            logged = self.cols.labels("phase")
+            codes = logged.codes if self.every else logged.codes[self.sel]
+            # One lookup per row (the last entry is code -1's, no phase: training), not isin's passes.
+            in_phase = np.array([name in TRAIN_PHASES for name in logged.names] + [True])
+            in_train: np.ndarray = in_phase[codes]
+            in_train.flags.writeable = False
+            self._training_phase = in_train
+        return self._training_phase
 
     def training(self) -> np.ndarray:
         """The rows the leak test reads: a training phase (empty or ``train``) with a known step."""
@@ -166,7 +190,7 @@ class DeviceRows:
         """The reading of a column on the device's row ``j``, with where it was."""
         step = self.column("step")
         elapsed = self.column("elapsed_s")
-        row = int(self.positions[j])
+        row = self.row(j)
         return PeakAt(row=row, bytes=int(self.column(name).values[j]),
                       step=int(step.values[j]) if step.known[j] else None, phase=self.label(j),
                       time=self.cols.text("time", row),

@@ -511,27 +511,35 @@ def _follows_longest_batch(series: _Ordered, tokens: np.ndarray, start: float) -
     growth is given to the batches, because memory that follows them stops when they stop.
     """
     n = len(tokens)
-    known = np.flatnonzero(~np.isnan(tokens))
-    if not len(known) or start != start:  # no count at all, or no start (NaN): nothing to compare
+    counted = ~np.isnan(tokens)
+    if not n or not counted[int(np.argmax(counted))] or start != start:  # no count at all, or no start (NaN)
         return None
-    known_from = int(known[0])
-    since: np.ndarray
+    known_from = int(np.argmax(counted))
     if series.increasing:
-        # x rises from row to row: the rows from the start on are a tail, found by bisection.
-        since = np.arange(max(known_from, int(np.searchsorted(series.xs, start, side="left"))), n)
+        # x rises from row to row: the rows from the start on are a tail, found by bisection (no arange of them).
+        begin = max(known_from, int(np.searchsorted(series.xs, start, side="left")))
+        if n - begin < 8:
+            return None
+        picks = begin + np.asarray(thin_positions(n - begin, 120), dtype=np.int64)
+        ends = (begin, n - 1)
     else:
         after = np.flatnonzero(series.xs >= start)
         since = after[after >= known_from]
-    if len(since) < 8:
-        return None
-    picks = since[np.asarray(thin_positions(len(since), 120), dtype=np.int64)]
-    running = np.fmax.accumulate(tokens)  # the longest batch seen up to each row (NaN: none yet)
-    first, last = int(running[since[0]]), int(running[since[-1]])
+        if len(since) < 8:
+            return None
+        picks = since[np.asarray(thin_positions(len(since), 120), dtype=np.int64)]
+        ends = (int(since[0]), int(since[-1]))
+    # The longest batch seen up to each row (NaN: none yet), at the rows read: the largest of each stretch up to
+    # the next row read, then their running largest (no running array of every row).
+    at = np.unique(np.concatenate((picks, ends)))
+    running_at = np.fmax.accumulate(np.fmax.reduceat(tokens[: int(at[-1]) + 1], np.concatenate(([0], at[:-1] + 1))))
+    running = dict(zip(at.tolist(), running_at.tolist(), strict=True))
+    first, last = int(running[ends[0]]), int(running[ends[1]])
     if last < 1.1 * first:
         return None  # the batches stopped growing before the memory did
     xs = series.xs[picks].tolist()
     ys = series.ys[picks].tolist()
-    ms = running[picks].tolist()
+    ms = [running[p] for p in picks.tolist()]
     by_step = _segment_cost(xs, ys)[0]
     by_batch, fit = _segment_cost(ms, ys)
     if fit.slope > 0 and by_batch <= 1.1 * by_step:

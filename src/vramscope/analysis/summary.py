@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from vramscope.analysis.columns import ANALYSED_COLUMNS, Clock, LogColumns, tail
+from vramscope.analysis.columns import ANALYSED_COLUMNS, Clock, LogColumns, last_known, tail
 from vramscope.analysis.details import device_detail, rank_imbalance
 from vramscope.analysis.devices import DeviceRows, device_rows
 from vramscope.analysis.forecast import (
@@ -228,19 +228,19 @@ def _check_device(peak: DevicePeak, leak: DeviceLeak, oom: OomForecast) -> None:
 def _peak(dev: DeviceRows, clock: Clock, name: str | None) -> DevicePeak:
     """The highest reading of the device's peak signal, overall and per phase (first one of equals)."""
     total = dev.column("device_total_bytes")
-    last = np.flatnonzero(total.known)
+    last = last_known(total.known)
     peak = DevicePeak(key=dev.key, metric=name, at=None, phases={},
                       max_reserved_bytes=_top(dev, "reserved_bytes"),
                       max_device_used_bytes=_top(dev, "device_used_bytes"),
                       max_host_rss_bytes=_top(dev, "host_rss_bytes"),
-                      total_bytes=int(total.values[last[-1]]) if len(last) else None)
+                      total_bytes=int(total.values[last]) if last is not None else None)
     if name is None:
         return peak
     top = dev.argmax(name)
     if top is None:
         return peak
     def at(j: int) -> PeakAt:
-        return dev.peak_at(name, j, clock.at(int(dev.positions[j])))
+        return dev.peak_at(name, j, clock.at(dev.row(j)))
 
     phases = {label: at(j) for label, j in dev.phase_maxima(name).items()}
     return replace(peak, at=at(top), phases=phases)
@@ -266,9 +266,14 @@ def _series(dev: DeviceRows, name: str, train: np.ndarray, unit: str) -> tuple[n
     signal = dev.column(name)
     picked = train & signal.known
     x = dev.column("step" if unit == "step" else "elapsed_s")
-    xs = x.values[picked].astype(np.float64)
-    ys = signal.values[picked].astype(np.float64)
     tokens = dev.column("tokens")
+    if picked.all():  # every row, as a rule: the columns as floats (seconds as they are: read-only), no pick
+        xs, ys = x.values.astype(np.float64, copy=False), signal.values.astype(np.float64, copy=False)
+        known = tokens.known
+        toks = np.where(known, tokens.values, np.nan) if known.any() else None
+        return xs, ys, toks
+    xs = x.values[picked].astype(np.float64, copy=False)
+    ys = signal.values[picked].astype(np.float64, copy=False)
     known = tokens.known[picked]
     toks = np.where(known, tokens.values[picked], np.nan) if known.any() else None
     return xs, ys, toks

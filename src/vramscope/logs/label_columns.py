@@ -36,9 +36,8 @@ class LabelBuilder:
         local = numpy_filled(array.indices, -1)
         names = array.dictionary.to_pylist()
         # The block's names that occur, in order of their first row: new ones are numbered in that order.
-        seen, first = np.unique(local[local >= 0], return_index=True)
         remap = np.full(len(names) + 1, -1, dtype=np.int32)  # the last entry: what -1 picks
-        for k in seen[np.argsort(first, kind="stable")].tolist():
+        for k in _in_order_of_first_row(local, len(names)):
             remap[k] = self._index.setdefault(names[k], len(self._index))
         self._names = list(self._index)
         if self._codes is None:
@@ -54,6 +53,22 @@ class LabelBuilder:
         if rows > len(self._codes):
             self._codes = _grown(self._codes, rows)
         return LabelColumn(self._codes[:rows], self._names, numbered=True)
+
+
+def _in_order_of_first_row(local: np.ndarray, names: int) -> list[int]:
+    """The codes (0 to ``names`` - 1) that occur in ``local``, in order of their first row. A few names (a phase's):
+    each one's first row by one comparison and argmax, cheaper than sorting the block (np.unique)."""
+    if names <= 8:
+        firsts = []
+        for k in range(names):
+            hit = local == k
+            at = int(np.argmax(hit))
+            if hit[at]:
+                firsts.append((at, k))
+        return [k for _, k in sorted(firsts)]
+    seen, first = np.unique(local[local >= 0], return_index=True)
+    ordered: list[int] = seen[np.argsort(first, kind="stable")].tolist()
+    return ordered
 
 
 def _grown(codes: np.ndarray, rows: int) -> np.ndarray:

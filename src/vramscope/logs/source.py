@@ -136,6 +136,7 @@ class LineStream(io.RawIOBase):
         self._end = end
         self.quoted = False
         self.hex_prefixed = False
+        self._last = b""  # the byte before this block: a "0x" may straddle two
 
     def readable(self) -> bool:
         return True
@@ -148,7 +149,10 @@ class LineStream(io.RawIOBase):
             return b""
         data = os.pread(self._fd, want, self._at)
         self.quoted = self.quoted or b'"' in data  # at memchr speed
-        self.hex_prefixed = self.hex_prefixed or b"0x" in data or b"0X" in data
+        if not self.hex_prefixed and (b"x" in data or b"X" in data):  # memchr first: "0x" itself is searched
+            # for at a tenth of that speed (every "0" a candidate: 0.8 s a million rows), and a log has no x
+            self.hex_prefixed = (b"0x" in data or b"0X" in data or (self._last == b"0" and data[:1] in b"xX"))
+        self._last = data[-1:]
         self._at += len(data)
         return data
 

@@ -167,7 +167,8 @@ class _Drawer:
     def step_chart(self) -> Chart | None:
         if self.detail.step_range is None:
             return None
-        rows = np.flatnonzero(self.step.known)
+        # Every row has a step, as a rule: the columns themselves, not a copy of them through every row's position.
+        rows = None if self.step.known.all() else np.flatnonzero(self.step.known)
         chart = Chart(title=f"{self.detail.title}: memory per training step", x_label="step", capacity_bytes=None)
         for metric in STEP_METRICS:
             if self.cols.filled(metric):

@@ -58,13 +58,21 @@ def minmax_positions(values: np.ndarray, known: np.ndarray, buckets: int = DEFAU
         highs, lows = highs[has], lows[has]
     keep = np.unique(np.concatenate((highs, lows)))
     # The ends anchor the line to the start and end of the run.
-    ends = np.flatnonzero(known)[[0, -1]]
+    ends = np.array([0, n - 1] if every else [int(np.argmax(known)), n - 1 - int(np.argmax(known[::-1]))])
     return np.unique(np.concatenate((keep, ends)))
 
 
 def _first_extreme(values: np.ndarray, starts: np.ndarray, extreme: np.ufunc) -> np.ndarray:
     """Each bucket's first position of its extreme value (``np.maximum`` or ``np.minimum``)."""
     n = len(values)
+    if values.dtype.kind in "iu":
+        # Integers (the memory columns): argmax/argmin of each bucket's slice, the first of equals, reading the
+        # series once; a third of the time of the whole-series passes below, which make two arrays of its length.
+        first_of = np.ndarray.argmax if extreme is np.maximum else np.ndarray.argmin
+        ends = [*starts[1:].tolist(), n]
+        return np.array([s + int(first_of(values[s:e])) for s, e in zip(starts.tolist(), ends, strict=True)],
+                        dtype=np.int64)
+    # Floats: a NaN is no extreme (the bucket then has none, n), where argmax would pick it.
     tops = extreme.reduceat(values, starts)
     sizes = np.diff(np.append(starts, n))
     hits = np.flatnonzero(values == np.repeat(tops, sizes))
