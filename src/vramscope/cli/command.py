@@ -306,6 +306,10 @@ def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None
         args.dataset_field = parsed.dataset.text_field
     if parsed.memory.packing and hasattr(args, "packing"):
         args.packing = True
-    if getattr(args, "trainer", None) is None and parsed.trainer.kind in ("dpo", "grpo"):
-        args.trainer = parsed.trainer.kind  # the dataset is tokenized the way that trainer does (pairs, prompts)
+    if parsed.memory.padding_free and hasattr(args, "padding_free"):
+        args.padding_free = True
+    if parsed.memory.group_by_length and hasattr(args, "group_by_length"):
+        args.group_by_length = True
+    # The dataset is tokenized the way the command's trainer does (pairs, prompts): cli/plan.py reads the trainer
+    # from the command itself, so that no phase flag is set that the user did not give.
     return found

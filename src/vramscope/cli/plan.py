@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from vramscope.cli import command as training_command
@@ -22,6 +23,7 @@ from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.document import Alternative, CommandSection, dataset_failure, plan_document
 from vramscope.planner.memory import OPTIMIZERS
+from vramscope.planner.phases import GRPO_COMPLETION
 from vramscope.planner.settings import style_of
 from vramscope.units import gib
 
@@ -77,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
     missing = [flag for flag, value in sizes if value is None]
     if missing:
         raise UsageError(f"{' and '.join(missing)} required, e.g. --batch-size 4 --seq-len 2048")
-    data, data_failed = _dataset(args)
     multi = plan_gpus.wanted(args)
+    data, data_failed = _dataset(args, command, multi)
+    if command is not None:
+        command = _with_data(command, data, multi)
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
@@ -148,25 +152,82 @@ def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpu
     return int(dist.worst.device_bytes)
 
 
-def _dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
+def _dataset(args: argparse.Namespace, command: training_command.CommandInputs | None, multi: bool
+             ) -> tuple[DatasetLengths | None, str | None]:
     """``--dataset``: read it and make the plan's batch its longest batch (``args.batch_size``/``seq_len`` become
-    its rows and padded length); a dataset that cannot be read leaves batch x max_length, with the reason."""
+    its rows and padded length); a dataset that cannot be read leaves batch x max_length, with the reason.
+
+    The trainer is ``--trainer``, else the pasted command's (a ``trl reward`` run on chosen/rejected pairs stays a
+    reward run), else what the columns say (pairs: DPO, prompts alone: GRPO). Over several GPUs the plan is the
+    SFT step alone, so no phase flag is set for it here (``--gpus`` refuses them)."""
     if not args.dataset:
         return None, None
-    data, why = read_dataset(args)
+    trainer = _run_trainer(args, command)
+    data, why = read_dataset(args, trainer)
     if data is None:
         if args.seq_len is None:
             raise UsageError(f"cannot read the dataset ({why}), and there is no --seq-len to plan at instead")
         return None, why or "unreadable"
     args.batch_size, args.seq_len = data.peak_batch_rows, data.peak_batch_seq
-    if data.trainer == "dpo" and getattr(args, "trainer", None) in (None, "dpo"):
-        # The planner's DPO phase stacks chosen and rejected itself: it takes the pairs, at the longest's length.
-        args.trainer, args.batch_size = "dpo", max(1, data.peak_batch_rows // 2)
-    elif data.trainer == "grpo" and getattr(args, "trainer", None) in (None, "grpo"):
-        args.trainer = "grpo"
-        if getattr(args, "max_prompt_len", None) is None:
-            args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
+    if data.trainer == "dpo" and trainer in (None, "dpo", "reward"):
+        # The planner's DPO and reward phases stack chosen and rejected themselves: they take the pairs, at the
+        # longest's length.
+        args.batch_size = max(1, data.peak_batch_rows // 2)
+        if trainer is None and not multi:
+            args.trainer = "dpo"
+    elif data.trainer == "grpo" and trainer in (None, "grpo"):
+        # The data holds the prompts; a row of the policy step is a prompt and its completion.
+        args.seq_len = data.peak_batch_seq + _completion(args, command)
+        if not multi:
+            if trainer is None:
+                args.trainer = "grpo"
+            if getattr(args, "max_prompt_len", None) is None:
+                args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
+    evaluates = getattr(args, "eval_batch", None) is not None or (
+        command is not None and command_phases.run_phases(command.parsed).eval_batch is not None)
+    if evaluates and not multi and data.trainer != "grpo" and getattr(args, "eval_seq_len", None) is None:
+        # An eval batch pads its rows to its longest example (a packed one fills rows of max_length); the
+        # training batch's length is no measure of it when that batch is one padding-free row of many examples.
+        packed = data.batching == "packed" and data.max_length is not None
+        args.eval_seq_len = data.max_length if packed else data.longest_tokens
     return data, None
+
+
+def _run_trainer(args: argparse.Namespace, command: training_command.CommandInputs | None) -> str | None:
+    """The trainer the flags or the pasted command name (None: neither does)."""
+    if getattr(args, "trainer", None) is not None:
+        return str(args.trainer)
+    if command is None:
+        return None
+    return command_phases.run_phases(command.parsed).trainer
+
+
+def _completion(args: argparse.Namespace, command: training_command.CommandInputs | None) -> int:
+    """GRPO's max_completion_length: the flag's, the command's, else TRL's default."""
+    given = getattr(args, "max_completion_len", None)
+    if given is not None:
+        return int(given)
+    said = None if command is None else command.parsed.trainer.max_completion_length
+    return int(said) if said is not None else GRPO_COMPLETION
+
+
+def _with_data(command: training_command.CommandInputs, data: DatasetLengths | None, multi: bool
+               ) -> training_command.CommandInputs:
+    """The command's reading, less the guesses its data answered, plus what a plan over GPUs leaves out."""
+    parsed = command.parsed
+    changes: dict[str, Any] = {}
+    if data is not None and data.trainer == "grpo":
+        # The prompts were read: their length is no longer a guess, nor worth a second reading.
+        changes["assumed"] = tuple(a for a in parsed.assumed if not a.startswith("GRPO prompt length"))
+        changes["alternatives"] = tuple(a for a in parsed.alternatives if a.seq_len is None)
+    run = command_phases.run_phases(parsed)
+    if multi and (run.trainer != "sft" or run.eval_batch is not None):
+        what = [f"the {run.trainer.upper()} trainer"] if run.trainer != "sft" else []
+        what += [f"evaluation at {run.eval_batch} rows"] if run.eval_batch is not None else []
+        changes["unsupported"] = (*parsed.unsupported, (
+            f"{' and '.join(what)}: over several GPUs the plan is one SFT training step per GPU, without the whole "
+            "run's phases (under DDP each GPU holds the whole model: plan the command as one process for them)"))
+    return replace(command, parsed=replace(parsed, **changes)) if changes else command
 
 
 def _print_dataset(args: argparse.Namespace, data: DatasetLengths | None, failed: str | None) -> None:

@@ -27,15 +27,19 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--group-by-length", action="store_true", help="HF Trainer group_by_length")
 
 
-def read_dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
-    """(the dataset's lengths, None), or (None, the one line saying why it could not be read)."""
+def read_dataset(args: argparse.Namespace, run_trainer: str | None = None
+                 ) -> tuple[DatasetLengths | None, str | None]:
+    """(the dataset's lengths, None), or (None, the one line saying why it could not be read).
+
+    ``run_trainer`` is the run's trainer (``--trainer``, or the pasted command's): DPO and reward models read
+    chosen/rejected pairs, GRPO its prompts; the rest (SFT, KTO) tokenize as the framework's trainer does."""
     from vramscope.dataset import DatasetError, dataset_plan_input
     from vramscope.planner.frameworks import framework_named
 
     model = args.config if getattr(args, "config", None) else getattr(args, "model", None)
     try:
-        named = getattr(args, "trainer", None)  # --trainer dpo/grpo (the whole run's flags), else the framework's
-        trainer = named if named in ("dpo", "grpo") else framework_named(args.framework).dataset_trainer
+        named = {"dpo": "dpo", "reward": "dpo", "grpo": "grpo"}.get(run_trainer or "")
+        trainer = named or framework_named(args.framework).dataset_trainer
         return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
                                   args.seq_len, args.packing, args.padding_free, args.batch_size,
                                   args.group_by_length, split=args.dataset_split, model=model), None

@@ -52,6 +52,8 @@ def read_dataset(reader: Reader, out: Reading, cwd: Path, *names: str) -> None:
     folder = reader.silent("dataset_dir")
     if folder is not None:
         out.dataset["dataset_dir"] = folder
+    if reader.boolean("group_by_length"):  # batches of like lengths: the dataset's longest batch is read so
+        out.memory["group_by_length"] = True
 
 
 def _add_dataset(out: Reading, names: list[str], files: list[str], cwd: Path) -> None:

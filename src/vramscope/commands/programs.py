@@ -283,6 +283,9 @@ def read_qlora(ctx: Context) -> Reading:
 
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
+    if reader.boolean("group_by_length") is None:  # qlora.py's TrainingArguments default it to True
+        out.memory["group_by_length"] = True
+        out.defaults["group_by_length"] = "true"
     distributed(reader, state, cfg=ctx.cfg)
     return out
 

@@ -111,6 +111,7 @@ def read_trl(ctx: Context) -> Reading:
         out.memory["packing"] = True
         out.notes.append("packing: every row is filled to max_length tokens, so the plan's length is the real one")
     if reader.boolean("padding_free"):
+        out.memory["padding_free"] = True
         out.notes.append("padding_free: a batch is one row of its real tokens (at most batch x max_length)")
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
@@ -172,16 +173,8 @@ def _lengths(ctx: Context, out: Reading, kind: str) -> None:
         out.notes.append("--max_length None: TRL does not truncate, so the longest example sets the length")
     else:
         out.seq_len = reader_int(length, "--max_length")
-    if kind in ("dpo", "orpo"):
-        out.unsupported.append(f"{kind.upper()}: the chosen and rejected rows of each pair go through together "
-                               "(twice the rows)" + (" with a reference forward" if kind == "dpo" else "")
-                               + "; planned as SFT of one row per pair, which is low")
-    elif kind == "kto":
-        out.unsupported.append("KTO: the reference forward and the mismatched KL rows are not modelled; planned "
-                               "as SFT, which is low")
-    elif kind == "reward":
-        out.unsupported.append("reward model: chosen and rejected rows go through together; planned as SFT of "
-                               "one row per pair")
+    # DPO, KTO and reward are planned by the planner's phases (commands/phases.py); ORPO's gap is said once by
+    # common.trainer_gaps, and a plan over several GPUs says that it plans the SFT step alone (cli/plan.py).
 
 
 def _trls_own(ctx: Context) -> bool:

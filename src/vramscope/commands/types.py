@@ -140,6 +140,8 @@ class MemorySettings:
             ``offload``).
         cpu_offload: the program offloads parameters to the host by itself (fsdp_qlora ``--use_cpu_offload``).
         vision: a vision-language model (its vision tower is not counted by the planner).
+        padding_free: TRL's ``padding_free`` (a batch is one row of its real tokens).
+        group_by_length: the HF Trainer's ``group_by_length`` (qlora.py turns it on by default).
     """
 
     modules_to_save: tuple[str, ...] = ()
@@ -151,6 +153,8 @@ class MemorySettings:
     checkpoint_offload: bool = False
     cpu_offload: bool = False
     vision: bool = False
+    padding_free: bool = False
+    group_by_length: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

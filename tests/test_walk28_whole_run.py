@@ -1,0 +1,142 @@
+"""Issue 28 walked as a user: ``vramscope plan -- <command>`` on the commands people paste (TRL's reward, DPO and
+GRPO scripts, accelerate over two GPUs, an axolotl YAML with sample packing), each with its own local data and a
+word-level tokenizer. What broke: a reward run on preference pairs planned as DPO, DPO/KTO/reward runs still said
+"NOT MODELLED ... planned as SFT" beside the phases that plan them, a GRPO run's prompt-length guess and its second
+reading kept after its prompts were read, a DPO command over two GPUs refused for a ``--trainer`` flag nobody gave,
+and packing / padding_free / group_by_length in the command not reaching the dataset's batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dataset_tokenizer import make_tokenizer, words
+from vramscope.cli import main
+from vramscope.planner import registry
+from vramscope.planner.gpus import get_gpu
+
+LONG = 300  # words of the one long example in each file
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model folder (Llama-2-7B's config.json and the word-level tokenizer) and the datasets, side by side."""
+    root = tmp_path_factory.mktemp("walk28")
+    model = root / "model"
+    make_tokenizer(model)
+    (model / "config.json").write_text(json.dumps(registry.get_config("Llama-2-7B")))
+
+    def lines(name: str, rows: list[dict[str, Any]]) -> None:
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    lines("pairs.jsonl", [{"prompt": words(10), "chosen": " " + words(20),
+                           "rejected": " " + words(LONG if i == 3 else 30)} for i in range(40)])
+    lines("prompts.jsonl", [{"prompt": words(LONG if i == 5 else 12)} for i in range(40)])
+    lines("text.jsonl", [{"text": words(LONG if i == 7 else 20 + i)} for i in range(40)])
+    return root
+
+
+def plan(capsys: pytest.CaptureFixture[str], folder: Path, *command: str, before: tuple[str, ...] = ()
+         ) -> dict[str, Any]:
+    code = main(["plan", "--json", *before, "--", *command])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    result: dict[str, Any] = json.loads(out.out)
+    return result
+
+
+def trl(kind: str, folder: Path, data: str, *extra: str) -> tuple[str, ...]:
+    return ("trl", kind, "--model_name_or_path", str(folder / "model"), "--dataset_name", str(folder / data),
+            "--load_in_4bit", "--use_peft", "--per_device_train_batch_size", "2", "--output_dir", "out", *extra)
+
+
+def test_a_reward_run_on_preference_pairs_stays_a_reward_run(capsys: pytest.CaptureFixture[str],
+                                                             folder: Path) -> None:
+    out = plan(capsys, folder, *trl("reward", folder, "pairs.jsonl", "--max_length", "1024"))
+    # The pairs' longest batch: 2 pairs stacked as 4 rows of prompt 10 + 300 words + BOS + EOS.
+    assert (out["dataset"]["peak_batch_rows"], out["dataset"]["peak_batch_seq"]) == (4, 312)
+    assert out["trainer"] == "reward" and out["run"]["trainer"] == "reward"  # was "dpo", with a reference forward
+    assert (out["batch_size"], out["phases"]["train"]["rows"]) == (2, 4)
+    assert "reference forward" not in out["phases"]["train"]["moments"]
+    assert not any("reward" in u.lower() for u in out["unsupported"])
+
+
+@pytest.mark.parametrize("kind", ["dpo", "kto", "reward"])
+def test_the_trainers_the_phases_plan_are_not_called_not_modelled(capsys: pytest.CaptureFixture[str],
+                                                                  folder: Path, kind: str) -> None:
+    out = plan(capsys, folder, *trl(kind, folder, "text.jsonl", "--max_length", "512"))
+    assert out["trainer"] == kind
+    assert not any("planned as SFT" in u for u in out["unsupported"]), out["unsupported"]
+    code = main(["plan", "--", *trl(kind, folder, "text.jsonl", "--max_length", "512")])
+    assert code == 0 and "NOT MODELLED" not in capsys.readouterr().out
+
+
+def test_grpo_prompts_read_from_the_data_replace_the_prompt_guess(capsys: pytest.CaptureFixture[str],
+                                                                  folder: Path) -> None:
+    argv = trl("grpo", folder, "prompts.jsonl", "--num_generations", "4", "--max_completion_length", "64",
+               "--gradient_accumulation_steps", "2")
+    out = plan(capsys, folder, *argv)
+    longest = LONG + 1  # the prompt and its BOS
+    assert out["run"]["max_prompt_len"] == longest
+    # The plan's row is the longest prompt and its completion, as the policy step's is.
+    assert out["seq_len"] == longest + 64 == out["phases"]["train"]["seq"]
+    assert not any("GRPO prompt length" in a for a in out["assumed"])
+    assert out["alternatives"] == []  # "if prompts run to 2048 tokens" planned the same numbers as the data
+    code = main(["plan", "--", *argv])
+    text = capsys.readouterr().out
+    assert code == 0 and "ASSUMED" not in text and "if prompts run to" not in text
+    assert f"batch 2 x {longest + 64} tokens" in text
+
+
+def test_a_dpo_command_over_two_gpus_is_planned_and_says_what_it_leaves_out(capsys: pytest.CaptureFixture[str],
+                                                                            folder: Path) -> None:
+    argv = ("accelerate", "launch", "--num_processes", "2", "-m", "trl.scripts.dpo",
+            *trl("dpo", folder, "pairs.jsonl", "--max_length", "1024", "--eval_strategy", "steps")[2:])
+    code = main(["plan", "--", *argv])
+    out = capsys.readouterr()
+    # was: "--gpus plans the SFT training step alone: drop --trainer ..." (exit 2), for a flag nobody gave
+    assert code == 0, out.err
+    first = out.out.splitlines()[0]
+    assert first.startswith("NOT MODELLED: the DPO trainer and evaluation at 8 rows: over several GPUs")
+    assert "DDP over 2 GPUs" in out.out
+
+
+def test_padding_free_and_packing_in_the_command_reach_the_dataset(capsys: pytest.CaptureFixture[str],
+                                                                   folder: Path) -> None:
+    padded = plan(capsys, folder, *trl("sft", folder, "text.jsonl", "--max_length", "1024"))
+    free = plan(capsys, folder, *trl("sft", folder, "text.jsonl", "--max_length", "1024", "--padding_free"))
+    assert padded["dataset"]["batching"] == "padded" and (padded["batch_size"], padded["seq_len"]) == (2, 302)
+    assert free["dataset"]["batching"] == "padding_free" and free["batch_size"] == 1
+    assert free["seq_len"] == free["dataset"]["peak_batch_tokens"] < 2 * 302  # one row of the real tokens
+    (folder / "axo.yml").write_text(
+        f"base_model: {folder / 'model'}\nload_in_4bit: true\nadapter: qlora\nlora_r: 8\nlora_target_linear: true\n"
+        f"sequence_len: 512\nsample_packing: true\nmicro_batch_size: 2\ndatasets:\n"
+        f"  - path: {folder / 'text.jsonl'}\n    type: completion\nval_set_size: 0.1\neval_batch_size: 2\n")
+    packed = plan(capsys, folder, "axolotl", "train", str(folder / "axo.yml"))
+    assert packed["dataset"]["batching"] == "packed"  # was "padded" at 2 x 302, the rows unpacked
+    assert packed["dataset"]["peak_batch_tokens"] == 2 * 512
+    # The eval rows are packed rows of sequence_len, not the training batch's one long row of two of them.
+    assert (packed["phases"]["eval"]["rows"], packed["phases"]["eval"]["seq"]) == (2, 512)
+
+
+def test_qlora_py_groups_by_length_by_default_and_says_so(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    from vramscope.commands import parse_command
+
+    parsed = parse_command(["python", "qlora.py", "--model_name_or_path", "huggyllama/llama-7b"], cwd=folder)
+    assert parsed.memory.group_by_length and parsed.defaults["group_by_length"] == "true"
+    off = parse_command(["python", "qlora.py", "--model_name_or_path", "huggyllama/llama-7b",
+                         "--group_by_length", "False"], cwd=folder)
+    assert not off.memory.group_by_length
+    hf = parse_command(["python", "train.py", "--model_name_or_path", "x", "--per_device_train_batch_size", "2",
+                        "--group_by_length"], cwd=folder)
+    assert hf.memory.group_by_length and "--group_by_length" in hf.read
+
+
+@pytest.mark.parametrize(("written", "name"), [("A100-40G", "A100-40GB"), ("A100 80G", "A100-80GB"),
+                                               ("H100 80GB", "H100-80GB"), ("RTX 4090", "RTX-4090"),
+                                               ("A10G", "A10G")])
+def test_gpu_names_as_people_write_them(written: str, name: str) -> None:
+    assert get_gpu(written).name == name
