@@ -306,6 +306,9 @@ def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None
         args.dataset_field = parsed.dataset.text_field
     if parsed.memory.packing and hasattr(args, "packing"):
         args.packing = True
+    ref = parsed.dataset
+    if ref.source_max_len is not None and ref.target_max_len is not None:  # qlora.py: its collator's two cuts
+        args.dataset_qlora = (ref.qlora_format, ref.source_max_len, ref.target_max_len)
     if parsed.memory.padding_free and hasattr(args, "padding_free"):
         args.padding_free = True
     if parsed.memory.group_by_length and hasattr(args, "group_by_length"):

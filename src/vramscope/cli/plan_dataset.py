@@ -34,15 +34,19 @@ def read_dataset(args: argparse.Namespace, run_trainer: str | None = None
     ``run_trainer`` is the run's trainer (``--trainer``, or the pasted command's): DPO and reward models read
     chosen/rejected pairs, GRPO its prompts; the rest (SFT, KTO) tokenize as the framework's trainer does."""
     from vramscope.dataset import DatasetError, dataset_plan_input
+    from vramscope.dataset.qlora import QloraCut
     from vramscope.planner.frameworks import framework_named
 
     model = args.config if getattr(args, "config", None) else getattr(args, "model", None)
     try:
+        # qlora.py's two cuts, from its command (cli/command.apply_dataset), unless --dataset-field names a column
+        qlora = None if args.dataset_field else getattr(args, "dataset_qlora", None)
         named = {"dpo": "dpo", "reward": "dpo", "grpo": "grpo"}.get(run_trainer or "")
         trainer = named or framework_named(args.framework).dataset_trainer
         return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
                                   args.seq_len, args.packing, args.padding_free, args.batch_size,
-                                  args.group_by_length, split=args.dataset_split, model=model), None
+                                  args.group_by_length, split=args.dataset_split, model=model,
+                                  qlora=QloraCut(*qlora) if qlora else None), None
     except DatasetError as exc:
         return None, str(exc)
 

@@ -283,6 +283,18 @@ def read_qlora(ctx: Context) -> Reading:
 
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
+    # qlora.py's collator cuts the input and the output apart: the dataset is read the same way.
+    out.dataset["source_max_len"] = source if source is not None else 1024
+    out.dataset["target_max_len"] = target if target is not None else 256
+    fmt = reader.silent("dataset_format")
+    if fmt is not None:
+        out.dataset["qlora_format"] = fmt
+    if reader.boolean("do_mmlu_eval"):
+        mmlu = reader.integer("mmlu_source_max_len")
+        out.unsupported.append(
+            f"--do_mmlu_eval: at each evaluation qlora.py's MMLU callback runs its five-shot prompts, cut at "
+            f"--mmlu_source_max_len {mmlu or 2048}{'' if mmlu else ' (its default)'}, with their full fp32 logits: "
+            "not planned (the eval phase is planned at the training length)")
     if reader.boolean("group_by_length") is None:  # qlora.py's TrainingArguments default it to True
         out.memory["group_by_length"] = True
         out.defaults["group_by_length"] = "true"

@@ -107,6 +107,9 @@ class DatasetRef:
         data_files: ``data_files`` / ``--data_path`` / ``--train_file``, as given.
         text_field: ``dataset_text_field``, the column that holds the text.
         dataset_dir: LLaMA-Factory's ``dataset_dir`` (where ``dataset_info.json`` names the files).
+        qlora_format: qlora.py's ``--dataset_format`` (None: its local default, input-output).
+        source_max_len, target_max_len: qlora.py's two cuts (the input's and the output's), when the program is
+            qlora.py.
     """
 
     names: tuple[str, ...] = ()
@@ -114,6 +117,9 @@ class DatasetRef:
     data_files: tuple[str, ...] = ()
     text_field: str | None = None
     dataset_dir: str | None = None
+    qlora_format: str | None = None
+    source_max_len: int | None = None
+    target_max_len: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
