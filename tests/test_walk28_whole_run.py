@@ -140,3 +140,47 @@ def test_qlora_py_groups_by_length_by_default_and_says_so(capsys: pytest.Capture
                                                ("A10G", "A10G")])
 def test_gpu_names_as_people_write_them(written: str, name: str) -> None:
     assert get_gpu(written).name == name
+
+
+def test_a_hub_dataset_the_command_names_is_read_from_the_cache_or_said_unread(
+        capsys: pytest.CaptureFixture[str], folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    argv = ["trl", "sft", "--model_name_or_path", str(folder / "model"), "--dataset_name", "org/chat",
+            "--per_device_train_batch_size", "2", "--max_length", "1024", "--use_peft", "--load_in_4bit"]
+    # Not in the cache: one line says the data was not read and what the plan is made at (was: nothing at all).
+    code = main(["plan", "--", *argv])
+    out = capsys.readouterr().out
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("dataset: "))
+    assert "org/chat" in line and "never downloads" in line
+    assert line.endswith("planned at batch x max_length (2 x 1024) instead")
+    # Once in the hub cache (a snapshot_download), the command's hub id is read from it.
+    snap = tmp_path / "hub" / "datasets--org--chat" / "snapshots" / "abc123"
+    (snap / "data").mkdir(parents=True)
+    (snap / "data" / "train.jsonl").write_text((folder / "text.jsonl").read_text())
+    (tmp_path / "hub" / "datasets--org--chat" / "refs").mkdir()
+    (tmp_path / "hub" / "datasets--org--chat" / "refs" / "main").write_text("abc123")
+    read = plan(capsys, folder, *argv)
+    assert read["dataset"]["examples"] == 40 and (read["batch_size"], read["seq_len"]) == (2, LONG + 2)
+
+
+def test_the_example_script_without_its_4bit_switch_is_planned_16_bit(tmp_path: Path) -> None:
+    """examples/hf_trainer_lora.py builds its BitsAndBytesConfig(load_in_4bit=True) only under
+    ``if model_args.load_in_4bit and cuda:``; its switch defaults to False, so without --load_in_4bit the run is
+    16-bit (it was planned NF4, "bits 4 (the script's BitsAndBytesConfig)")."""
+    from vramscope.commands import parse_command
+
+    script = str(Path(__file__).parents[1] / "examples" / "hf_trainer_lora.py")
+    base = ["python", script, "--model_name_or_path", "m", "--output_dir", "o", "--per_device_train_batch_size", "2",
+            "--max_seq_length", "512", "--bf16"]
+    assert parse_command(base, cwd=tmp_path).spec.bits == 16
+    assert parse_command([*base, "--load_in_4bit"], cwd=tmp_path).spec.bits == 4
+    # A script whose literal is not behind its switch still loads in 4-bit, whatever the switch's default.
+    (tmp_path / "train.py").write_text(
+        "from dataclasses import dataclass, field\nfrom transformers import HfArgumentParser, BitsAndBytesConfig, "
+        "AutoModelForCausalLM, TrainingArguments\n@dataclass\nclass A:\n    load_in_4bit: bool = False\n"
+        "parser = HfArgumentParser((A, TrainingArguments))\nbnb = BitsAndBytesConfig(load_in_4bit=True)\n"
+        "AutoModelForCausalLM.from_pretrained('m', quantization_config=bnb)\n")
+    assert parse_command(["python", "train.py", "--model_name_or_path", "m", "--per_device_train_batch_size", "2"],
+                         cwd=tmp_path).spec.bits == 4

@@ -300,6 +300,10 @@ def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None
     parsed = inputs.parsed
     found = next((p for p in (*parsed.dataset.paths, *parsed.dataset.data_files) if os.path.exists(p)), None)
     if found is None:
+        # A hub id (owner/name) is read from the local HF cache when it is there; when it is not, the plan says so
+        # in its one fallback line rather than nothing (nothing is downloaded either way).
+        found = next((n for n in parsed.dataset.names if _hub_id(n)), None)
+    if found is None:
         return None
     args.dataset = found
     if getattr(args, "dataset_field", None) is None and parsed.dataset.text_field:
@@ -316,3 +320,9 @@ def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None
     # The dataset is tokenized the way the command's trainer does (pairs, prompts): cli/plan.py reads the trainer
     # from the command itself, so that no phase flag is set that the user did not give.
     return found
+
+
+def _hub_id(name: str) -> bool:
+    """``trl-lib/Capybara``: an owner/name that is not a local path (LLaMA-Factory's registered names are not)."""
+    owner, _, rest = name.partition("/")
+    return bool(owner and rest) and "/" not in rest and not name.startswith((".", "~")) and not os.path.exists(name)
