@@ -184,3 +184,29 @@ def test_the_example_script_without_its_4bit_switch_is_planned_16_bit(tmp_path: 
         "AutoModelForCausalLM.from_pretrained('m', quantization_config=bnb)\n")
     assert parse_command(["python", "train.py", "--model_name_or_path", "m", "--per_device_train_batch_size", "2"],
                          cwd=tmp_path).spec.bits == 4
+
+
+def test_trace_of_a_pasted_command_shows_its_reading_and_its_data(capsys: pytest.CaptureFixture[str],
+                                                                  folder: Path) -> None:
+    """``plan --trace -- trl dpo ... --eval_strategy steps``: the trace is of one SFT step; it printed neither what
+    it read from the command nor that the DPO and eval phases were left out, and its --json had no command and no
+    dataset. (With the eval's length set from the data it also refused the run for an --eval-seq-len nobody gave.)"""
+    pytest.importorskip("peft")
+    tiny = folder / "tiny"
+    make_tokenizer(tiny)
+    (tiny / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}))
+    argv = ["trl", "dpo", "--model_name_or_path", str(tiny), "--dataset_name", str(folder / "pairs.jsonl"),
+            "--per_device_train_batch_size", "2", "--max_length", "512", "--eval_strategy", "steps", "--use_peft",
+            "--load_in_4bit"]
+    code = main(["plan", "--trace", "--json", "--", *argv])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
+    # The traced step is the data's longest batch: 2 pairs as one SFT batch of 2 rows, at the longest row.
+    assert (doc["engine"], doc["batch_size"], doc["seq_len"]) == ("trace", 2, 10 + LONG + 2)
+    assert doc["command"]["program"] == "trl" and doc["dataset"]["peak_batch_rows"] == 4
+    assert any(u.startswith("the DPO trainer and evaluation at 8 rows: --trace traces one SFT training step")
+               for u in doc["unsupported"])

@@ -23,7 +23,7 @@ from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.document import Alternative, CommandSection, dataset_failure, plan_document
 from vramscope.planner.memory import OPTIMIZERS
-from vramscope.planner.phases import GRPO_COMPLETION
+from vramscope.planner.phases import GRPO_COMPLETION, RunPhases
 from vramscope.planner.settings import style_of
 from vramscope.units import gib
 
@@ -80,16 +80,20 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"{' and '.join(missing)} required, e.g. --batch-size 4 --seq-len 2048")
     multi = plan_gpus.wanted(args)
-    data, data_failed = _dataset(args, command, multi)
+    step_alone = "--trace" if getattr(args, "trace", False) else "--gpus" if multi else None
+    data, data_failed = _dataset(args, command, step_alone is not None)
     if command is not None:
-        command = _with_data(command, data, multi)
+        command = _with_data(command, data, step_alone)
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
         if getattr(args, "trace", False):
             plan_phases.refuse_phases(args, "--trace")
+            if command is not None and not args.json:
+                print(training_command.format_command(command) + "\n")
             _print_dataset(args, data, data_failed)
-            return _trace(args, model, spec, multi)
+            return _trace(args, model, spec, multi, None if command is None else _command_section(command, [], None),
+                          _dataset_json(args, data, data_failed))
         if multi:
             plan_phases.refuse_phases(args, "--gpus")
         hardware = None
@@ -102,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(str(exc)) from None
             if not args.json:
                 print(report, file=sys.stderr)
-        run_phases = plan_phases.run_phases_from_args(
-            args, base=None if command is None or multi else command_phases.run_phases(command.parsed))
+        run_phases = _eval_at_data(plan_phases.run_phases_from_args(
+            args, base=None if command is None or multi else command_phases.run_phases(command.parsed)), data)
         # advice in the command's own keys, keeping its accumulation (same effective batch)
         style = None if command is None else style_of(command.parsed.program, command.spec.framework)
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
@@ -118,10 +122,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     dist, table = plan_gpus.plan_gpus(model, spec, args, hardware) if multi else (None, None)
     if args.json:
-        dataset = None
-        if args.dataset:
-            dataset = data.to_json() if data is not None else dataset_failure(args.dataset, data_failed,
-                                                                               args.batch_size, args.seq_len)
+        dataset = _dataset_json(args, data, data_failed)
         section = None if command is None else _command_section(command, others, result.gpu_memory_bytes)
         print(plan_document(result, distributed=dist, table=table, command=section, dataset=dataset).dumps())
         return 0
@@ -152,14 +153,14 @@ def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpu
     return int(dist.worst.device_bytes)
 
 
-def _dataset(args: argparse.Namespace, command: training_command.CommandInputs | None, multi: bool
+def _dataset(args: argparse.Namespace, command: training_command.CommandInputs | None, step_alone: bool
              ) -> tuple[DatasetLengths | None, str | None]:
     """``--dataset``: read it and make the plan's batch its longest batch (``args.batch_size``/``seq_len`` become
     its rows and padded length); a dataset that cannot be read leaves batch x max_length, with the reason.
 
     The trainer is ``--trainer``, else the pasted command's (a ``trl reward`` run on chosen/rejected pairs stays a
-    reward run), else what the columns say (pairs: DPO, prompts alone: GRPO). Over several GPUs the plan is the
-    SFT step alone, so no phase flag is set for it here (``--gpus`` refuses them)."""
+    reward run), else what the columns say (pairs: DPO, prompts alone: GRPO). With ``step_alone`` (``--trace``, or
+    several GPUs) the plan is the SFT step alone, so no phase flag is set for it here (both refuse them)."""
     if not args.dataset:
         return None, None
     trainer = _run_trainer(args, command)
@@ -173,24 +174,27 @@ def _dataset(args: argparse.Namespace, command: training_command.CommandInputs |
         # The planner's DPO and reward phases stack chosen and rejected themselves: they take the pairs, at the
         # longest's length.
         args.batch_size = max(1, data.peak_batch_rows // 2)
-        if trainer is None and not multi:
+        if trainer is None and not step_alone:
             args.trainer = "dpo"
     elif data.trainer == "grpo" and trainer in (None, "grpo"):
         # The data holds the prompts; a row of the policy step is a prompt and its completion.
         args.seq_len = data.peak_batch_seq + _completion(args, command)
-        if not multi:
+        if not step_alone:
             if trainer is None:
                 args.trainer = "grpo"
             if getattr(args, "max_prompt_len", None) is None:
                 args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
-    evaluates = getattr(args, "eval_batch", None) is not None or (
-        command is not None and command_phases.run_phases(command.parsed).eval_batch is not None)
-    if evaluates and not multi and data.trainer != "grpo" and getattr(args, "eval_seq_len", None) is None:
-        # An eval batch pads its rows to its longest example (a packed one fills rows of max_length); the
-        # training batch's length is no measure of it when that batch is one padding-free row of many examples.
-        packed = data.batching == "packed" and data.max_length is not None
-        args.eval_seq_len = data.max_length if packed else data.longest_tokens
     return data, None
+
+
+def _eval_at_data(run: RunPhases, data: DatasetLengths | None) -> RunPhases:
+    """The eval phase's rows at the data's longest example: an eval batch pads its rows to its longest (a packed
+    one fills rows of max_length); the training batch's length is no measure of it when that batch is one
+    padding-free row of many examples."""
+    if data is None or run.eval_batch is None or run.eval_seq is not None or data.trainer == "grpo":
+        return run
+    packed = data.batching == "packed" and data.max_length is not None
+    return replace(run, eval_seq=data.max_length if packed else data.longest_tokens)
 
 
 def _run_trainer(args: argparse.Namespace, command: training_command.CommandInputs | None) -> str | None:
@@ -211,9 +215,10 @@ def _completion(args: argparse.Namespace, command: training_command.CommandInput
     return int(said) if said is not None else GRPO_COMPLETION
 
 
-def _with_data(command: training_command.CommandInputs, data: DatasetLengths | None, multi: bool
+def _with_data(command: training_command.CommandInputs, data: DatasetLengths | None, step_alone: str | None
                ) -> training_command.CommandInputs:
-    """The command's reading, less the guesses its data answered, plus what a plan over GPUs leaves out."""
+    """The command's reading, less the guesses its data answered, plus what a plan of the training step alone
+    (``step_alone``: ``--trace``, or ``--gpus`` for a command over several GPUs) leaves out of the run."""
     parsed = command.parsed
     changes: dict[str, Any] = {}
     if data is not None and data.trainer == "grpo":
@@ -221,12 +226,14 @@ def _with_data(command: training_command.CommandInputs, data: DatasetLengths | N
         changes["assumed"] = tuple(a for a in parsed.assumed if not a.startswith("GRPO prompt length"))
         changes["alternatives"] = tuple(a for a in parsed.alternatives if a.seq_len is None)
     run = command_phases.run_phases(parsed)
-    if multi and (run.trainer != "sft" or run.eval_batch is not None):
+    if step_alone is not None and (run.trainer != "sft" or run.eval_batch is not None):
         what = [f"the {run.trainer.upper()} trainer"] if run.trainer != "sft" else []
         what += [f"evaluation at {run.eval_batch} rows"] if run.eval_batch is not None else []
-        changes["unsupported"] = (*parsed.unsupported, (
-            f"{' and '.join(what)}: over several GPUs the plan is one SFT training step per GPU, without the whole "
-            "run's phases (under DDP each GPU holds the whole model: plan the command as one process for them)"))
+        how = ("--trace traces one SFT training step, without the whole run's phases (plan without --trace has "
+               "them)" if step_alone == "--trace" else
+               "over several GPUs the plan is one SFT training step per GPU, without the whole run's phases (under "
+               "DDP each GPU holds the whole model: plan the command as one process for them)")
+        changes["unsupported"] = (*parsed.unsupported, f"{' and '.join(what)}: {how}")
     return replace(command, parsed=replace(parsed, **changes)) if changes else command
 
 
@@ -239,12 +246,22 @@ def _print_dataset(args: argparse.Namespace, data: DatasetLengths | None, failed
         print(fallback_line(args, failed) + "\n")
 
 
-def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:
+def _dataset_json(args: argparse.Namespace, data: DatasetLengths | None, failed: str | None) -> dict[str, Any] | None:
+    """``plan --json``'s ``dataset``: the lengths, or why the data was not read and what was planned instead."""
+    if not args.dataset:
+        return None
+    if data is not None:
+        return data.to_json()
+    return dataset_failure(args.dataset, failed, args.batch_size, args.seq_len)
+
+
+def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool, command: CommandSection | None,
+           dataset: dict[str, Any] | None) -> int:
     """``--trace``: the traced step instead of the analytic model (cli/plan_trace.py)."""
     if args.calibrate or args.target_batch is not None or multi:
         raise UsageError("--trace traces one GPU's step alone: drop --calibrate, --target-batch and --gpus "
                          "(plan without --trace has them)")
-    return run_trace(args, model, spec)
+    return run_trace(args, model, spec, command=command, dataset=dataset)
 
 
 def format_plan(p: Plan) -> str:
