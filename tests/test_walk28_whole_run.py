@@ -210,3 +210,18 @@ def test_trace_of_a_pasted_command_shows_its_reading_and_its_data(capsys: pytest
     assert doc["command"]["program"] == "trl" and doc["dataset"]["peak_batch_rows"] == 4
     assert any(u.startswith("the DPO trainer and evaluation at 8 rows: --trace traces one SFT training step")
                for u in doc["unsupported"])
+
+
+def test_a_trainer_read_from_the_columns_is_named_when_its_plan_cannot_be_made(
+        capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    """``plan --dataset prompts.jsonl --batch-size 3``: prompts alone make it GRPO, whose 8 generations do not
+    divide a batch of 3; the one line now says the trainer came from the columns, and how to read them as text."""
+    base = ["plan", "--model", "Llama-2-7B", "--batch-size", "3", "--seq-len", "512", "--tokenizer",
+            str(folder / "model"), "--dataset", str(folder / "prompts.jsonl")]
+    code = main(base)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "not a multiple of num_generations 8" in err and "was planned as GRPO because of its columns" in err
+    code = main([*base, "--dataset-field", "prompt", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["trainer"] == "sft" and out["seq_len"] == LONG + 1

@@ -119,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
                                   gpu=args.gpu, hardware=hardware, read_from_command=True, run=run_phases),
             lambda alt, n: _per_gpu(model, alt, args, hardware, n))
     except PlanInputError as exc:
-        raise UsageError(str(exc)) from None
+        inferred = getattr(args, "trainer_from_data", None)
+        why = (f" ({args.dataset} was planned as {inferred.upper()} because of its columns; --dataset-field NAME "
+               "tokenizes one column as supervised text instead)" if inferred else "")
+        raise UsageError(f"{exc}{why}") from None
     dist, table = plan_gpus.plan_gpus(model, spec, args, hardware) if multi else (None, None)
     if args.json:
         dataset = _dataset_json(args, data, data_failed)
@@ -175,13 +178,13 @@ def _dataset(args: argparse.Namespace, command: training_command.CommandInputs |
         # longest's length.
         args.batch_size = max(1, data.peak_batch_rows // 2)
         if trainer is None and not step_alone:
-            args.trainer = "dpo"
+            args.trainer = args.trainer_from_data = "dpo"
     elif data.trainer == "grpo" and trainer in (None, "grpo"):
         # The data holds the prompts; a row of the policy step is a prompt and its completion.
         args.seq_len = data.peak_batch_seq + _completion(args, command)
         if not step_alone:
             if trainer is None:
-                args.trainer = "grpo"
+                args.trainer = args.trainer_from_data = "grpo"
             if getattr(args, "max_prompt_len", None) is None:
                 args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
     return data, None
