@@ -63,6 +63,9 @@ def test_the_guanaco_command_reads_its_input_output_data(capsys: pytest.CaptureF
     assert (out["batch_size"], out["seq_len"]) == (1, 516)
     assert out["command"]["memory"]["group_by_length"] is True
     assert any(u.startswith("--do_mmlu_eval: ") for u in out["unsupported"])
+    code = main(["plan", "--tokenizer", str(root / "tok"), "--", *guanaco(str(root / "io.jsonl"))])
+    text = capsys.readouterr().out
+    assert code == 0 and "; 2 cut at the source's or the target's length (the longest was 905)" in text
 
 
 def test_the_alpaca_format_wraps_the_instruction_and_is_cut_at_the_source_length(

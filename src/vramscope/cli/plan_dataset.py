@@ -59,8 +59,10 @@ def fallback_line(args: argparse.Namespace, why: str) -> str:
 def format_dataset(d: DatasetLengths) -> str:
     """The distribution (a small histogram), the longest examples and the longest batch, for a terminal."""
     sample = f" (tokenized {d.tokenized:,}: sampled)" if d.sampled else ""
-    truncated = (f"; {d.truncated_examples:,} truncated at {d.max_length} (the longest was "
-                 f"{d.longest_untruncated_tokens:,})" if d.truncated_examples else "")
+    where = ("cut at the source's or the target's length" if d.how.startswith("qlora.py")
+             else f"truncated at {d.max_length}")
+    truncated = (f"; {d.truncated_examples:,} {where} (the longest was {d.longest_untruncated_tokens:,})"
+                 if d.truncated_examples else "")
     lines = [
         f"dataset {d.source}: {d.examples:,} examples{sample}",
         f"  {d.how}",
