@@ -225,3 +225,12 @@ def test_a_trainer_read_from_the_columns_is_named_when_its_plan_cannot_be_made(
     code = main([*base, "--dataset-field", "prompt", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["trainer"] == "sft" and out["seq_len"] == LONG + 1
+
+
+def test_dpo_eval_advice_counts_pairs(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    """per_device_eval_batch_size counts DPO pairs (each two rows): halving 4 pairs is 2 pairs, not "2 rows"."""
+    code = main(["plan", "--model", "Llama-2-7B", "--batch-size", "2", "--seq-len", "1024", "--trainer", "dpo",
+                 "--eval-batch", "4", "--eval-logits", "kept", "--gpu", "RTX-4090"])
+    out = capsys.readouterr().out
+    assert code == 0 and "eval                8 x 1024" in out
+    assert "evaluate 2 pairs at a time" in out and "rows at a time" not in out
