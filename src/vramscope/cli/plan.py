@@ -290,7 +290,7 @@ def format_plan(p: Plan) -> str:
                 label = f"{label} ({dtype})"
             tag = f"  [{p.framework}]" if name in p.from_framework else ""
             lines.append(f"    {label:42} {gib(value):>11}{tag}")
-    lines += ["", *totals_lines(p)]
+    lines += ["", *totals_lines(p), *_run_allocated_line(p)]
     lines += plan_phases.format_lines(p)
     if p.gpu_memory_bytes is not None:
         verdict = "fits" if p.fits else "does NOT fit"
@@ -310,6 +310,19 @@ def format_plan(p: Plan) -> str:
     for note in p.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def _run_allocated_line(p: Plan) -> list[str]:
+    """When the phase that needs the most process memory is not the one that allocates the most, the totals above
+    (that phase's) are not what ``torch.cuda.max_memory_allocated()`` reads after the run: say which is."""
+    if p.run is None:
+        return []
+    top = max(p.run.phases.values(), key=lambda ph: ph.peak_allocated_bytes)
+    if top.peak_allocated_bytes <= p.peak_allocated_bytes:
+        return []
+    return [f"  (the run's largest allocated is the {top.name} phase's, {gib(top.peak_allocated_bytes).strip()}: "
+            f"torch.cuda.max_memory_allocated() reads that after the run; the totals are the {p.run_peak_phase} "
+            "phase's, which needs the most memory on the GPU)"]
 
 
 def _peak_name(p: Plan) -> str:
