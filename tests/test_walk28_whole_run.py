@@ -61,6 +61,7 @@ def test_a_reward_run_on_preference_pairs_stays_a_reward_run(capsys: pytest.Capt
     assert out["trainer"] == "reward" and out["run"]["trainer"] == "reward"  # was "dpo", with a reference forward
     assert (out["batch_size"], out["phases"]["train"]["rows"]) == (2, 4)
     assert "reference forward" not in out["phases"]["train"]["moments"]
+    assert out["dataset"]["how"].startswith("TRL reward; prompt + chosen and prompt + rejected")  # was "TRL DPO"
     assert not any("reward" in u.lower() for u in out["unsupported"])
 
 

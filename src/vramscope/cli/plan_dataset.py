@@ -4,6 +4,7 @@ length distribution it found, for a terminal."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the dataset reading imports numpy: only when --dataset is given, not to build the parser
@@ -43,12 +44,23 @@ def read_dataset(args: argparse.Namespace, run_trainer: str | None = None
         qlora = None if args.dataset_field else getattr(args, "dataset_qlora", None)
         named = {"dpo": "dpo", "reward": "dpo", "grpo": "grpo"}.get(run_trainer or "")
         trainer = named or framework_named(args.framework).dataset_trainer
-        return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
+        data = dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
                                   args.seq_len, args.packing, args.padding_free, args.batch_size,
                                   args.group_by_length, split=args.dataset_split, model=model,
-                                  qlora=QloraCut(*qlora) if qlora else None), None
+                                  qlora=QloraCut(*qlora) if qlora else None)
     except DatasetError as exc:
         return None, str(exc)
+    return _named_for(data, run_trainer), None
+
+
+def _named_for(data: DatasetLengths, run_trainer: str | None) -> DatasetLengths:
+    """The reading's first words name the run's trainer: a reward run reads its pairs as DPO does, and a KTO run
+    its prompt + completion as SFT does, but they are not DPO or SFT runs."""
+    label = {"reward": "TRL reward", "kto": "TRL KTO"}.get(run_trainer or "")
+    for prefix in ("TRL DPO", "TRL SFT", "HF Trainer"):
+        if label and data.how.startswith(prefix + ";"):
+            return dataclasses.replace(data, how=label + data.how[len(prefix):])
+    return data
 
 
 def fallback_line(args: argparse.Namespace, why: str) -> str:
