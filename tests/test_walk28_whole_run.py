@@ -255,3 +255,13 @@ def test_the_terminal_says_which_phase_sets_max_memory_allocated(capsys: pytest.
     # A run whose peak phase also allocates the most says nothing more.
     assert main(["plan", "--model", "Llama-3.1-8B", "--batch-size", "4", "--seq-len", "2048", "--eval-batch", "1"]) == 0
     assert "the run's largest allocated" not in capsys.readouterr().out
+
+
+def test_trace_of_a_two_process_command_says_it_is_the_command_that_runs_two(
+        capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    """It said "drop --calibrate, --target-batch and --gpus", none of which the user gave."""
+    code = main(["plan", "--trace", "--", "accelerate", "launch", "--num_processes", "2", "-m", "trl.scripts.sft",
+                 "--model_name_or_path", str(folder / "model"), "--use_peft", "--max_length", "128"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "the command runs 2 processes and --trace traces one GPU's step alone" in err and "drop" not in err

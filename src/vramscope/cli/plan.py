@@ -261,6 +261,9 @@ def _dataset_json(args: argparse.Namespace, data: DatasetLengths | None, failed:
 def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool, command: CommandSection | None,
            dataset: dict[str, Any] | None) -> int:
     """``--trace``: the traced step instead of the analytic model (cli/plan_trace.py)."""
+    if multi and "gpus" not in training_command.explicit(args):
+        raise UsageError(f"the command runs {args.gpus} processes and --trace traces one GPU's step alone: plan it "
+                         "without --trace for each GPU's plan")
     if args.calibrate or args.target_batch is not None or multi:
         raise UsageError("--trace traces one GPU's step alone: drop --calibrate, --target-batch and --gpus "
                          "(plan without --trace has them)")
