@@ -265,3 +265,17 @@ def test_trace_of_a_two_process_command_says_it_is_the_command_that_runs_two(
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert "the command runs 2 processes and --trace traces one GPU's step alone" in err and "drop" not in err
+
+
+def test_the_commands_train_split_is_the_one_read(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    """``--dataset_train_split validation`` was ignored: the plan read the train split."""
+    splits = folder / "splits"
+    splits.mkdir(exist_ok=True)
+    (splits / "train.jsonl").write_text("".join(json.dumps({"text": words(10)}) + "\n" for _ in range(6)))
+    (splits / "validation.jsonl").write_text("".join(json.dumps({"text": words(50)}) + "\n" for _ in range(3)))
+    argv = ["trl", "sft", "--model_name_or_path", str(folder / "model"), "--dataset_name", str(splits),
+            "--use_peft", "--per_device_train_batch_size", "2"]
+    train = plan(capsys, folder, *argv)
+    validation = plan(capsys, folder, *argv, "--dataset_train_split", "validation")
+    assert (train["dataset"]["examples"], train["seq_len"]) == (6, 12)
+    assert (validation["dataset"]["examples"], validation["seq_len"]) == (3, 52)

@@ -311,6 +311,8 @@ def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None
     if parsed.memory.packing and hasattr(args, "packing"):
         args.packing = True
     ref = parsed.dataset
+    if getattr(args, "dataset_split", None) is None and ref.split:
+        args.dataset_split = ref.split
     if ref.source_max_len is not None and ref.target_max_len is not None:  # qlora.py: its collator's two cuts
         args.dataset_qlora = (ref.qlora_format, ref.source_max_len, ref.target_max_len)
     if parsed.memory.padding_free and hasattr(args, "padding_free"):

@@ -52,6 +52,9 @@ def read_dataset(reader: Reader, out: Reading, cwd: Path, *names: str) -> None:
     folder = reader.silent("dataset_dir")
     if folder is not None:
         out.dataset["dataset_dir"] = folder
+    split = reader.silent("dataset_train_split")
+    if split is not None:
+        out.dataset["split"] = split
     if reader.boolean("group_by_length"):  # batches of like lengths: the dataset's longest batch is read so
         out.memory["group_by_length"] = True
 

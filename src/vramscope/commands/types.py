@@ -107,6 +107,7 @@ class DatasetRef:
         data_files: ``data_files`` / ``--data_path`` / ``--train_file``, as given.
         text_field: ``dataset_text_field``, the column that holds the text.
         dataset_dir: LLaMA-Factory's ``dataset_dir`` (where ``dataset_info.json`` names the files).
+        split: the split trained on (TRL's ``dataset_train_split``), when the command says it.
         qlora_format: qlora.py's ``--dataset_format`` (None: its local default, input-output).
         source_max_len, target_max_len: qlora.py's two cuts (the input's and the output's), when the program is
             qlora.py.
@@ -117,6 +118,7 @@ class DatasetRef:
     data_files: tuple[str, ...] = ()
     text_field: str | None = None
     dataset_dir: str | None = None
+    split: str | None = None
     qlora_format: str | None = None
     source_max_len: int | None = None
     target_max_len: int | None = None
