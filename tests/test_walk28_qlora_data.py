@@ -92,3 +92,40 @@ def test_a_dataset_without_the_formats_columns_is_one_line_and_falls_back(capsys
                  *guanaco(str(root / "text.jsonl"))])
     data = json.loads(capsys.readouterr().out)["dataset"]
     assert code == 0 and data["fields"] == ["text"] and data["longest_tokens"] == 11
+
+
+def test_the_guanaco_command_as_written_reads_oasst1_from_the_hub_cache(
+        capsys: pytest.CaptureFixture[str], root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--dataset oasst1`` is qlora.py's name for timdettmers/openassistant-guanaco (its load_data), formatted as
+    output = text, input = '': read from the local hub cache when it is there, said unread when it is not."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    argv = shlex.split(yaml.safe_load(GUANACO.read_text())["command"])  # verbatim: --dataset oasst1
+    code = main(["plan", "--tokenizer", str(root / "tok"), "--", *argv])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dataset: "))
+    assert code == 0 and "timdettmers/openassistant-guanaco" in line and "never downloads" in line
+    repo = tmp_path / "hub" / "datasets--timdettmers--openassistant-guanaco"
+    (repo / "snapshots" / "f00d").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("f00d")
+    rows = [{"text": words(40)}, {"text": words(700)}, {"text": words(12)}]
+    (repo / "snapshots" / "f00d" / "openassistant_best_replies_train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows))
+    out = plan(capsys, root, argv)
+    data = out["dataset"]
+    assert data["how"].startswith("qlora.py (--dataset_format oasst1)") and data["examples"] == 3
+    # BOS alone for the empty input; the text + EOS cut at 512.
+    assert data["longest_tokens"] == 1 + 512 and data["p50_tokens"] == 1 + 41
+
+
+def test_a_llamafactory_dataset_name_is_said_unread(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """LLaMA-Factory names its data in dataset_info.json: the plan said nothing of it at all."""
+    (tmp_path / "lf.yaml").write_text(
+        "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\nquantization_bit: 4\n"
+        "dataset: mydata\ndataset_dir: data\ncutoff_len: 1024\nper_device_train_batch_size: 2\n")
+    code = main(["plan", "--", "llamafactory-cli", "train", str(tmp_path / "lf.yaml")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert ("dataset: cannot read it: mydata: not a local path, nor a hub id (owner/name) to look up in the local "
+            "cache; pass --dataset PATH before '--' to plan at the data; planned at batch x max_length (2 x 1024) "
+            "instead") in out

@@ -82,6 +82,14 @@ def run(args: argparse.Namespace) -> int:
     multi = plan_gpus.wanted(args)
     step_alone = "--trace" if getattr(args, "trace", False) else "--gpus" if multi else None
     data, data_failed = _dataset(args, command, step_alone is not None)
+    if command is not None and not args.dataset and command.parsed.dataset.names:
+        # The command names its data, but not as a local path or a hub id: say it was not read, once.
+        names = command.parsed.dataset.names
+        args.dataset = names[0]
+        pathlike = names[0].startswith((".", "/", "~")) or names[0].endswith("/")
+        data_failed = (f"{names[0]}: no such file or folder" if pathlike else
+                       f"{', '.join(names)}: not a local path, nor a hub id (owner/name) to look up in the local "
+                       "cache; pass --dataset PATH before '--' to plan at the data")
     if command is not None:
         command = _with_data(command, data, step_alone)
     try:
