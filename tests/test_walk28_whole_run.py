@@ -279,3 +279,15 @@ def test_the_commands_train_split_is_the_one_read(capsys: pytest.CaptureFixture[
     validation = plan(capsys, folder, *argv, "--dataset_train_split", "validation")
     assert (train["dataset"]["examples"], train["seq_len"]) == (6, 12)
     assert (validation["dataset"]["examples"], validation["seq_len"]) == (3, 52)
+
+
+def test_the_eval_flags_that_shape_the_eval_phase_are_listed_as_read(folder: Path) -> None:
+    """They planned the eval phase but "read:" never named them, as if they changed nothing."""
+    from vramscope.commands import parse_command
+
+    base = ["trl", "sft", "--model_name_or_path", "m", "--use_peft", "--per_device_eval_batch_size", "4"]
+    evaluating = parse_command([*base, "--eval_strategy", "steps", "--eval_accumulation_steps", "2"], cwd=folder)
+    assert {"--eval_strategy", "--per_device_eval_batch_size", "--eval_accumulation_steps"} <= evaluating.read.keys()
+    assert evaluating.read["--per_device_eval_batch_size"] == "4"
+    quiet = parse_command(base, cwd=folder)  # no evaluation: the eval batch shapes nothing
+    assert "--per_device_eval_batch_size" not in quiet.read and not any("eval" in u for u in quiet.unknown)
