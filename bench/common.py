@@ -488,7 +488,7 @@ def ensure_checkpoint(config: dict[str, Any], root: Path | None = None) -> tuple
 def build_qlora_trainer(
     config: dict[str, Any], tiny: bool, checkpoint_root: Path | None = None
 ) -> tuple[Any, dict[str, Any]]:
-    """The shared QLoRA trainer (integrations/qlora.py, reference recipe) over a random checkpoint.
+    """The shared QLoRA trainer (src/vramscope/tune/qlora.py, reference recipe) over a random checkpoint.
 
     Returns the trainer and what building it cost, for the result file.
     """

@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 bench/ddp_qlora.py --out /tmp/ddp --tiny     # CPU, gloo, tiny model
 
 TinyLlama-1.1B's architecture (from the planner's registry) with random weights, written once by rank 0
-while the others wait at a barrier; 4-bit NF4 QLoRA (``integrations/qlora.load_model``) on
+while the others wait at a barrier; 4-bit NF4 QLoRA (``vramscope.tune.qlora.load_model``) on
 ``cuda:LOCAL_RANK``; DDP over NCCL. The ranks train on different lengths (rank 0 4x1024 tokens, rank 1
 4x512) so that the report's per-rank peaks differ and the imbalance is visible. Every step is logged
 (``every_n_steps=1``), so every step also runs the monitor's all-gather. Rank 0 then writes

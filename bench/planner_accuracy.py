@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.planner import Hardware, plan, resolve_model
-from vramscope.planner.frameworks import HARNESS
+from vramscope.planner.frameworks import FRAMEWORKS, HARNESS
 from vramscope.planner.memory import estimate
-from vramscope.recipe import FRAMEWORKS, QLoraSpec
+from vramscope.recipe import QLoraSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "planner" / "h200_measurements.csv"

@@ -1,7 +1,7 @@
 """Measure real QLoRA steps over a grid of shapes: the ground truth the planner is held against.
 
 For each architecture a random-weight checkpoint is written from its registry config, loaded the QLoRA
-way (integrations/qlora.py), and for each (optimizer, gradient checkpointing, batch, sequence length)
+way (src/vramscope/tune/qlora.py), and for each (optimizer, gradient checkpointing, batch, sequence length)
 a fresh optimizer runs three real steps. Recorded per point:
 
 - ``peak_allocated_bytes`` / ``peak_reserved_bytes``: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``

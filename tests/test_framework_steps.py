@@ -1,4 +1,4 @@
-"""integrations.qlora steps a real tiny model the way each framework does (what tune and plan --calibrate
+"""tune.qlora steps a real tiny model the way each framework does (what tune and plan --calibrate
 measure): TRL's fused LM head and bf16-free CPU path, a loop's kept output, HF Trainer's dropped output."""
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ LIBRARY_PLACES: dict[str, tuple[str, ...]] = {
     "tokenizers": ("vramscope.dataset.tokenizer",),
     "torch": (
         "vramscope.backends.torch_allocator",
-        "vramscope.training.",  # the monitor's side of a run: callbacks, QLoRA builders, trial children
-        "vramscope.tune.",
+        "vramscope.training.",  # the monitor inside the run (strategy.py reads torch.distributed)
+        "vramscope.tune.",  # the tuner: its trials, the QLoRA builders, the trial child, calibration
         "vramscope.oom.recorder",  # records torch's allocator history, inside the training
         "vramscope.planner.trace.engine",
         "vramscope.planner.trace.counter",

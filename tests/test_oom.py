@@ -357,6 +357,32 @@ def test_files_round_trip(tmp_path: Path) -> None:
     assert str(snap_path) in paths["md"].read_text()
 
 
+def test_the_event_file_is_the_events_own_json(tmp_path: Path) -> None:
+    ev = event()
+    path = tmp_path / "oom-1.event.json"
+    path.write_text(json.dumps({**ev.to_json("/runs/oom-1-snapshot.pickle"), "written_by": "a later vramscope"}))
+    assert OomEvent.from_json(json.loads(path.read_text())) == (ev, "/runs/oom-1-snapshot.pickle")
+    assert OomEvent.from_json({"device": 1}) == (OomEvent(device=1), None)
+    with pytest.raises(ValueError, match="JSON object"):
+        OomEvent.from_json([1, 2])
+
+
+def test_the_message_that_comes_after_the_oom_is_written_into_its_files(tmp_path: Path) -> None:
+    # torch's observer writes the post-mortem at the OOM; the exception's message arrives after, by record_exception
+    # (CUDA only), which rewrites the event file through OomEvent and the post-mortem from it.
+    snap_path = tmp_path / "oom-1-snapshot.pickle"
+    snap_path.write_bytes(pickle.dumps(make_snapshot()))
+    event_path = tmp_path / "oom-1.event.json"
+    event_path.write_text(json.dumps(event(message=None).to_json(str(snap_path))))
+    recorder = OomRecorder(tmp_path)
+    recorder.reports.append(write_report(report_from_files(snap_path, event_path), tmp_path, "oom-1")["md"])
+    message = "CUDA out of memory. Tried to allocate 12.00 MiB. GPU 0 has a total capacity of 23.55 GiB"
+    assert recorder._annotate_last(message) == tmp_path / "oom-1.md"
+    written, snapshot = OomEvent.from_json(json.loads(event_path.read_text()))
+    assert written == event(message=message) and snapshot == str(snap_path)
+    assert message in (tmp_path / "oom-1.md").read_text()
+
+
 def test_recorder_from_env_and_arguments(tmp_path: Path) -> None:
     assert OomRecorder.from_env(environ={}) is None
     rec = OomRecorder.from_env(context=lambda: CONTEXT, environ={ENV_VAR: str(tmp_path), ENV_MAX_ENTRIES: "500"})

@@ -55,7 +55,7 @@ def test_calibration_on_the_gpu_predicts_a_larger_shape(framework: str) -> None:
 
     config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
               "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 8000, "max_position_embeddings": 4096}
-    spec = QLoraSpec(framework=framework)  # measured with the framework's own step (integrations.qlora.Trainer)
+    spec = QLoraSpec(framework=framework)  # measured with the framework's own step (tune.qlora.Trainer)
     hw, report = calibrate(config, spec)
     assert "calibration on" in report
     with tempfile.TemporaryDirectory() as tmp:

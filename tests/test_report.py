@@ -22,8 +22,9 @@ import pytest
 from rich.console import Console
 
 from test_report_fixtures import GIB, MIB, Run, write_nvidia_smi_log, write_training_log
-from vramscope.analysis.results import SCHEMA_VERSION
-from vramscope.analysis.verdicts import batches_note, device_idle
+from vramscope.analysis.details import _imbalance
+from vramscope.analysis.results import SCHEMA_VERSION, RankPeak
+from vramscope.analysis.verdicts import batches_note, device_idle, headroom_level, imbalance_notable
 from vramscope.cli import main
 from vramscope.logs.reader import read_log
 from vramscope.report.figures import detail_of, devices_of, oom_severity
@@ -33,7 +34,7 @@ from vramscope.report.json_output import summary_of
 from vramscope.report.load import report_file
 from vramscope.report.model import build_report
 from vramscope.report.plan_check import read_plan
-from vramscope.report.terminal import print_report
+from vramscope.report.terminal import device_heading, print_report, rank_heading
 
 VRAMSCOPE = [sys.executable, "-m", "vramscope"]
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -464,6 +465,43 @@ def test_the_renderers_typed_verdicts_agree_with_the_json() -> None:
     for dev in result.devices:
         device_severity = json_summary["devices"][dev.key]["oom_severity"]
         assert (None if dev.forecast.severity is None else dev.forecast.severity.to_json()) == device_severity
+
+
+def _styles(text: Any) -> set[str]:
+    return {str(span.style) for span in text.spans}
+
+
+@pytest.mark.parametrize(("capacity", "level", "style", "tone"), [
+    (18 * GIB, "high", "bold red", "bad"),  # 1.8% left at the peak
+    (19 * GIB + 512 * MIB, "medium", "yellow", "warn"),  # 9.9%
+    (24 * GIB, "low", "green", "good"),  # 26%
+])
+def test_the_headroom_is_judged_in_the_analysis_and_the_renderers_only_colour_it(
+        tmp_path: Path, capacity: int, level: str, style: str, tone: str) -> None:
+    report = report_file(write_training_log(tmp_path / "run.csv", Run(capacity=capacity, steps=200)))
+    [(view, detail)] = devices_of(report)
+    room = detail.headroom
+    assert room.level == level == headroom_level(room.headroom_bytes, room.headroom_fraction)
+    assert style in _styles(device_heading(view, detail))
+    assert f'<div class="card {tone}"><div class="k">headroom at the peak</div>' in render_html([report])
+    # The terminal draws the analysis' level, whatever the fraction: it holds no threshold of its own.
+    other = "low" if level != "low" else "high"
+    assert style not in _styles(device_heading(view, replace(detail, headroom=replace(room, level=other))))
+
+
+def test_headroom_levels_and_a_notable_imbalance_are_the_analysis_thresholds() -> None:
+    cases = ((None, None), (-1, -0.1), (5, None), (4, 0.0499), (5, 0.05), (9, 0.0999), (10, 0.1))
+    assert [headroom_level(room, fraction) for room, fraction in cases] == [
+        None, "high", "high", "high", "medium", "medium", "low"]
+    assert [imbalance_notable(x) for x in (None, 0.0, 0.0999, 0.1, 2.0)] == [False, False, False, True, True]
+
+    def ranks(*peaks: int) -> Any:
+        return _imbalance([RankPeak(i, 10, (i,), {"peak_allocated_bytes": p}, None) for i, p in enumerate(peaks)])
+
+    even, uneven = ranks(100 * MIB, 105 * MIB), ranks(100 * MIB, 150 * MIB)
+    assert (even.imbalance, even.notable, uneven.imbalance, uneven.notable) == (0.05, False, 0.5, True)
+    assert "bold yellow" in _styles(rank_heading(uneven)) and "bold yellow" not in _styles(rank_heading(even))
+    assert "bold yellow" not in _styles(rank_heading(replace(uneven, notable=False)))  # drawn, not judged there
 
 
 def test_a_plan_with_a_figure_that_is_not_a_count_reads_it_as_unknown(

@@ -56,7 +56,16 @@ ARCHS: dict[str, dict[str, Any]] = {
     # Mixtral-8x7B with 2 of its 32 layers: the experts are fused 3-D parameters under transformers 5.
     "Mixtral-8x7B-2L": {"registry": "Mixtral-8x7B", "override": {"num_hidden_layers": 2},
                         "scaled_from": "Mixtral-8x7B (32 layers)"},
+    # Session 8's check of the loading region and the expert upcast's holes (planner/pool.loading_region,
+    # memory.expert_upcast_holes) on architectures none of it was read from:
+    "Mistral-Nemo-12B": {"registry": "Mistral-Nemo-12B"},  # 131k vocabulary: a 2560 MiB region, head_dim 128
+    "Gemma-2-9B": {"registry": "Gemma-2-9B"},  # tied 256k embedding: one tensor's region, soft-capping
+    "Llama-3.2-3B": {"registry": "Llama-3.2-3B"},  # tied 128k embedding: a region smaller than the fp32 logits
+    # Qwen3-MoE (Qwen3-30B-A3B's shape) with 2 of its 48 layers: 128 fused experts, peft's MoE conversion
+    "Qwen3-30B-A3B-2L": {"registry": "Qwen3-30B-A3B", "override": {"num_hidden_layers": 2},
+                         "scaled_from": "Qwen3-30B-A3B (48 layers)"},
 }
+CHECK_ARCHS = ("Mistral-Nemo-12B", "Gemma-2-9B", "Llama-3.2-3B")
 
 
 @dataclass
@@ -185,6 +194,15 @@ def all_points(qlora_dir: Path | None) -> list[Point]:
         pts.append(hf(moe, "evalloss", 2, 1024, "ids-1024", 16, "--eval", "loss", "--eval-batch", "4",
                       "--eval-steps", "2", "--max-steps", "4",
                       *(["--lora-dropout", "0"] if moe.startswith("Mixtral") else [])))
+    for arch in CHECK_ARCHS:  # the HF evaluations the pool model is about, and TRL's beside them
+        big = arch != "Llama-3.2-3B"
+        pts += [q for q in _arch_points(arch, 1.0 if big else 0.6)
+                if q.name.startswith(("hf-evalargmax-", "hf-evallogits-", "trl-sft-eval-"))]
+    moe = "Qwen3-30B-A3B-2L"  # all-linear reaches the fused experts (ParamWrapper: no dropout)
+    pts.append(trl(moe, "sft", "ids", 2, 1024, "ids-1024", 14, "--max_length", "1024", "--max_steps", "4",
+                   "--lora_target_modules", "all-linear", "--lora_dropout", "0"))
+    pts.append(hf(moe, "evalloss", 2, 1024, "ids-1024", 18, "--eval", "loss", "--eval-batch", "4",
+                  "--eval-steps", "2", "--max-steps", "4", "--lora-dropout", "0"))
     return pts
 
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-# The training frameworks are vramscope.planner.frameworks' table (one module each: hf, trl, qlora, unsloth,
-# loop, loop-loss; docs/planner.md); a recipe names one by its name. These are the built-in names, for the
-# imports that read them from here; a framework registered there needs nothing here.
-FRAMEWORKS = ("hf", "trl", "qlora", "unsloth", "loop", "loop-loss")
-
+# The training frameworks are vramscope.planner.frameworks' table (one module each; docs/planner.md): a recipe
+# names one by its name, and the names are the table's (vramscope.planner.frameworks.FRAMEWORKS), written nowhere
+# else, so that a new framework is its module and its line in the registry.
 OPTIMIZERS = ("paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "sgd")
 
 

@@ -22,7 +22,7 @@ from vramscope.analysis.results import (
     RankImbalance,
     RankPeak,
 )
-from vramscope.analysis.verdicts import batches_note, device_idle
+from vramscope.analysis.verdicts import batches_note, device_idle, headroom_level, imbalance_notable
 
 # Memory columns a report looks at, with the names people read.
 METRICS: dict[str, str] = {
@@ -88,7 +88,8 @@ def headroom(capacity: int | None, used: int | None) -> Headroom:
     if capacity is None or used is None:
         return Headroom(capacity, used, None, None)
     room = capacity - used
-    return Headroom(capacity, used, room, round(room / capacity, 4) if capacity else None)
+    fraction = round(room / capacity, 4) if capacity else None
+    return Headroom(capacity, used, room, fraction, headroom_level(room, fraction))
 
 
 # -- fragmentation ------------------------------------------------------------------------------------
@@ -316,5 +317,5 @@ def _imbalance(entries: Sequence[RankPeak]) -> RankImbalance:
             low = min(known)
             imbalance = round(max(known) / low - 1, 4) if low > 0 else None
             assert imbalance is None or imbalance >= 0, "the highest rank's peak below the lowest's"
-            return RankImbalance(tuple(entries), name, imbalance)
+            return RankImbalance(tuple(entries), name, imbalance, imbalance_notable(imbalance))
     return RankImbalance(tuple(entries), "", None)

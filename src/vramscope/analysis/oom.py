@@ -32,6 +32,24 @@ class OomEvent:
     context: Mapping[str, Any] = field(default_factory=dict)  # step, phase, tokens, batch_shape
     stats: Mapping[str, int] = field(default_factory=dict)  # torch.cuda.memory_stats at that moment
 
+    def to_json(self, snapshot_file: str) -> dict[str, Any]:
+        """The ``oom-N.event.json`` the recorder writes beside the snapshot: these fields and the snapshot's path."""
+        return {**asdict(self), "snapshot_file": snapshot_file}
+
+    @classmethod
+    def from_json(cls, data: object) -> tuple[OomEvent, str | None]:
+        """An event file read back: the event and the snapshot it names (None when it names none). Keys it does not
+        know are passed over, so a file of a later version still reads.
+
+        Raises:
+            ValueError: not a JSON object.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"an OOM event file holds a JSON object, not {type(data).__name__}")
+        event = cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        snapshot = data.get("snapshot_file")
+        return event, None if snapshot is None else str(snapshot)
+
 
 @dataclass(frozen=True)
 class AllocationSite:

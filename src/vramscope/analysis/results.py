@@ -385,7 +385,7 @@ class PhasePeaks:
     """A phase's rows on a device and the peak of each memory column within them."""
 
     rows: int
-    peaks: dict[str, PeakAt]  # by column, in the order of :data:`vramscope.analysis.devices.METRICS`
+    peaks: dict[str, PeakAt]  # by column, in the order of :data:`vramscope.analysis.details.METRICS`
 
     def report_json(self) -> Json:
         return {"rows": self.rows, **{m: p.report_json() for m, p in self.peaks.items()}}
@@ -459,6 +459,9 @@ class Headroom:
     peak_used_bytes: int | None
     headroom_bytes: int | None
     headroom_fraction: float | None
+    # How tight the headroom is ("high", "medium", "low": analysis.verdicts.headroom_level); None: no headroom known.
+    # Judged here for the renderers, which only colour it; not in the JSON, whose fraction says the same.
+    level: str | None = None
 
     def to_json(self) -> Json:
         return {"capacity_bytes": self.capacity_bytes, "peak_used_bytes": self.peak_used_bytes,
@@ -519,6 +522,7 @@ class RankImbalance:
     ranks: tuple[RankPeak, ...]
     metric: str  # the peak compared: "peak_allocated_bytes", ... ("" when no peak is known on every rank)
     imbalance: float | None
+    notable: bool = False  # large enough to look at (analysis.verdicts.imbalance_notable); drawn, not in the JSON
 
 
 # -- the whole analysis -------------------------------------------------------------------------------

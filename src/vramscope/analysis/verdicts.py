@@ -8,7 +8,9 @@
 * :func:`device_idle`: a GPU this run did not use (no step, nothing beyond a CUDA context), which gets
   no advice;
 * :func:`batches_note`: why the longest batches have no peak, instead of a bare "?";
-* :func:`leak_trend`: where a leak's trend line lies on the signal's readings.
+* :func:`leak_trend`: where a leak's trend line lies on the signal's readings;
+* :func:`headroom_level`: how tight the headroom at the peak is;
+* :func:`imbalance_notable`: whether the ranks' peaks differ enough to look at.
 """
 
 from __future__ import annotations
@@ -47,6 +49,30 @@ OWN_METRICS = ("process_bytes", "reserved_bytes", "peak_allocated_bytes", "alloc
 TREND_POINTS = 4000  # readings used to place the leak trend line (an intercept is a median: cheap and robust)
 
 SEVERITIES = ("high", "medium", "low")
+
+# Headroom at the peak under this fraction of the capacity is "high" (red): the next longer batch or a fragmented
+# cache can fail; under the next, "medium" (amber).
+HEADROOM_HIGH = 0.05
+HEADROOM_MEDIUM = 0.10
+# Ranks whose peaks differ by this fraction or more hold unequal shares: worth a look (a rank 0 that also evaluates,
+# uneven sequence lengths, a split that is not even).
+IMBALANCE_NOTABLE = 0.10
+
+
+def headroom_level(headroom_bytes: int | None, fraction: float | None) -> str | None:
+    """How tight the headroom at the peak is, one of :data:`SEVERITIES`; None when there is no headroom to judge.
+
+    A headroom without a fraction (a capacity of 0) or below zero (a capacity given below the log's peak) is "high".
+    """
+    if headroom_bytes is None:
+        return None
+    room = fraction if fraction is not None and headroom_bytes >= 0 else 0.0
+    return "high" if room < HEADROOM_HIGH else "medium" if room < HEADROOM_MEDIUM else "low"
+
+
+def imbalance_notable(imbalance: float | None) -> bool:
+    """Whether the ranks' peaks (``max/min - 1``) differ by :data:`IMBALANCE_NOTABLE` or more."""
+    return imbalance is not None and imbalance >= IMBALANCE_NOTABLE
 
 
 def forecast_severity(oom: OomForecast | None, steps_logged: int | None) -> Severity | None:

@@ -1,6 +1,6 @@
 """``vramscope plan --trace``: print the traced step's memory (a table, or ``--json``).
 
-Thin: :func:`vramscope.planner.trace.trace_plan` does the work (and imports torch, so this module imports it
+Thin: :func:`vramscope.planner.trace.engine.trace_plan` does the work (and imports torch, so this module imports it
 only when ``--trace`` is given).
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from vramscope.cli.labels import BREAKDOWN_LABELS, totals_lines
 from vramscope.planner.document import CommandSection, JsonObject, plan_document
-from vramscope.recipe import FRAMEWORKS, QLoraSpec
+from vramscope.recipe import QLoraSpec
 from vramscope.units import gib
 
 if TYPE_CHECKING:  # the trace imports torch: only when --trace is given
@@ -35,17 +35,11 @@ _LABELS = {
 
 
 def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--trace`` (and ``--framework`` unless the recipe flags already define it)."""
+    """``--trace``; which framework's step it traces is the recipe's ``--framework`` (:mod:`vramscope.cli.recipe`,
+    from the frameworks' table)."""
     parser.add_argument("--trace", action="store_true",
                         help="trace the real training step on fake tensors (needs torch, transformers, peft) "
                              "instead of the analytic model")
-    try:
-        parser.add_argument("--framework", choices=FRAMEWORKS, default=QLoraSpec().framework,
-                            help="the training program: hf (HF Trainer + prepare_model_for_kbit_training), "
-                                 "trl (TRL SFTTrainer), loop (keeps the output until the next step), "
-                                 "loop-loss (keeps only the loss)")
-    except argparse.ArgumentError:
-        pass  # the shared recipe flags define it
 
 
 def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec, *, command: CommandSection | None = None,

@@ -32,7 +32,7 @@ from vramscope.cli.common import (
     set_examples,
 )
 from vramscope.logs.files import LogPathError, existing_log_files, free_log_name
-from vramscope.output.names import sibling
+from vramscope.output.names import OOM_SUFFIX, sibling
 from vramscope.run.relay import with_relay
 from vramscope.run.runner import ProgramNotFoundError, RunResult, exit_like, inherited_fds, run_monitored
 from vramscope.sampling.sampler import DEFAULT_INTERVAL_S
@@ -154,7 +154,7 @@ def _oom_folder(given: str, log: str | None) -> str:
     """The folder ``--oom-snapshot`` names, as :func:`vramscope.oom.snapshot_env` resolves it."""
     from vramscope.oom import DEFAULT_DIR
 
-    return os.path.abspath(given or (sibling(log, suffix=".oom") if log else DEFAULT_DIR))
+    return os.path.abspath(given or (sibling(log, suffix=OOM_SUFFIX) if log else DEFAULT_DIR))
 
 
 def _remove_if_empty(folder: str | None, ours: bool) -> None:

@@ -77,6 +77,5 @@ def report_from_files(
         snapshot = pickle.load(f)  # a file the user points at, written by torch
     event = OomEvent()
     if event_path is not None:
-        raw = json.loads(Path(event_path).read_text(encoding="utf-8"))
-        event = OomEvent(**{k: v for k, v in raw.items() if k in OomEvent.__dataclass_fields__})
+        event, _ = OomEvent.from_json(json.loads(Path(event_path).read_text(encoding="utf-8")))
     return post_mortem(snapshot, event, snapshot_file=str(snapshot_path), model=model, spec=spec)

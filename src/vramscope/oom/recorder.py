@@ -13,7 +13,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,9 @@ from vramscope.oom.render import write_report
 from vramscope.output.atomic import write_atomically
 
 log = logging.getLogger("vramscope.oom")  # the name users filter on, as before the split
+# The file beside each snapshot with what torch's observer and the training said of the OOM (OomEvent.to_json);
+# report_from_files reads it back with the snapshot.
+EVENT_SUFFIX = ".event.json"
 
 _listeners: list[Callable[[int, int, int, int], None]] = []
 _attached = False
@@ -203,12 +206,14 @@ class OomRecorder:
     def _annotate_last(self, message: str) -> Path | None:
         if not self.reports:
             return None
-        event_file = self.reports[-1].with_suffix(".event.json")
+        event_file = self.reports[-1].with_suffix(EVENT_SUFFIX)
         try:
-            raw = json.loads(event_file.read_text(encoding="utf-8"))
-            raw["message"] = message
-            write_atomically(event_file, json.dumps(raw, indent=2, default=str).encode("utf-8"))
-            report = report_from_files(Path(raw["snapshot_file"]), event_file, model=self.model, spec=self.spec)
+            event, snapshot = OomEvent.from_json(json.loads(event_file.read_text(encoding="utf-8")))
+            if snapshot is None:
+                raise ValueError(f"{event_file} names no snapshot")
+            event = replace(event, message=message)
+            write_atomically(event_file, json.dumps(event.to_json(snapshot), indent=2, default=str).encode("utf-8"))
+            report = report_from_files(Path(snapshot), event_file, model=self.model, spec=self.spec)
             write_report(report, self.out_dir, self.reports[-1].stem)
         except (OSError, ValueError, KeyError) as exc:  # pragma: no cover - best effort
             log.warning("vramscope: could not add the OOM message to %s: %s", event_file, exc)
@@ -246,10 +251,8 @@ class OomRecorder:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             with open(snap_path, "wb") as f:
                 pickle.dump(snapshot, f)
-            (self.out_dir / f"{stem}.event.json").write_text(
-                json.dumps({**asdict(event), "snapshot_file": str(snap_path)}, indent=2, default=str),
-                encoding="utf-8",
-            )
+            (self.out_dir / f"{stem}{EVENT_SUFFIX}").write_text(
+                json.dumps(event.to_json(str(snap_path)), indent=2, default=str), encoding="utf-8")
             found = post_mortem(snapshot, event, snapshot_file=str(snap_path), model=self.model, spec=self.spec)
             paths = write_report(found, self.out_dir, stem)
             self.reports.append(paths["md"])

@@ -9,7 +9,7 @@ A file that belongs to a log is named after the log without its last suffix (``r
   ``mem.strategy.json``, ``mem.warnings.jsonl``, ``mem.oom/``.
 
 The parts of a rotated log are the one exception, by design: ``mem.csv.1``, ``mem.csv.2`` keep the whole
-name, as logrotate's do (``sinks.base.part_path``).
+name, as logrotate's do (``logs.files.part_path``).
 """
 
 from __future__ import annotations

@@ -52,9 +52,9 @@ from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 from vramscope.units import MIB
 
-__all__ = ["Breakdown", "Estimate", "Hardware", "estimate", "has_mask", "layer_activation_bytes",
-           "loading_transient_bytes", "lora_modules", "lora_tensors", "upcast_transient_bytes", "uses_math_attention",
-           "validate_spec"]
+__all__ = ["Breakdown", "Estimate", "Hardware", "estimate", "expert_upcast_holes", "has_mask",
+           "layer_activation_bytes", "loading_transient_bytes", "lora_modules", "lora_tensors",
+           "upcast_transient_bytes", "uses_math_attention", "validate_spec"]
 
 
 # The caching allocator hands out blocks in multiples of 512 bytes.
@@ -452,7 +452,11 @@ def estimate(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     f_layer, f_logits = frag[:2] if spec.gradient_checkpointing else frag[2:]
     # The fitted factors scale the activations' blocks; merged expert stacks are exact-fit blocks (their own term).
     merged_saved, merged_free = merged_expert_pool(shape, spec, pr)
-    overhead = _align(f_layer * (S - merged_saved) + f_logits * lg.materialised + merged_free)
+    fragments = f_layer * (S - merged_saved) + f_logits * lg.materialised
+    # the fits ran on dense models, whose loading segment keeps only the embedding's and lm_head's region free;
+    # the holes an expert upcast leaves beside it take the activations' fragments before the pool grows
+    fragments = max(0.0, fragments - expert_upcast_holes(shape, spec, fw))
+    overhead = _align(fragments + merged_free)
     reserved = peak_alloc + overhead
     paged_counted = opt_paged if hw.paged_in_process else 0
     context = hw.cuda_context_bytes if hw.cuda_context_bytes is not None else fw.cuda_context_bytes
@@ -508,6 +512,32 @@ def loading_transient_bytes(shape: ModelShape, spec: QLoraSpec) -> int:
         worst = max(worst, extra - after)
         after += final
     return worst
+
+
+def expert_upcast_holes(shape: ModelShape, spec: QLoraSpec, fw: Framework) -> int:
+    """Bytes the upcast of fused expert stacks leaves free inside transformers 5's loading segment.
+
+    ``prepare_model_for_kbit_training`` casts each layer's ``gate_up_proj`` and then its ``down_proj`` to fp32
+    (``upcast_transient_bytes``): each fp32 copy takes the smallest free hole that holds it, or a segment of its
+    own, and its 16-bit original is freed in place. gate_up's copy is twice its hole; down's copy fits the hole
+    gate_up left (Mixtral: exactly, 1792 MiB), and what down frees stays free: one ``down_proj`` per layer in a
+    bf16 load (Mixtral-8x7B-2L: 1792 MiB by this count; the H200 had 1402 MiB free in the loading segment after a
+    step). 0 without fused experts, without the upcast, or in an fp32 load."""
+    if not (shape.experts and fw.prepares_kbit and spec.bits in (4, 8)) or spec.compute_dtype == "fp32":
+        return 0
+    half = 2  # the load dtype
+    stack = shape.experts * shape.hidden * shape.intermediate  # one layer's down_proj, in elements
+    holes: list[int] = []
+    for _ in range(max(shape.layers, 1)):
+        for elements in (2 * stack, stack):  # gate_up_proj, then down_proj
+            copy = 4 * elements
+            fits = [h for h in holes if h >= copy]
+            if fits:
+                holes.remove(min(fits))
+                if min(fits) > copy:
+                    holes.append(min(fits) - copy)
+            holes.append(half * elements)
+    return sum(holes)
 
 
 def upcast_transient_bytes(shape: ModelShape) -> int:

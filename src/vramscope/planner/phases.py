@@ -20,10 +20,18 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from vramscope.planner.errors import PlanInputError
-from vramscope.planner.frameworks import FRAMEWORK_TABLE, TOKEN_TILE, VOCAB_TILE, Framework, Precision, precision
+from vramscope.planner.frameworks import (
+    TOKEN_TILE,
+    TRL_TRAINERS,
+    VOCAB_TILE,
+    Framework,
+    Precision,
+    framework_for,
+    precision,
+)
 from vramscope.planner.layer import attention_bytes, forward_temporaries, merged_expert_bytes
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_tensors
-from vramscope.planner.pool import eval_loop_segments, eval_moments, train_blocks
+from vramscope.planner.pool import eval_loop_segments, eval_moments, loading_region, train_blocks
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
@@ -231,7 +239,7 @@ def returned_logit_bytes(fw: Framework, pr: Precision) -> int:
 
 def _trl() -> Framework:
     """TRL's trainers (DPO, GRPO, KTO, reward) all cast the adapters to bf16 and run the fused LM head."""
-    return FRAMEWORK_TABLE["trl"]
+    return TRL_TRAINERS
 
 
 def _resident(train: Estimate, tokens: int) -> Breakdown:
@@ -470,7 +478,7 @@ def _eval_segments(shape: ModelShape, spec: QLoraSpec, fw: Framework, run: RunPh
     dequantized weights needs its intermediates placed anew. Logits kept for compute_metrics stay in their
     block and are concatenated into a new, larger tensor at every step (``EvalLoopContainer``)."""
     pr = precision(spec, fw)
-    pool = train_blocks(shape, spec, fw, pr, train.rows, train.seq)
+    pool = train_blocks(shape, spec, fw, pr, train.rows, train.seq, region=loading_region(shape, spec, fw, pr))
     kept = run.eval_logits == "kept" and fw.logits != "score"
     held = returned_logit_bytes(fw, pr) * ev.rows * ev.seq * shape.vocab * run.world_size if kept else 0
     assert run.eval_batch is not None
@@ -610,7 +618,7 @@ def plan_run(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
         once = replace(run, steps_per_generation=1)
         phases["eval"] = generation_phase(shape, spec, run.eval_batch, seq, est, hw, once, "eval")
     elif run.eval_batch is not None:
-        fw = framework or FRAMEWORK_TABLE.get(spec.framework, FRAMEWORK_TABLE["hf"])
+        fw = framework or framework_for(spec)  # an unknown framework is the recipe's error, not planned as hf
         ev = eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq)
         ev_fw = fw if run.trainer == "sft" else _trl()
         phases["eval"] = _beside_training_pool(ev, train, _eval_segments(shape, spec, ev_fw, run, ev, train))

@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 
 from vramscope.planner.frameworks import TOKEN_TILE, VOCAB_TILE, Framework, Precision
-from vramscope.planner.layer import lora_modules, merged_expert_bytes
+from vramscope.planner.layer import lora_modules, lora_tensors, merged_expert_bytes
 from vramscope.planner.shapes import Linear, ModelShape
 from vramscope.recipe import QLoraSpec
 from vramscope.units import MIB
@@ -32,6 +32,10 @@ from vramscope.units import MIB
 LARGE = 10 * MIB  # requests above this get a segment of exactly their (rounded) size
 ROUND_LARGE = 2 * MIB
 REPLAYED_STEPS = 8  # eval batches replayed with their cached containers (see eval_loop_segments)
+SMALL = 1 * MIB  # requests up to this come from the small pool's 2 MiB segments
+# torch's cuBLAS workspace on sm90 (32 MiB, seen on the H200), one per thread that runs a matmul: the forward's and
+# autograd's. Smaller on older GPUs: counting the sm90 size errs toward a smaller free region, the safe side.
+CUBLAS_WORKSPACE = 32 * MIB
 _MLP_IN = ("gate_proj", "up_proj", "gate_up_proj", "dense_h_to_4h")
 
 
@@ -204,12 +208,49 @@ def _head_blocks(shape: ModelShape, fw: Framework, pr: Precision, T: int, grad: 
     return moments
 
 
-def train_blocks(shape: ModelShape, spec: QLoraSpec, fw: Framework, pr: Precision, rows: int, seq: int) -> list[int]:
-    """The large blocks a training step of ``rows x seq`` leaves in the cache: of each kind, as many as the step
-    held at once (the dequantized weights, one MLP's activations, the head's tiles or logits)."""
+def loading_region(shape: ModelShape, spec: QLoraSpec, fw: Framework, pr: Precision) -> int:
+    """The free block peft's ``prepare_model_for_kbit_training`` leaves inside the loading segment, less what the
+    adapters and cuBLAS take from it before the first step ends (0 where there is none).
+
+    transformers 5 opens one segment for the whole checkpoint (``caching_allocator_warmup``) and loads the
+    targets in natural-key order, so ``lm_head`` and ``model.embed_tokens`` sit side by side at its start. The
+    upcast gives each an fp32 copy in a segment of its own (the region is smaller than either copy) and frees the
+    16-bit originals: one free region of their size (seen on the H200 with Qwen2.5-7B, 2079 MiB; Llama-3.1-8B,
+    2004; Phi-3-mini, 376). peft then makes the adapters, whose tensors above 1 MiB best-fit into it, and each
+    matmul thread's first cuBLAS call puts its workspace there. What is left is one free block after every step
+    (the step's tensors carved from it are all freed), and an evaluation's widest tensor can take it: Qwen2.5-7B's
+    fp32 upcast of ``[2048, 152064]`` logits (1188 MiB) did, where the plan had opened a segment. Where the
+    workspaces land inside it is the allocator's choice: the H200 left 1646 MiB (Qwen2.5-7B; 1766 by this count)
+    and 1732 MiB (Llama-3.1-8B; 1720). A model loaded in fp32 is not upcast and leaves no region."""
+    if not (fw.prepares_kbit and spec.bits in (4, 8)) or pr.compute == 4:
+        return 0
+    freed = pr.compute * (shape.embedding_params + shape.lm_head_params)
+    adapters = sum(_rounded(pr.lora_param * n) for n in lora_tensors(shape, spec) if pr.lora_param * n > SMALL)
+    left = freed - adapters - 2 * CUBLAS_WORKSPACE
+    return left if left > LARGE else 0
+
+
+def _rounded(n: int) -> int:
+    """A request's block size: the allocator rounds every request up to 512 bytes."""
+    return -(-n // 512) * 512
+
+
+def train_blocks(shape: ModelShape, spec: QLoraSpec, fw: Framework, pr: Precision, rows: int, seq: int,
+                 region: int = 0) -> list[int]:
+    """The large blocks the pool holds after a training step of ``rows x seq``: the loading ``region`` it started
+    with (:func:`loading_region`) and those the step made, of each kind as many as it held at once (the
+    dequantized weights, one MLP's activations, the head's tiles or logits).
+
+    The step's saved tensors take their part of the region first (at the first forward it is the one large free
+    block, so best fit puts them there): under gradient checkpointing each layer's input, otherwise all of it. A
+    step's tensor takes what is left of the region before a new block of its own: autocast's half ``lm_head`` did
+    on Qwen2.5-7B and Llama-3.1-8B (1039.5 and 1002 MiB beside 392 and 512 MiB of checkpoints), and opened its
+    own segment on Mistral-Nemo-12B (1280 MiB; 800 of checkpoints) and Gemma-2-9B. After the step the region is
+    whole again, for the evaluation."""
     T = rows * seq
     moments = _mlp_moments(shape, spec, fw, pr, T) + _head_blocks(shape, fw, pr, T, grad=True)
-    blocks: list[int] = list(_dequantized(shape, spec, pr))
+    usable = region - _saved_in_region(shape, spec, pr, T, region)
+    blocks: list[int] = ([usable] if usable > LARGE else []) + list(_dequantized(shape, spec, pr))
     # adapted experts: each merged stack and its gradient, one cached block each (layer.merged_expert_pool)
     blocks += [size for size in merged_expert_bytes(shape, spec, pr) if size] * 2
     # a kind's block count is the most the step held at once; blocks already listed are reused, not added
@@ -222,7 +263,18 @@ def train_blocks(shape: ModelShape, spec: QLoraSpec, fw: Framework, pr: Precisio
                 have.pop(i)
             else:
                 blocks.append(size)
-    return blocks
+    if usable > LARGE:
+        blocks.remove(usable)
+    return ([region] if region > LARGE else []) + blocks
+
+
+def _saved_in_region(shape: ModelShape, spec: QLoraSpec, pr: Precision, tokens: int, region: int) -> int:
+    """What of the loading region the step's saved tensors hold at its head: each layer's checkpointed input
+    (above 1 MiB, from the large pool) under gradient checkpointing; without it, the saved activations fill it."""
+    if not spec.gradient_checkpointing:
+        return region
+    hidden = pr.stream * tokens * shape.hidden
+    return shape.layers * _rounded(hidden) if hidden > SMALL else 0
 
 
 def eval_moments(shape: ModelShape, spec: QLoraSpec, fw: Framework, pr: Precision, rows: int,

@@ -161,6 +161,10 @@ def _figure(chart: Chart, y_max: float | None) -> str:
     return f"<figure>{chart_svg(chart, y_max_bytes=y_max)}{caption}</figure>"
 
 
+# The card's tone for each level the analysis judges a headroom at (analysis.verdicts.headroom_level).
+HEADROOM_TONES = {"high": "bad", "medium": "warn", "low": "good"}
+
+
 def _card(label: str, value: str, detail: str = "", tone: str = "", level: str = "") -> str:
     cls = f"card {tone}".strip()
     data = f' data-severity="{escape(level)}"' if level else ""
@@ -184,7 +188,7 @@ def _cards(report: LogReport) -> str:
     if rooms:
         title, room, left = min(rooms, key=lambda r: r[2])
         fraction = room.headroom_fraction or 0.0
-        tone = "bad" if fraction < 0.05 else "warn" if fraction < 0.1 else "good"
+        tone = HEADROOM_TONES.get(room.level or "", "")
         if left < 0:  # a capacity given below what the log holds
             cards.append(_card("over the capacity", gib(-left), f"at the peak, over {gib(room.capacity_bytes)} "
                                f"on {title}", tone))

@@ -32,6 +32,8 @@ from vramscope.report.plan_check import ParallelismCheck
 from vramscope.types import MemoryBreakdown, RunStrategy
 from vramscope.units import gib
 
+# The colour of each level the analysis judges a headroom at (analysis.verdicts.headroom_level).
+HEADROOM_STYLES = {"high": "bold red", "medium": "yellow", "low": "green"}
 PEAK_ORDER = ("device_used_bytes", "reserved_bytes", "peak_allocated_bytes", "allocated_bytes", "process_bytes",
               "host_rss_bytes")
 
@@ -116,7 +118,7 @@ def device_heading(view: DeviceView, detail: DeviceDetail) -> Text:
         text.append(f" · capacity {gib(room.capacity_bytes)}{source}")
     if room.headroom_bytes is not None:
         fraction = room.headroom_fraction or 0.0
-        style = "bold red" if fraction < 0.05 else "yellow" if fraction < 0.1 else "green"
+        style = HEADROOM_STYLES.get(room.level or "", "")
         if room.headroom_bytes < 0:  # a capacity given below what the log holds: no headroom to speak of
             text.append(" · the peak is ")
             text.append(f"{gib(-room.headroom_bytes)} over it", style=style)
@@ -205,8 +207,7 @@ def rank_heading(ranks: RankImbalance) -> Text:
     if ranks.imbalance is not None:
         metric = ranks.metric
         label = "peak " + METRICS.get(metric.removeprefix("peak_"), metric)
-        text.append(f" · imbalance {ranks.imbalance:.1%} in {label}", style="bold yellow" if ranks.imbalance >= 0.1
-                    else "")
+        text.append(f" · imbalance {ranks.imbalance:.1%} in {label}", style="bold yellow" if ranks.notable else "")
     return text
 
 

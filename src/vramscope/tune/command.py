@@ -78,7 +78,7 @@ def child_environment(request: TrialRequest, environ: Mapping[str, str] | None =
 def _records(record: str) -> list[dict[str, Any]]:
     """Rank 0's record and those of any other ranks beside it."""
     out: list[dict[str, Any]] = []
-    # The names training.trial.record_path gives the other ranks (mem.rank3.json), the log's name escaped
+    # The names tune.command_trial.record_path gives the other ranks (mem.rank3.json), the log's name escaped
     # so that a "[" in a folder or file name is not read as a pattern.
     others = sorted(glob.glob(sibling(glob.escape(record), tag="rank*")))
     for path in [record, *others]:

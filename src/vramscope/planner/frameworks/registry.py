@@ -120,7 +120,7 @@ for _fw in FRAMEWORK_TABLE.values():  # after all are in: loop names loop-loss, 
     _check(_fw)
 
 HARNESS = loop_loss.FRAMEWORK
-"""vramscope's own measurement step (bench/planner_measure.py, integrations.qlora, the DDP bench): a loop that
+"""vramscope's own measurement step (bench/planner_measure.py, tune.qlora, the DDP bench): a loop that
 keeps only the loss; the 60-point grid it measured is scored with it."""
 TRL_TRAINERS = trl.FRAMEWORK
 """DPO, GRPO, KTO and the reward trainer are TRL's: they plan with its dtypes and fused LM head, whatever

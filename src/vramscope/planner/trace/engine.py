@@ -242,7 +242,7 @@ def _prepare_as_framework(model: Any, spec: QLoraSpec) -> Any:
     fw = framework_for(spec)
     quantized = spec.bits == 4
     ckpt = spec.gradient_checkpointing
-    if fw.build.peft_kbit:  # integrations.qlora.load_model, then (hf) the Trainer
+    if fw.build.peft_kbit:  # tune.qlora.load_model, then (hf) the Trainer
         if quantized:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
         elif ckpt:
