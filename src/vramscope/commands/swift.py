@@ -109,7 +109,8 @@ def read_swift(ctx: Context) -> Reading:
         out.seq_len = (out.seq_len or MAX_LENGTH_GUESS)
         if out.trainer.get("use_vllm"):  # without vLLM the planner's generation phase models TRL's generate()
             out.unsupported.append(f"GRPO: {out.trainer['num_generations']} completions per prompt are generated "
-                                   "by vLLM; its generation pass is not modelled, only the policy step")
+                                   "by vLLM; its engine is not planned, and the generation phase shown is TRL's "
+                                   "own generate(), which vLLM replaces")
             if (out.trainer.get("vllm_mode") or "colocate") == "colocate":
                 out.unsupported.append("vLLM colocated: its engine's share of the GPU is not in the plan")
     if reader.boolean("packing", "padding_free"):
