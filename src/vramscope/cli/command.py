@@ -319,6 +319,8 @@ def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None
         args.padding_free = True
     if parsed.memory.group_by_length and hasattr(args, "group_by_length"):
         args.group_by_length = True
+    if parsed.memory.pad_to_multiple_of:
+        args.dataset_pad_to_multiple_of = parsed.memory.pad_to_multiple_of
     # The dataset is tokenized the way the command's trainer does (pairs, prompts): cli/plan.py reads the trainer
     # from the command itself, so that no phase flag is set that the user did not give.
     return found

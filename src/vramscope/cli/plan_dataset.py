@@ -47,7 +47,8 @@ def read_dataset(args: argparse.Namespace, run_trainer: str | None = None
         data = dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
                                   args.seq_len, args.packing, args.padding_free, args.batch_size,
                                   args.group_by_length, split=args.dataset_split, model=model,
-                                  qlora=QloraCut(*qlora) if qlora else None)
+                                  qlora=QloraCut(*qlora) if qlora else None,
+                                  pad_to_multiple_of=getattr(args, "dataset_pad_to_multiple_of", None))
     except DatasetError as exc:
         return None, str(exc)
     return _named_for(data, run_trainer), None

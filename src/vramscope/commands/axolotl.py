@@ -159,6 +159,8 @@ def read_axolotl(ctx: Context) -> Reading:
     out.spec["attn"] = attention(attn, out.notes)
     if reader.boolean("group_by_length"):
         out.memory["group_by_length"] = True
+    if reader.boolean("pad_to_sequence_len") and out.seq_len:
+        out.memory["pad_to_multiple_of"] = out.seq_len  # every batch padded to sequence_len, however short
     if reader.boolean("sample_packing"):
         out.memory["packing"] = True  # the dataset's longest batch is then full rows of sequence_len
         out.notes.append("sample_packing: rows are packed to sequence_len tokens, so the plan's length is the real one")

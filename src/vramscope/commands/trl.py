@@ -110,6 +110,9 @@ def read_trl(ctx: Context) -> Reading:
     if reader.boolean("packing"):
         out.memory["packing"] = True
         out.notes.append("packing: every row is filled to max_length tokens, so the plan's length is the real one")
+    multiple = reader.integer("pad_to_multiple_of")
+    if multiple:
+        out.memory["pad_to_multiple_of"] = multiple
     if reader.boolean("padding_free"):
         out.memory["padding_free"] = True
         out.notes.append("padding_free: a batch is one row of its real tokens (at most batch x max_length)")

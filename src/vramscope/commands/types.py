@@ -150,6 +150,8 @@ class MemorySettings:
         vision: a vision-language model (its vision tower is not counted by the planner).
         padding_free: TRL's ``padding_free`` (a batch is one row of its real tokens).
         group_by_length: the HF Trainer's ``group_by_length`` (qlora.py turns it on by default).
+        pad_to_multiple_of: the collator pads every batch to a multiple of this (TRL's ``pad_to_multiple_of``;
+            axolotl's ``pad_to_sequence_len`` pads to ``sequence_len`` itself).
     """
 
     modules_to_save: tuple[str, ...] = ()
@@ -163,6 +165,7 @@ class MemorySettings:
     vision: bool = False
     padding_free: bool = False
     group_by_length: bool = False
+    pad_to_multiple_of: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
