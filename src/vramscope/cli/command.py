@@ -300,12 +300,33 @@ def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None
     parsed = inputs.parsed
     found = next((p for p in (*parsed.dataset.paths, *parsed.dataset.data_files) if os.path.exists(p)), None)
     if found is None:
+        # A hub id (owner/name) is read from the local HF cache when it is there; when it is not, the plan says so
+        # in its one fallback line rather than nothing (nothing is downloaded either way).
+        found = next((n for n in parsed.dataset.names if _hub_id(n)), None)
+    if found is None:
         return None
     args.dataset = found
     if getattr(args, "dataset_field", None) is None and parsed.dataset.text_field:
         args.dataset_field = parsed.dataset.text_field
     if parsed.memory.packing and hasattr(args, "packing"):
         args.packing = True
-    if getattr(args, "trainer", None) is None and parsed.trainer.kind in ("dpo", "grpo"):
-        args.trainer = parsed.trainer.kind  # the dataset is tokenized the way that trainer does (pairs, prompts)
+    ref = parsed.dataset
+    if getattr(args, "dataset_split", None) is None and ref.split:
+        args.dataset_split = ref.split
+    if ref.source_max_len is not None and ref.target_max_len is not None:  # qlora.py: its collator's two cuts
+        args.dataset_qlora = (ref.qlora_format, ref.source_max_len, ref.target_max_len)
+    if parsed.memory.padding_free and hasattr(args, "padding_free"):
+        args.padding_free = True
+    if parsed.memory.group_by_length and hasattr(args, "group_by_length"):
+        args.group_by_length = True
+    if parsed.memory.pad_to_multiple_of:
+        args.dataset_pad_to_multiple_of = parsed.memory.pad_to_multiple_of
+    # The dataset is tokenized the way the command's trainer does (pairs, prompts): cli/plan.py reads the trainer
+    # from the command itself, so that no phase flag is set that the user did not give.
     return found
+
+
+def _hub_id(name: str) -> bool:
+    """``trl-lib/Capybara``: an owner/name that is not a local path (LLaMA-Factory's registered names are not)."""
+    owner, _, rest = name.partition("/")
+    return bool(owner and rest) and "/" not in rest and not name.startswith((".", "~")) and not os.path.exists(name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from vramscope.cli import command as training_command
@@ -22,6 +23,7 @@ from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
 from vramscope.planner.document import Alternative, CommandSection, dataset_failure, plan_document
 from vramscope.planner.memory import OPTIMIZERS
+from vramscope.planner.phases import GRPO_COMPLETION, RunPhases
 from vramscope.planner.settings import style_of
 from vramscope.units import gib
 
@@ -77,15 +79,29 @@ def run(args: argparse.Namespace) -> int:
     missing = [flag for flag, value in sizes if value is None]
     if missing:
         raise UsageError(f"{' and '.join(missing)} required, e.g. --batch-size 4 --seq-len 2048")
-    data, data_failed = _dataset(args)
     multi = plan_gpus.wanted(args)
+    step_alone = "--trace" if getattr(args, "trace", False) else "--gpus" if multi else None
+    data, data_failed = _dataset(args, command, step_alone is not None)
+    if command is not None and not args.dataset and command.parsed.dataset.names:
+        # The command names its data, but not as a local path or a hub id: say it was not read, once.
+        names = command.parsed.dataset.names
+        args.dataset = names[0]
+        pathlike = names[0].startswith((".", "/", "~")) or names[0].endswith("/")
+        data_failed = (f"{names[0]}: no such file or folder" if pathlike else
+                       f"{', '.join(names)}: not a local path, nor a hub id (owner/name) to look up in the local "
+                       "cache; pass --dataset PATH before '--' to plan at the data")
+    if command is not None:
+        command = _with_data(command, data, step_alone)
     try:
         model: Any = args.model if args.model is not None else load_config_file(args.config)
         spec = command.spec if command is not None else spec_from_args(args)
         if getattr(args, "trace", False):
             plan_phases.refuse_phases(args, "--trace")
+            if command is not None and not args.json:
+                print(training_command.format_command(command) + "\n")
             _print_dataset(args, data, data_failed)
-            return _trace(args, model, spec, multi)
+            return _trace(args, model, spec, multi, None if command is None else _command_section(command, [], None),
+                          _dataset_json(args, data, data_failed))
         if multi:
             plan_phases.refuse_phases(args, "--gpus")
         hardware = None
@@ -98,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(str(exc)) from None
             if not args.json:
                 print(report, file=sys.stderr)
-        run_phases = plan_phases.run_phases_from_args(
-            args, base=None if command is None or multi else command_phases.run_phases(command.parsed))
+        run_phases = _eval_at_data(plan_phases.run_phases_from_args(
+            args, base=None if command is None or multi else command_phases.run_phases(command.parsed)), data)
         # advice in the command's own keys, keeping its accumulation (same effective batch)
         style = None if command is None else style_of(command.parsed.program, command.spec.framework)
         result = plan(model, args.batch_size, args.seq_len, spec, gpu_memory=args.gpu_memory, gpu=args.gpu,
@@ -111,13 +127,13 @@ def run(args: argparse.Namespace) -> int:
                                   gpu=args.gpu, hardware=hardware, read_from_command=True, run=run_phases),
             lambda alt, n: _per_gpu(model, alt, args, hardware, n))
     except PlanInputError as exc:
-        raise UsageError(str(exc)) from None
+        inferred = getattr(args, "trainer_from_data", None)
+        why = (f" ({args.dataset} was planned as {inferred.upper()} because of its columns; --dataset-field NAME "
+               "tokenizes one column as supervised text instead)" if inferred else "")
+        raise UsageError(f"{exc}{why}") from None
     dist, table = plan_gpus.plan_gpus(model, spec, args, hardware) if multi else (None, None)
     if args.json:
-        dataset = None
-        if args.dataset:
-            dataset = data.to_json() if data is not None else dataset_failure(args.dataset, data_failed,
-                                                                               args.batch_size, args.seq_len)
+        dataset = _dataset_json(args, data, data_failed)
         section = None if command is None else _command_section(command, others, result.gpu_memory_bytes)
         print(plan_document(result, distributed=dist, table=table, command=section, dataset=dataset).dumps())
         return 0
@@ -148,25 +164,88 @@ def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpu
     return int(dist.worst.device_bytes)
 
 
-def _dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
+def _dataset(args: argparse.Namespace, command: training_command.CommandInputs | None, step_alone: bool
+             ) -> tuple[DatasetLengths | None, str | None]:
     """``--dataset``: read it and make the plan's batch its longest batch (``args.batch_size``/``seq_len`` become
-    its rows and padded length); a dataset that cannot be read leaves batch x max_length, with the reason."""
+    its rows and padded length); a dataset that cannot be read leaves batch x max_length, with the reason.
+
+    The trainer is ``--trainer``, else the pasted command's (a ``trl reward`` run on chosen/rejected pairs stays a
+    reward run), else what the columns say (pairs: DPO, prompts alone: GRPO). With ``step_alone`` (``--trace``, or
+    several GPUs) the plan is the SFT step alone, so no phase flag is set for it here (both refuse them)."""
     if not args.dataset:
         return None, None
-    data, why = read_dataset(args)
+    trainer = _run_trainer(args, command)
+    data, why = read_dataset(args, trainer)
     if data is None:
         if args.seq_len is None:
             raise UsageError(f"cannot read the dataset ({why}), and there is no --seq-len to plan at instead")
         return None, why or "unreadable"
     args.batch_size, args.seq_len = data.peak_batch_rows, data.peak_batch_seq
-    if data.trainer == "dpo" and getattr(args, "trainer", None) in (None, "dpo"):
-        # The planner's DPO phase stacks chosen and rejected itself: it takes the pairs, at the longest's length.
-        args.trainer, args.batch_size = "dpo", max(1, data.peak_batch_rows // 2)
-    elif data.trainer == "grpo" and getattr(args, "trainer", None) in (None, "grpo"):
-        args.trainer = "grpo"
-        if getattr(args, "max_prompt_len", None) is None:
-            args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
+    if data.trainer == "dpo" and trainer in (None, "dpo", "reward"):
+        # The planner's DPO and reward phases stack chosen and rejected themselves: they take the pairs, at the
+        # longest's length.
+        args.batch_size = max(1, data.peak_batch_rows // 2)
+        if trainer is None and not step_alone:
+            args.trainer = args.trainer_from_data = "dpo"
+    elif data.trainer == "grpo" and trainer in (None, "grpo"):
+        # The data holds the prompts; a row of the policy step is a prompt and its completion.
+        args.seq_len = data.peak_batch_seq + _completion(args, command)
+        if not step_alone:
+            if trainer is None:
+                args.trainer = args.trainer_from_data = "grpo"
+            if getattr(args, "max_prompt_len", None) is None:
+                args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
     return data, None
+
+
+def _eval_at_data(run: RunPhases, data: DatasetLengths | None) -> RunPhases:
+    """The eval phase's rows at the data's longest example: an eval batch pads its rows to its longest (a packed
+    one fills rows of max_length); the training batch's length is no measure of it when that batch is one
+    padding-free row of many examples."""
+    if data is None or run.eval_batch is None or run.eval_seq is not None or data.trainer == "grpo":
+        return run
+    packed = data.batching == "packed" and data.max_length is not None
+    return replace(run, eval_seq=data.max_length if packed else data.longest_tokens)
+
+
+def _run_trainer(args: argparse.Namespace, command: training_command.CommandInputs | None) -> str | None:
+    """The trainer the flags or the pasted command name (None: neither does)."""
+    if getattr(args, "trainer", None) is not None:
+        return str(args.trainer)
+    if command is None:
+        return None
+    return command_phases.run_phases(command.parsed).trainer
+
+
+def _completion(args: argparse.Namespace, command: training_command.CommandInputs | None) -> int:
+    """GRPO's max_completion_length: the flag's, the command's, else TRL's default."""
+    given = getattr(args, "max_completion_len", None)
+    if given is not None:
+        return int(given)
+    said = None if command is None else command.parsed.trainer.max_completion_length
+    return int(said) if said is not None else GRPO_COMPLETION
+
+
+def _with_data(command: training_command.CommandInputs, data: DatasetLengths | None, step_alone: str | None
+               ) -> training_command.CommandInputs:
+    """The command's reading, less the guesses its data answered, plus what a plan of the training step alone
+    (``step_alone``: ``--trace``, or ``--gpus`` for a command over several GPUs) leaves out of the run."""
+    parsed = command.parsed
+    changes: dict[str, Any] = {}
+    if data is not None and data.trainer == "grpo":
+        # The prompts were read: their length is no longer a guess, nor worth a second reading.
+        changes["assumed"] = tuple(a for a in parsed.assumed if not a.startswith("GRPO prompt length"))
+        changes["alternatives"] = tuple(a for a in parsed.alternatives if a.seq_len is None)
+    run = command_phases.run_phases(parsed)
+    if step_alone is not None and (run.trainer != "sft" or run.eval_batch is not None):
+        what = [f"the {run.trainer.upper()} trainer"] if run.trainer != "sft" else []
+        what += [f"evaluation at {run.eval_batch} rows"] if run.eval_batch is not None else []
+        how = ("--trace traces one SFT training step, without the whole run's phases (plan without --trace has "
+               "them)" if step_alone == "--trace" else
+               "over several GPUs the plan is one SFT training step per GPU, without the whole run's phases (under "
+               "DDP each GPU holds the whole model: plan the command as one process for them)")
+        changes["unsupported"] = (*parsed.unsupported, f"{' and '.join(what)}: {how}")
+    return replace(command, parsed=replace(parsed, **changes)) if changes else command
 
 
 def _print_dataset(args: argparse.Namespace, data: DatasetLengths | None, failed: str | None) -> None:
@@ -178,12 +257,25 @@ def _print_dataset(args: argparse.Namespace, data: DatasetLengths | None, failed
         print(fallback_line(args, failed) + "\n")
 
 
-def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool) -> int:
+def _dataset_json(args: argparse.Namespace, data: DatasetLengths | None, failed: str | None) -> dict[str, Any] | None:
+    """``plan --json``'s ``dataset``: the lengths, or why the data was not read and what was planned instead."""
+    if not args.dataset:
+        return None
+    if data is not None:
+        return data.to_json()
+    return dataset_failure(args.dataset, failed, args.batch_size, args.seq_len)
+
+
+def _trace(args: argparse.Namespace, model: Any, spec: Any, multi: bool, command: CommandSection | None,
+           dataset: dict[str, Any] | None) -> int:
     """``--trace``: the traced step instead of the analytic model (cli/plan_trace.py)."""
+    if multi and "gpus" not in training_command.explicit(args):
+        raise UsageError(f"the command runs {args.gpus} processes and --trace traces one GPU's step alone: plan it "
+                         "without --trace for each GPU's plan")
     if args.calibrate or args.target_batch is not None or multi:
         raise UsageError("--trace traces one GPU's step alone: drop --calibrate, --target-batch and --gpus "
                          "(plan without --trace has them)")
-    return run_trace(args, model, spec)
+    return run_trace(args, model, spec, command=command, dataset=dataset)
 
 
 def format_plan(p: Plan) -> str:
@@ -209,7 +301,7 @@ def format_plan(p: Plan) -> str:
                 label = f"{label} ({dtype})"
             tag = f"  [{p.framework}]" if name in p.from_framework else ""
             lines.append(f"    {label:42} {gib(value):>11}{tag}")
-    lines += ["", *totals_lines(p)]
+    lines += ["", *totals_lines(p), *_run_allocated_line(p)]
     lines += plan_phases.format_lines(p)
     if p.gpu_memory_bytes is not None:
         verdict = "fits" if p.fits else "does NOT fit"
@@ -229,6 +321,19 @@ def format_plan(p: Plan) -> str:
     for note in p.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def _run_allocated_line(p: Plan) -> list[str]:
+    """When the phase that needs the most process memory is not the one that allocates the most, the totals above
+    (that phase's) are not what ``torch.cuda.max_memory_allocated()`` reads after the run: say which is."""
+    if p.run is None:
+        return []
+    top = max(p.run.phases.values(), key=lambda ph: ph.peak_allocated_bytes)
+    if top.peak_allocated_bytes <= p.peak_allocated_bytes:
+        return []
+    return [f"  (the run's largest allocated is the {top.name} phase's, {gib(top.peak_allocated_bytes).strip()}: "
+            f"torch.cuda.max_memory_allocated() reads that after the run; the totals are the {p.run_peak_phase} "
+            "phase's, which needs the most memory on the GPU)"]
 
 
 def _peak_name(p: Plan) -> str:

@@ -4,6 +4,7 @@ length distribution it found, for a terminal."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the dataset reading imports numpy: only when --dataset is given, not to build the parser
@@ -27,20 +28,40 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--group-by-length", action="store_true", help="HF Trainer group_by_length")
 
 
-def read_dataset(args: argparse.Namespace) -> tuple[DatasetLengths | None, str | None]:
-    """(the dataset's lengths, None), or (None, the one line saying why it could not be read)."""
+def read_dataset(args: argparse.Namespace, run_trainer: str | None = None
+                 ) -> tuple[DatasetLengths | None, str | None]:
+    """(the dataset's lengths, None), or (None, the one line saying why it could not be read).
+
+    ``run_trainer`` is the run's trainer (``--trainer``, or the pasted command's): DPO and reward models read
+    chosen/rejected pairs, GRPO its prompts; the rest (SFT, KTO) tokenize as the framework's trainer does."""
     from vramscope.dataset import DatasetError, dataset_plan_input
+    from vramscope.dataset.qlora import QloraCut
     from vramscope.planner.frameworks import framework_named
 
     model = args.config if getattr(args, "config", None) else getattr(args, "model", None)
     try:
-        named = getattr(args, "trainer", None)  # --trainer dpo/grpo (the whole run's flags), else the framework's
-        trainer = named if named in ("dpo", "grpo") else framework_named(args.framework).dataset_trainer
-        return dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
+        # qlora.py's two cuts, from its command (cli/command.apply_dataset), unless --dataset-field names a column
+        qlora = None if args.dataset_field else getattr(args, "dataset_qlora", None)
+        named = {"dpo": "dpo", "reward": "dpo", "grpo": "grpo"}.get(run_trainer or "")
+        trainer = named or framework_named(args.framework).dataset_trainer
+        data = dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
                                   args.seq_len, args.packing, args.padding_free, args.batch_size,
-                                  args.group_by_length, split=args.dataset_split, model=model), None
+                                  args.group_by_length, split=args.dataset_split, model=model,
+                                  qlora=QloraCut(*qlora) if qlora else None,
+                                  pad_to_multiple_of=getattr(args, "dataset_pad_to_multiple_of", None))
     except DatasetError as exc:
         return None, str(exc)
+    return _named_for(data, run_trainer), None
+
+
+def _named_for(data: DatasetLengths, run_trainer: str | None) -> DatasetLengths:
+    """The reading's first words name the run's trainer: a reward run reads its pairs as DPO does, and a KTO run
+    its prompt + completion as SFT does, but they are not DPO or SFT runs."""
+    label = {"reward": "TRL reward", "kto": "TRL KTO"}.get(run_trainer or "")
+    for prefix in ("TRL DPO", "TRL SFT", "HF Trainer"):
+        if label and data.how.startswith(prefix + ";"):
+            return dataclasses.replace(data, how=label + data.how[len(prefix):])
+    return data
 
 
 def fallback_line(args: argparse.Namespace, why: str) -> str:
@@ -51,8 +72,10 @@ def fallback_line(args: argparse.Namespace, why: str) -> str:
 def format_dataset(d: DatasetLengths) -> str:
     """The distribution (a small histogram), the longest examples and the longest batch, for a terminal."""
     sample = f" (tokenized {d.tokenized:,}: sampled)" if d.sampled else ""
-    truncated = (f"; {d.truncated_examples:,} truncated at {d.max_length} (the longest was "
-                 f"{d.longest_untruncated_tokens:,})" if d.truncated_examples else "")
+    where = ("cut at the source's or the target's length" if d.how.startswith("qlora.py")
+             else f"truncated at {d.max_length}")
+    truncated = (f"; {d.truncated_examples:,} {where} (the longest was {d.longest_untruncated_tokens:,})"
+                 if d.truncated_examples else "")
     lines = [
         f"dataset {d.source}: {d.examples:,} examples{sample}",
         f"  {d.how}",

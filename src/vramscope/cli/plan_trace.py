@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from vramscope.cli.labels import BREAKDOWN_LABELS, totals_lines
-from vramscope.planner.document import plan_document
+from vramscope.planner.document import CommandSection, JsonObject, plan_document
 from vramscope.recipe import QLoraSpec
 from vramscope.units import gib
 
@@ -42,8 +42,12 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of the analytic model")
 
 
-def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec) -> int:
-    """Trace, print, return the exit code. Bad input raises PlanInputError (the caller makes it exit 2)."""
+def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec, *, command: CommandSection | None = None,
+              dataset: JsonObject | None = None) -> int:
+    """Trace, print, return the exit code. Bad input raises PlanInputError (the caller makes it exit 2).
+
+    ``command`` and ``dataset`` are a pasted command's reading and the data's lengths, for ``--json`` (the terminal
+    prints them before the trace, as a plan without ``--trace`` does)."""
     from vramscope.planner.trace.engine import require_trace_libraries, trace_plan
 
     require_trace_libraries(spec.bits)
@@ -55,7 +59,7 @@ def run_trace(args: argparse.Namespace, model: Any, spec: QLoraSpec) -> int:
         if line is not None:
             line.clear()
     if args.json:
-        print(plan_document(result).dumps())
+        print(plan_document(result, command=command, dataset=dataset).dumps())
     else:
         print(format_trace(result))
     return 0

@@ -205,6 +205,12 @@ class Reader:
         self._taken.add(option.name)
         return " ".join(option.values) if option.values else "true"
 
+    def list_as_read(self, *names: str) -> None:
+        """Name an option taken with :meth:`silent` in ``read`` after all, once it is known to shape the plan."""
+        option = self._find(names)
+        if option is not None and option.name in self._taken:
+            self.read[option.written] = " ".join(option.values) if option.values else "true"
+
     def silent_words(self, *names: str) -> list[str]:
         option = self._find(names)
         if option is None:

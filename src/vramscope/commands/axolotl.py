@@ -99,9 +99,8 @@ def read_axolotl(ctx: Context) -> Reading:
     elif reader.boolean("reward_model"):
         out.trainer["kind"] = "reward"
     read_trainer_lengths(reader, out)
-    if out.trainer["kind"] in ("dpo", "orpo", "kto", "grpo", "reward"):
-        out.unsupported.append(f"{out.trainer['kind'].upper()} (rl: {rl}): its pair, reference or generation "
-                               "passes are not modelled; planned as SFT of one row, which is low")
+    # DPO, KTO, reward and GRPO are planned by the planner's phases (commands/phases.py); ORPO's gap is said once
+    # by common.trainer_gaps.
     b = reader.integer("micro_batch_size")
     out.batch_size = 1 if b is None else b
     if b is None:
@@ -158,7 +157,12 @@ def read_axolotl(ctx: Context) -> Reading:
         out.notes.append("xformers attention planned as sdpa (memory-efficient, linear in tokens)")
         attn = "sdpa"
     out.spec["attn"] = attention(attn, out.notes)
+    if reader.boolean("group_by_length"):
+        out.memory["group_by_length"] = True
+    if reader.boolean("pad_to_sequence_len") and out.seq_len:
+        out.memory["pad_to_multiple_of"] = out.seq_len  # every batch padded to sequence_len, however short
     if reader.boolean("sample_packing"):
+        out.memory["packing"] = True  # the dataset's longest batch is then full rows of sequence_len
         out.notes.append("sample_packing: rows are packed to sequence_len tokens, so the plan's length is the real one")
     if reader.boolean("activation_offloading"):
         out.memory["checkpoint_offload"] = True

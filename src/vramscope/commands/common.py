@@ -38,6 +38,12 @@ def read_eval(reader: Reader, out: Reading) -> None:
     steps = reader.silent("eval_accumulation_steps")
     if steps is not None and steps.isdigit():
         out.eval["eval_accumulation_steps"] = int(steps)
+    word = str(out.eval.get("eval_strategy", "no"))
+    if out.eval.get("do_eval") or word not in ("no", "none"):
+        # The run evaluates: these flags shape its eval phase, so they are listed with what was read.
+        for names in (("eval_strategy", "evaluation_strategy"), ("do_eval",), ("per_device_eval_batch_size",
+                      "per_gpu_eval_batch_size"), ("prediction_loss_only",), ("eval_accumulation_steps",)):
+            reader.list_as_read(*names)
 
 
 def read_dataset(reader: Reader, out: Reading, cwd: Path, *names: str) -> None:
@@ -52,6 +58,11 @@ def read_dataset(reader: Reader, out: Reading, cwd: Path, *names: str) -> None:
     folder = reader.silent("dataset_dir")
     if folder is not None:
         out.dataset["dataset_dir"] = folder
+    split = reader.silent("dataset_train_split")
+    if split is not None:
+        out.dataset["split"] = split
+    if reader.boolean("group_by_length"):  # batches of like lengths: the dataset's longest batch is read so
+        out.memory["group_by_length"] = True
 
 
 def _add_dataset(out: Reading, names: list[str], files: list[str], cwd: Path) -> None:

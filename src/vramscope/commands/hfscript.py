@@ -101,12 +101,19 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_SWITCHES = frozenset({"load_in_4bit", "use_4bit_quantization", "use_4bit", "q_lora", "qlora", "load_in_8bit",
+                       "use_8bit_quantization", "use_8bit"})
+
+
 def _bits(reader: Reader, out: Reading, facts: ScriptFacts) -> None:
     bits, method = four_bit_spelling(reader)
     source = None
     literal = facts.bnb.get("load_in_4bit") is True or facts.bnb.get("load_in_8bit") is True
-    if bits is None or (bits == 16 and literal):
-        bits = None  # a literal load_in_4bit=True in the script's own code beats a switch's default
+    # A literal load_in_4bit=True in the script's code beats a switch's default, unless that switch is what the
+    # literal's `if` tests (examples/hf_trainer_lora.py: `if model_args.load_in_4bit and cuda:`), off here.
+    own_switch = bool(_SWITCHES & facts.bnb_gates)
+    if bits is None or (bits == 16 and literal and not own_switch):
+        bits = None
         for where in (facts.bnb, facts.from_pretrained):
             if where.get("load_in_4bit") is True:
                 bits, source = 4, "the script's BitsAndBytesConfig"

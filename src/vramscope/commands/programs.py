@@ -283,9 +283,36 @@ def read_qlora(ctx: Context) -> Reading:
 
     read_eval(reader, out)
     read_dataset(reader, out, ctx.folder)
+    # qlora.py's collator cuts the input and the output apart: the dataset is read the same way.
+    out.dataset["source_max_len"] = source if source is not None else 1024
+    out.dataset["target_max_len"] = target if target is not None else 256
+    fmt = reader.silent("dataset_format")
+    if fmt is not None:
+        out.dataset["qlora_format"] = fmt
+    for name in list(out.dataset.get("names", [])):
+        if name in QLORA_HUB_DATASETS and not out.dataset.get("paths"):
+            # qlora.py's own dataset names load these hub datasets (its load_data), formatted by the name
+            out.dataset["names"] = [QLORA_HUB_DATASETS[name], *out.dataset["names"]]
+            if fmt is None and name != "longform":
+                out.dataset["qlora_format"] = name
+            break
+    if reader.boolean("do_mmlu_eval"):
+        mmlu = reader.integer("mmlu_source_max_len")
+        out.unsupported.append(
+            f"--do_mmlu_eval: at each evaluation qlora.py's MMLU callback runs its five-shot prompts, cut at "
+            f"--mmlu_source_max_len {mmlu or 2048}{'' if mmlu else ' (its default)'}, with their full fp32 logits: "
+            "not planned (the eval phase is planned at the training length)")
+    if reader.boolean("group_by_length") is None:  # qlora.py's TrainingArguments default it to True
+        out.memory["group_by_length"] = True
+        out.defaults["group_by_length"] = "true"
     distributed(reader, state, cfg=ctx.cfg)
     return out
 
+
+# qlora.py's --dataset names and the hub datasets its load_data() loads for them (artidoro/qlora, qlora.py).
+QLORA_HUB_DATASETS = {"alpaca": "tatsu-lab/alpaca", "alpaca-clean": "yahma/alpaca-cleaned", "chip2": "laion/OIG",
+                      "self-instruct": "yizhongw/self_instruct", "hh-rlhf": "Anthropic/hh-rlhf",
+                      "longform": "akoksal/LongForm", "oasst1": "timdettmers/openassistant-guanaco"}
 
 MODEL_FLAGS = ("model_name_or_path", "model", "model_name", "model_id", "base_model", "pretrained_model_name_or_path",
                "model_path", "model_dir")

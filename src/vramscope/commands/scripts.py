@@ -55,6 +55,8 @@ class ScriptFacts:
         uses_unsloth: the script imports unsloth.
         dataclass_defaults: every ``@dataclass`` field's literal default (``field(default=...)`` or ``= ...``).
         bnb_called: it builds a ``BitsAndBytesConfig`` (whatever its arguments).
+        bnb_gates: the names an ``if`` around that call tests (``if model_args.load_in_4bit and cuda:`` gives
+            ``load_in_4bit`` and ``cuda``): the literal ``load_in_4bit=True`` inside holds only when they do.
         loads_model: it calls ``AutoModel*.from_pretrained`` itself (so how it loads the model is visible).
         loader_keys: every keyword that call passes, literal or not (``quantization_config``, ``load_in_4bit``).
         parser: ``hf`` (``HfArgumentParser``), ``trl`` (``TrlParser`` / ``H4ArgumentParser``), or None.
@@ -75,6 +77,7 @@ class ScriptFacts:
     uses_unsloth: bool = False
     dataclass_defaults: dict[str, Any] = field(default_factory=dict)
     bnb_called: bool = False
+    bnb_gates: set[str] = field(default_factory=set)
     loads_model: bool = False
     loader_keys: set[str] = field(default_factory=set)
     parser: str | None = None
@@ -200,6 +203,10 @@ def read_script(text: str) -> ScriptFacts:
                         facts.dataclass_defaults[stmt.target.id] = value
         elif isinstance(node, ast.Call):
             _call(node, facts, values)
+        if isinstance(node, ast.If) and any(isinstance(n, ast.Call) and _call_name(n) == "BitsAndBytesConfig"
+                                            for stmt in node.body for n in ast.walk(stmt)):
+            facts.bnb_gates.update(n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.test)
+                                   if isinstance(n, ast.Name | ast.Attribute))
     facts.uses_unsloth = "unsloth" in facts.imports or bool(facts.unsloth_load or facts.unsloth_peft)
     return facts
 

@@ -107,13 +107,12 @@ def read_swift(ctx: Context) -> Reading:
         out.seq_len = length
     if out.trainer["kind"] == "grpo":
         out.seq_len = (out.seq_len or MAX_LENGTH_GUESS)
-        out.unsupported.append(f"GRPO: {out.trainer['num_generations']} completions per prompt; the generation "
-                               "pass is not modelled")
-        if out.trainer.get("use_vllm") and (out.trainer.get("vllm_mode") or "colocate") == "colocate":
-            out.unsupported.append("vLLM colocated: its engine's share of the GPU is not in the plan")
-    elif out.trainer["kind"] in ("dpo", "orpo", "kto", "reward"):
-        out.unsupported.append(f"{out.trainer['kind'].upper()}: the pair / reference passes are not modelled; "
-                               "planned as SFT of one row, which is low")
+        if out.trainer.get("use_vllm"):  # without vLLM the planner's generation phase models TRL's generate()
+            out.unsupported.append(f"GRPO: {out.trainer['num_generations']} completions per prompt are generated "
+                                   "by vLLM; its engine is not planned, and the generation phase shown is TRL's "
+                                   "own generate(), which vLLM replaces")
+            if (out.trainer.get("vllm_mode") or "colocate") == "colocate":
+                out.unsupported.append("vLLM colocated: its engine's share of the GPU is not in the plan")
     if reader.boolean("packing", "padding_free"):
         out.memory["packing"] = True
     if out.grad_accum == 0:  # swift: ceil(16 / (batch x processes)) when unset

@@ -107,6 +107,10 @@ class DatasetRef:
         data_files: ``data_files`` / ``--data_path`` / ``--train_file``, as given.
         text_field: ``dataset_text_field``, the column that holds the text.
         dataset_dir: LLaMA-Factory's ``dataset_dir`` (where ``dataset_info.json`` names the files).
+        split: the split trained on (TRL's ``dataset_train_split``), when the command says it.
+        qlora_format: qlora.py's ``--dataset_format`` (None: its local default, input-output).
+        source_max_len, target_max_len: qlora.py's two cuts (the input's and the output's), when the program is
+            qlora.py.
     """
 
     names: tuple[str, ...] = ()
@@ -114,6 +118,10 @@ class DatasetRef:
     data_files: tuple[str, ...] = ()
     text_field: str | None = None
     dataset_dir: str | None = None
+    split: str | None = None
+    qlora_format: str | None = None
+    source_max_len: int | None = None
+    target_max_len: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -140,6 +148,10 @@ class MemorySettings:
             ``offload``).
         cpu_offload: the program offloads parameters to the host by itself (fsdp_qlora ``--use_cpu_offload``).
         vision: a vision-language model (its vision tower is not counted by the planner).
+        padding_free: TRL's ``padding_free`` (a batch is one row of its real tokens).
+        group_by_length: the HF Trainer's ``group_by_length`` (qlora.py turns it on by default).
+        pad_to_multiple_of: the collator pads every batch to a multiple of this (TRL's ``pad_to_multiple_of``;
+            axolotl's ``pad_to_sequence_len`` pads to ``sequence_len`` itself).
     """
 
     modules_to_save: tuple[str, ...] = ()
@@ -151,6 +163,9 @@ class MemorySettings:
     checkpoint_offload: bool = False
     cpu_offload: bool = False
     vision: bool = False
+    padding_free: bool = False
+    group_by_length: bool = False
+    pad_to_multiple_of: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

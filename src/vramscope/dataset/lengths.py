@@ -12,6 +12,7 @@ import numpy as np
 from vramscope.dataset.batches import histogram, peak_batch, percentile
 from vramscope.dataset.encode import Layout, layout_of, lengths
 from vramscope.dataset.files import locate
+from vramscope.dataset.qlora import QloraCut, columns_for, source_target
 from vramscope.dataset.readers import Rows, read_rows
 from vramscope.dataset.tokenizer import RunTokenizer, find_tokenizer
 from vramscope.dataset.types import TRAINERS, Batching, DatasetError, DatasetLengths, Trainer
@@ -38,6 +39,7 @@ def dataset_plan_input(
     packing_strategy: str = "bfd",
     sample_rows: int = SAMPLE_ROWS,
     seed: int = 0,
+    qlora: QloraCut | None = None,
 ) -> DatasetLengths:
     """The user's dataset as its trainer tokenizes and batches it: the lengths, and the longest batch.
 
@@ -62,6 +64,8 @@ def dataset_plan_input(
             over padding-free; ``wrapped`` as padded rows.
         sample_rows: tokenize at most this many random rows (plus the longest by characters).
         seed: for the sample and the simulated epochs.
+        qlora: qlora.py's collator (its ``--dataset_format``, ``--source_max_len`` and ``--target_max_len``): the
+            input and the output are cut apart, and ``max_length`` is their sum.
 
     Raises:
         DatasetError: a one-line reason it cannot be read or tokenized (the plan then falls back to b x max_length).
@@ -76,7 +80,11 @@ def dataset_plan_input(
     rows = read_rows(located.files)
     if rows.num_rows == 0:
         raise DatasetError(f"{path}: the dataset has no rows")
-    layout = layout_of(rows.columns, wanted, field, rows.first())
+    if qlora is not None:
+        layout = Layout("hf", columns_for(qlora, list(rows.columns)), "qlora")
+        max_length = qlora.source_max_len + qlora.target_max_len
+    else:
+        layout = layout_of(rows.columns, wanted, field, rows.first())
     notes: list[str] = []
     if located.note:
         notes.append(located.note)
@@ -92,13 +100,20 @@ def dataset_plan_input(
                                f"found{where}: pass --tokenizer DIR (a folder with tokenizer.json)")
         tokenizer = RunTokenizer(folder)
     picked, sample, sampled = _pick(rows, layout, sample_rows, seed)
-    raw = lengths(rows, layout, tokenizer, picked)
-    # Packing cuts too: best-fit packing truncates an example longer than a row, the other strategies split it.
     truncate = max_length is not None and layout.trainer != "grpo"
-    cut = np.minimum(raw, max_length) if truncate and max_length is not None else raw
+    if qlora is not None and tokenizer is not None:
+        source, target = source_target(rows, qlora, layout.fields, tokenizer, picked)
+        raw = source + target
+        cut = np.minimum(source, qlora.source_max_len) + np.minimum(target, qlora.target_max_len)
+        truncated = int(((source > qlora.source_max_len) | (target > qlora.target_max_len)).sum())
+    else:
+        raw = lengths(rows, layout, tokenizer, picked)
+        # Packing cuts too: best-fit packing truncates an example longer than a row, the other strategies split it.
+        cut = np.minimum(raw, max_length) if truncate and max_length is not None else raw
+        longest_raw = raw.max(axis=1) if raw.ndim == 2 else raw
+        truncated = int((longest_raw > max_length).sum()) if truncate and max_length is not None else 0
     per_example = cut.max(axis=1) if cut.ndim == 2 else cut
     untruncated = raw.max(axis=1) if raw.ndim == 2 else raw
-    truncated = int((untruncated > max_length).sum()) if truncate and max_length is not None else 0
     batching = _batching(layout, packing, padding_free, group_by_length, notes)
     if batching == "padding_free" and truncate and layout.trainer == "sft":
         notes.append(f"TRL 1.16 refuses padding_free without packing when max_length is set (it would not "
@@ -119,7 +134,8 @@ def dataset_plan_input(
         notes.append("GRPO: the prompts only; each is followed by up to max_completion_length generated tokens")
     return DatasetLengths(
         source=located.source, files=tuple(str(f) for f in located.files), trainer=layout.trainer,
-        fields=layout.fields, how=_how(layout, tokenizer, max_length if truncate else None), examples=rows.num_rows,
+        fields=layout.fields, how=_how(layout, tokenizer, max_length if truncate else None, qlora),
+        examples=rows.num_rows,
         sampled=sampled, tokenized=int(per_example.shape[0]), max_length=max_length if truncate else None,
         longest_tokens=int(per_example.max()), p50_tokens=percentile(dist, 50), p99_tokens=percentile(dist, 99),
         longest_untruncated_tokens=int(untruncated.max()), truncated_examples=truncated, batch_size=batch,
@@ -167,7 +183,14 @@ def _batching(layout: Layout, packing: bool, padding_free: bool, group_by_length
     return "grouped" if group_by_length else "padded"
 
 
-def _how(layout: Layout, tokenizer: RunTokenizer | None, truncated_at: int | None) -> str:
+def _how(layout: Layout, tokenizer: RunTokenizer | None, truncated_at: int | None, qlora: QloraCut | None) -> str:
+    if qlora is not None:
+        parts = [f"qlora.py (--dataset_format {qlora.format})",
+                 f"BOS + source cut at {qlora.source_max_len} and target + EOS cut at {qlora.target_max_len}, "
+                 f"tokenized apart and joined (from {' + '.join(layout.fields)})"]
+        if tokenizer is not None:
+            parts.append(f"tokenizer {tokenizer.folder} via {tokenizer.how}")
+        return "; ".join(parts)
     what = {
         "ids": "input_ids used as they are",
         "dpo_ids": "prompt_ids + chosen_ids / rejected_ids used as they are",

@@ -40,7 +40,8 @@ _NOISE = frozenset({"nvidia", "geforce", "tesla", "quadro", "sxm", "sxm2", "sxm3
 def _key(name: str) -> str:
     """A GPU name as a lookup key: lower case, words joined by "-", nvidia-smi's extra words left out."""
     words = [w for w in re.split(r"[\s_\-]+", name.strip().lower()) if w and w not in _NOISE]
-    return "-".join(words)
+    # "A100-40G", "H100 80G": the memory written without its B, as people often do
+    return "-".join(re.sub(r"^(\d+)g$", r"\1gb", w) for w in words)
 
 
 @lru_cache(maxsize=1)

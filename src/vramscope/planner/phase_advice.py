@@ -48,7 +48,9 @@ def phase_recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: i
         if run.eval_batch and run.eval_batch > 1:
             half = max(1, run.eval_batch // 2)
             add("eval_batch", replace(run, eval_batch=half),
-                f"evaluate {half} rows at a time: saves {{saving:.2f}} GiB",
+                # DPO and reward evaluate pairs: per_device_eval_batch_size counts pairs, each two rows
+                f"evaluate {half} {'pairs' if run.trainer in ('dpo', 'reward') else 'rows'} at a time: saves "
+                f"{{saving:.2f}} GiB",
                 f"{config}(per_device_eval_batch_size={half})")
     if run.trainer == "grpo":
         steps = run.steps_per_generation or run.grad_accum
