@@ -248,6 +248,7 @@ def test_the_terminal_says_which_phase_sets_max_memory_allocated(capsys: pytest.
     doc = json.loads(capsys.readouterr().out)
     train = doc["phases"]["train"]["peak_allocated_bytes"]
     assert doc["peak_phase"] == "eval" and doc["peak_allocated_bytes"] < train
+    assert doc["max_allocated_bytes"] == train  # what max_memory_allocated() reads after the run, in the JSON too
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert f"(the run's largest allocated is the train phase's, {train / 2**30:.2f} GiB: " \

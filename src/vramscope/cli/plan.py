@@ -329,7 +329,7 @@ def _run_allocated_line(p: Plan) -> list[str]:
     if p.run is None:
         return []
     top = max(p.run.phases.values(), key=lambda ph: ph.peak_allocated_bytes)
-    if top.peak_allocated_bytes <= p.peak_allocated_bytes:
+    if p.max_allocated_bytes <= p.peak_allocated_bytes:
         return []
     return [f"  (the run's largest allocated is the {top.name} phase's, {gib(top.peak_allocated_bytes).strip()}: "
             f"torch.cuda.max_memory_allocated() reads that after the run; the totals are the {p.run_peak_phase} "

@@ -80,9 +80,18 @@ class Plan(PlanTotals):
         """The phase of the run that sets its peak (``train``, ``eval``, ``generation``, ``precompute_ref``)."""
         return self.run.peak_phase if self.run is not None else "train"
 
+    @property
+    def max_allocated_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_allocated()`` reads after the run: the largest allocated of any phase (the
+        totals are the phase that needs the most memory on the GPU, which can allocate less: an evaluation beside
+        the training step's reserved pool)."""
+        if self.run is None:
+            return self.peak_allocated_bytes
+        return max(self.peak_allocated_bytes, *(ph.peak_allocated_bytes for ph in self.run.phases.values()))
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            **self.totals_dict(), "peak_phase": self.run_peak_phase,
+            **self.totals_dict(), "max_allocated_bytes": self.max_allocated_bytes, "peak_phase": self.run_peak_phase,
             "step_peak_phase": self.peak_phase, "breakdown": self.breakdown.to_dict(),
             "phases": {k: v.to_dict() for k, v in self.run.phases.items()} if self.run is not None else {},
             "step_phases": dict(self.phases), "trainer": self.run_phases.trainer,
