@@ -312,3 +312,14 @@ def test_eval_bands_show_in_the_browser(tmp_path: Path) -> None:
     band = sum(n for colour, n in pixels.items()
                if all(abs(a - b) <= 6 for a, b in zip(colour, (252, 240, 198), strict=True)))
     assert band >= 8000, band
+
+
+def test_a_clock_stepped_back_still_draws_the_page(tmp_path: Path) -> None:
+    # an nvidia-smi stamp earlier than the one above it (the host's clock set back): the hover's columns took the
+    # x range from a line's two ends, and the reading before them fell off the columns (IndexError)
+    rows = [f"2026/11/29 10:00:{s:02d}.000, {5000 + 300 * s} MiB, 24000 MiB" for s in range(20)]
+    rows.insert(5, "1969/12/31 23:59:59.500, 6400 MiB, 24000 MiB")
+    log = tmp_path / "smi.csv"
+    log.write_text("timestamp, memory.used [MiB], memory.total [MiB]\n" + "\n".join(rows) + "\n")
+    page, _ = render(tmp_path, log)
+    assert page.charts  # drawn, the stepped-back reading among them

@@ -51,8 +51,10 @@ def hover_buckets(series: Sequence[Series], bands: Sequence[Band], columns: int 
     lines = [line for line in series if line.xs and line.metric not in MEASURED]
     if not lines:
         return []
-    lo = min(min(line.xs[0], line.xs[-1]) for line in lines)
-    hi = max(max(line.xs[0], line.xs[-1]) for line in lines)
+    # The ends of a line are its extremes only while its x grows: a clock stepped back (an nvidia-smi stamp
+    # before the one above it) puts a reading outside them.
+    lo = min(min(line.xs) for line in lines)
+    hi = max(max(line.xs) for line in lines)
     if hi <= lo:
         # One x for every reading: a stretch of one unit, or of one representable step above it where a
         # unit is lost in rounding (an x near 2**53 plus 1.0 is the same x).
