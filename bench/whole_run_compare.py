@@ -25,8 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from vramscope.planner import Plan, plan, resolve_model  # noqa: E402
-from vramscope.planner.memory import loading_transient_bytes, upcast_transient_bytes  # noqa: E402
+from vramscope.planner import Plan, plan  # noqa: E402
 from vramscope.planner.phases import RunPhases  # noqa: E402
 from vramscope.recipe import QLoraSpec  # noqa: E402
 
@@ -148,44 +147,11 @@ def run_phases_of(point: dict[str, Any]) -> tuple[RunPhases, int, int]:
     return RunPhases(**fields), batch, seq
 
 
-def load_bytes(p: Plan) -> int:
-    """What loading leaves on the GPU: the weights (quantized, their constants, the parameters kept in 16 or
-    32 bits) and the adapters, before any optimizer state or activation."""
+def load_peak(p: Plan) -> int:
+    """Loading's peak, as the planner plans it: the ``load`` phase (``planner/loading.py``: from_pretrained's own
+    worst moment, prepare_model_for_kbit_training's upcast, qlora.py's cast back to bf16, the adapters)."""
     assert p.run is not None
-    bd = p.run.train.phase_breakdowns["optimizer step"]
-    return bd.quantized_weights + bd.quantization_constants + bd.unquantized_params + bd.lora_weights
-
-
-def load_peak(point: dict[str, Any], p: Plan, batch: int, seq: int, run: RunPhases) -> int:
-    """Loading's peak: the static weights and adapters. qlora.py holds them as the hf recipe has them
-    (prepare_model_for_kbit_training's fp32, fp32 LoRA) until its cast loop after get_peft_model; that loop walks
-    ``named_modules()``, whose first hit is ``embed_tokens``: its bf16 copy is made while the fp32 original and
-    every other fp32 tensor are still alive (qlora.py:396-405)."""
-    config = point["plan_inputs"]["model_config"]
-    spec = spec_of(point["plan_inputs"], str(point.get("command") or ""))
-    shape = resolve_model(config)[1]
-    loader = loader_peak(p, shape, spec)
-    if p.framework == "hf":
-        # prepare_model_for_kbit_training's upcast, before get_peft_model: the fp32 weights, no adapters yet
-        assert p.run is not None
-        adapters = p.run.train.phase_breakdowns["optimizer step"].lora_weights
-        return max(load_bytes(p), loader, load_bytes(p) - adapters + upcast_transient_bytes(shape))
-    if p.framework != "qlora":
-        return max(load_bytes(p), loader)
-    embedding = shape.embedding_params
-    return max(load_bytes(plan(config, batch, seq, spec.with_(framework="hf"), run=run)) + 2 * embedding, loader)
-
-
-def loader_peak(p: Plan, shape: Any, spec: QLoraSpec) -> int:
-    """from_pretrained's own peak: the weights as loaded (16-bit parameters in the load dtype, before any
-    upcast; no adapters yet) plus the loader's worst moment (``loading_transient_bytes``)."""
-    assert p.run is not None
-    bd = p.run.train.phase_breakdowns["optimizer step"]
-    src = 4 if spec.compute_dtype == "fp32" else 2
-    unquantized = src * (shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params
-                         + shape.expert_params)
-    return (bd.quantized_weights + bd.quantization_constants + unquantized
-            + loading_transient_bytes(shape, spec))
+    return p.run.phases["load"].peak_allocated_bytes
 
 
 def planned_for(point: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
@@ -206,16 +172,15 @@ def planned_for(point: dict[str, Any]) -> tuple[int | None, int | None, str | No
     assert p.run is not None
     phase = point["phase"]
     if phase == "load":
-        static = load_peak(point, p, batch, seq, run)
+        static = load_peak(p)
         if "precompute_ref" in p.run.phases:  # the step log's start row comes after the reference pass
             ref = p.run.phases["precompute_ref"]
             return max(static, ref.peak_allocated_bytes), None, None
         return static, None, None
     if phase == "whole-run":
-        # the run's peak: the largest phase, or loading when it holds more than every phase after it
-        static = load_peak(point, p, batch, seq, run)
-        peak = max([static] + [ph.peak_allocated_bytes for ph in p.run.phases.values()])
-        process = max(ph.process_bytes for ph in p.run.phases.values())
+        # the run's peak: the largest phase, loading among them (its process was not measured: left out)
+        peak = max(ph.peak_allocated_bytes for ph in p.run.phases.values())
+        process = max(ph.process_bytes for name, ph in p.run.phases.items() if name != "load")
         return peak, process, None
     if phase not in p.run.phases:
         return None, None, f"the planner has no {phase} phase for trainer {run.trainer}"

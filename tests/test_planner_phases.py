@@ -44,7 +44,9 @@ def test_a_plain_plan_is_one_sft_step_with_the_same_numbers() -> None:
     assert p.peak_phase == old.peak_phase and p.run_peak_phase == "train"
     out = p.to_dict()
     assert out["peak_phase"] == "train" and out["step_peak_phase"] == old.peak_phase
-    assert set(out["phases"]) == {"train"} and out["phases"]["train"]["peak_allocated_bytes"] == p.peak_allocated_bytes
+    # loading is a phase of every run; it sets nothing here (its peak is the weights and adapters)
+    assert set(out["phases"]) == {"load", "train"}
+    assert out["phases"]["train"]["peak_allocated_bytes"] == p.peak_allocated_bytes
     assert out["trainer"] == "sft" and out["step_phases"] == old.phases
 
 
@@ -287,7 +289,7 @@ def test_plan_json_has_the_phases_and_the_phase_that_peaks(capsys: pytest.Captur
     assert main(["plan", "--model", "Llama-3-8B", "--batch-size", "2", "--seq-len", "512", "--trainer", "grpo",
                  "--grad-accum", "8", "--max-completion-len", "1024", "--eval-batch", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["phases"]) == {"train", "generation", "eval"} and out["trainer"] == "grpo"
+    assert set(out["phases"]) == {"load", "train", "generation", "eval"} and out["trainer"] == "grpo"
     assert out["peak_phase"] == "generation"
     assert out["peak_allocated_bytes"] == out["phases"]["generation"]["peak_allocated_bytes"]
     assert out["phases"]["generation"]["breakdown"]["kv_cache"] > 0 and out["events"]["checkpoint_save"]
@@ -438,3 +440,35 @@ def test_a_no_grad_head_frees_its_half_weight_copy_before_the_loss() -> None:
     assert _full_logits_nograd(s, fw, pr, T, with_loss=True) == 2 * TV + max(2 * s.vocab * s.hidden, 8 * TV)
     # a tiny eval batch: the copy is the larger
     assert _full_logits_nograd(s, fw, pr, 8, with_loss=True) == 2 * 8 * s.vocab + 2 * s.vocab * s.hidden
+
+
+# --- loading ------------------------------------------------------------------------------------------------
+
+def test_loading_is_a_phase_and_sets_the_peak_when_the_loader_holds_more_than_a_step() -> None:
+    # Mixtral-8x7B under TRL at 1 x 256: the 16-bit experts (84 GiB) plus the loader's worst target (a fused expert
+    # stack stacked beside its per-expert sources) hold more than the short step does
+    spec = QLoraSpec(framework="trl", lora_dropout=0.0, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    p = plan("Mixtral-8x7B", 1, 256, spec)
+    assert p.run is not None and p.run_peak_phase == "load" and p.run.phases["load"].moment == "from_pretrained"
+    assert p.max_allocated_bytes == p.run.phases["load"].peak_allocated_bytes > p.run.phases["train"].peak_allocated_bytes
+    # a longer step holds more than loading again
+    assert plan("Mixtral-8x7B", 8, 4096, spec).run_peak_phase == "train"
+
+
+def test_qlora_py_peaks_at_its_cast_back_to_bf16_while_loading() -> None:
+    # qlora.py (guanaco 7B flags): after get_peft_model its cast loop makes embed_tokens' bf16 copy beside every fp32
+    # tensor; the H200 run's start row was 5.31 GiB against a 5.18 GiB step (bench/results/whole-run/points.json)
+    spec = QLoraSpec(framework="qlora", lora_r=64, lora_alpha=16, lora_dropout=0.1, gradient_checkpointing=True)
+    p = plan("Llama-2-7B", 1, 528, spec)
+    assert p.run is not None
+    load = p.run.phases["load"]
+    assert load.moment == "cast back to bf16" and load.peak_allocated_bytes > p.run.phases["train"].peak_allocated_bytes
+    assert p.max_allocated_bytes == load.peak_allocated_bytes
+
+
+def test_step_advice_for_a_dpo_run_is_written_in_dpo_config() -> None:
+    # the step's advice took its config class from the framework's style (TRL's: SFTConfig), whatever the trainer
+    p = plan("Llama-3.1-8B", 4, 2048, QLoraSpec(optim="adamw_torch"), run=RunPhases(trainer="dpo"))
+    hows = [r.how for r in p.recommendations if "optim" in r.change]
+    assert hows and all(h.startswith("DPOConfig(") for h in hows)
+    assert not any("SFTConfig" in r.how for r in p.recommendations)

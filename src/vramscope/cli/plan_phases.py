@@ -108,13 +108,17 @@ def format_lines(p: Plan) -> list[str]:
     """The run's phases, one line each, the peak marked; then the events between steps. Empty for a plain SFT
     plan of one step, whose output stays as it was."""
     run = p.run
-    if run is None or (set(run.phases) == {"train"} and run.trainer == "sft"):
+    if run is None:
+        return []
+    load = run.phases.get("load")
+    quiet_load = load is None or load.peak_allocated_bytes <= run.phases["train"].peak_allocated_bytes
+    if set(run.phases) - {"load"} == {"train"} and run.trainer == "sft" and quiet_load:
         return []
     lines = ["", f"  the whole run ({run.trainer}), peak allocated per phase:"]
     for name, ph in run.phases.items():
         mark = "  <- peak" if name == run.peak_phase else ""
-        lines.append(f"    {name:15} {ph.rows:>5} x {ph.seq:<6} {gib(ph.peak_allocated_bytes):>11}  "
-                     f"(at {ph.moment}){mark}")
+        shape = f"{ph.rows:>5} x {ph.seq:<6}" if ph.rows else f"{'weights':>14}"  # loading has no batch
+        lines.append(f"    {name:15} {shape} {gib(ph.peak_allocated_bytes):>11}  (at {ph.moment}){mark}")
         extras = [(k, v) for k, v in ph.breakdown.to_dict().items() if k in ("kv_cache", "eval_predictions") and v]
         for key, value in extras:
             lines.append(f"      {BREAKDOWN_LABELS.get(key, key):40} {gib(value):>11}")

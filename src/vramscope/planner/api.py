@@ -218,7 +218,7 @@ MIN_SAVING_SHARE = 0.01  # the smallest saving worth offering, as a share of the
 
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
                      peak: int, capacity: int | None, style: str | None = None,
-                     grad_accum: int = 1) -> list[Recommendation]:
+                     grad_accum: int = 1, trainer: str = "sft") -> list[Recommendation]:
     """Alternatives ranked by predicted saving; each saving is a difference of two model predictions, so it
     stays meaningful when ``peak`` is a measurement rather than the model's own figure. ``style`` says in whose
     keys ``how`` is written (default: the recipe's framework)."""
@@ -237,7 +237,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
         if saving > 0 and saving >= MIN_SAVING_SHARE * base:
             enough = None if deficit is None else saving >= deficit
             out.append(Recommendation(name, saving, text.format(saving=saving / GIB), change, enough,
-                                      written_as(change, style)))
+                                      written_as(change, style, trainer)))
 
     _framework_recommendations(add, spec, fw, batch, seq)
 
@@ -275,7 +275,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
             f"saves about {saving / GIB:.2f} GiB",
             {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
             None if deficit is None else saving >= deficit,
-            written_as({"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}, style)))
+            written_as({"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}, style, trainer)))
     if spec.lora_r > 8:
         lower = max(8, spec.lora_r // 4)
         add("lora_rank", spec.with_(lora_r=lower), batch, seq,
@@ -485,7 +485,8 @@ def plan(
     elif target_batch is not None:
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
     grad_accum = _positive("gradient accumulation", grad_accum, MAX_COUNT)
-    recs = _recommendations(shape, spec, step_rows, step_len, hw, est, est.device_bytes, cap, style, grad_accum)
+    recs = _recommendations(shape, spec, step_rows, step_len, hw, est, est.device_bytes, cap, style, grad_accum,
+                            run.trainer)
     if run.trainer != "sft":
         # the step's rows are 2 x batch (DPO, reward) or prompt + completion long (GRPO): batch and length
         # changes are the phases' own recommendations, written in the trainer's settings

@@ -12,12 +12,12 @@ from dataclasses import replace
 from vramscope.planner.memory import Hardware
 from vramscope.planner.phases import RunPhases, RunPlan, plan_run
 from vramscope.planner.recommendation import Recommendation
+from vramscope.planner.settings import TRAINER_CONFIGS
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MIB
 
-_CONFIG = {"sft": "TrainingArguments", "dpo": "DPOConfig", "grpo": "GRPOConfig", "reward": "RewardConfig",
-           "kto": "KTOConfig"}
+_CONFIG = {"sft": "TrainingArguments", **TRAINER_CONFIGS}
 
 
 def phase_recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, run: RunPhases,

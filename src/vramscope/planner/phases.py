@@ -30,6 +30,7 @@ from vramscope.planner.frameworks import (
     precision,
 )
 from vramscope.planner.layer import attention_bytes, forward_temporaries, merged_expert_bytes
+from vramscope.planner.loading import load_moments
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_tensors
 from vramscope.planner.pool import eval_loop_segments, eval_moments, loading_region, train_blocks
 from vramscope.planner.shapes import ModelShape
@@ -596,6 +597,13 @@ def _events(shape: ModelShape, spec: QLoraSpec, train: Estimate, run: RunPhases)
     )
 
 
+def load_phase(shape: ModelShape, spec: QLoraSpec, est: Estimate, fw: Framework) -> PhasePeak:
+    """Loading, from ``from_pretrained`` to the adapters (:mod:`.loading`): its peak allocated; reserved as
+    allocated (the loader's segment is sized to the weights) and the CUDA context beside it. Its process figure
+    was not measured on the H200 (the step log's start row comes after it)."""
+    return _phase("load", 0, 0, load_moments(shape, spec, fw, est), 0, est.breakdown.cuda_context, 0)
+
+
 def plan_run(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware | None = None,
              run: RunPhases | None = None, *, framework: Framework | None = None) -> RunPlan:
     """Every phase of a run and the one that sets its peak (see the module docstring).
@@ -608,7 +616,7 @@ def plan_run(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     validate_run(run)
     notes: list[str] = []
     train, est = train_phase(shape, spec, batch, seq, hw, run, framework)
-    phases = {"train": train}
+    phases = {"load": load_phase(shape, spec, est, framework or framework_for(spec)), "train": train}
     if run.trainer == "grpo":
         phases["generation"] = generation_phase(shape, spec, batch, seq, est, hw, run)
     if run.precompute_ref and run.trainer in ("dpo", "kto"):

@@ -53,9 +53,15 @@ def offered(change: dict[str, Any], style: str | None) -> bool:
     return style is None or not (style_named(style).not_offered & change.keys())
 
 
-def written_as(change: dict[str, Any], style: str) -> str:
-    """``change`` as the user writes it in ``style`` (one of :data:`STYLES`); ``;``-separated when several."""
+# TRL's trainers other than SFT take their own config class, with the same field names (TrainingArguments').
+TRAINER_CONFIGS = {"dpo": "DPOConfig", "grpo": "GRPOConfig", "reward": "RewardConfig", "kto": "KTOConfig"}
+
+
+def written_as(change: dict[str, Any], style: str, run_trainer: str = "sft") -> str:
+    """``change`` as the user writes it in ``style`` (one of :data:`STYLES`) for a ``run_trainer`` run (a DPO run's
+    fields go in ``DPOConfig``, not ``SFTConfig``); ``;``-separated when several."""
     how = style_named(style)
+    config = TRAINER_CONFIGS.get(run_trainer, how.config) if how.config == "SFTConfig" else how.config
     parts: list[str] = []
     trainer: dict[str, Any] = {}
     lora: dict[str, Any] = {}
@@ -98,7 +104,7 @@ def written_as(change: dict[str, Any], style: str) -> str:
             # HF Trainer has no length field: the tokenizer's truncation decides
             parts.append(f"tokenizer(..., truncation=True, max_length={trainer.pop('max_length')})")
         if trainer:
-            parts.append(f"{how.config}(" + ", ".join(f"{k}={_py(v)}" for k, v in trainer.items()) + ")")
+            parts.append(f"{config}(" + ", ".join(f"{k}={_py(v)}" for k, v in trainer.items()) + ")")
         if lora:
             parts.append("LoraConfig(" + ", ".join(f"{k}={_py(v)}" for k, v in lora.items()) + ")")
     return "; ".join(parts)
