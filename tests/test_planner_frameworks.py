@@ -240,7 +240,8 @@ def test_qlora_py_with_bf16_keeps_lora_embeddings_and_lm_head_in_bf16() -> None:
     # casts every LoraLayer, embed_tokens and lm_head back to bf16; the hf recipe keeps them fp32.
     hf = plan("Llama-2-7B", 1, 528, QLoraSpec(lora_dropout=0.1))
     qlora = plan("Llama-2-7B", 1, 528, QLoraSpec(lora_dropout=0.1, framework="qlora"))
-    qb, hb = qlora.breakdown, hf.breakdown
+    assert qlora.run is not None and hf.run is not None  # the training step's (qlora.py's loading sets its peak)
+    qb, hb = qlora.run.phases["train"].breakdown, hf.run.phases["train"].breakdown
     assert qb.unquantized_params * 2 == hb.unquantized_params
     assert qb.lora_weights * 2 == hb.lora_weights
     pr = precision(QLoraSpec(framework="qlora"))

@@ -462,9 +462,11 @@ def plan(
     at_context = False
     if cap is not None:
         fits = top.device_bytes <= cap
-        if whole.phases.keys() == {"train"} and run.trainer == "sft":
-            mb = max_batch_size(shape, spec, seq_len, cap, hw)
-            ms = max_seq_len(shape, spec, batch_size, cap, hw, limit=shape.max_positions)
+        if whole.phases.keys() - {"load"} == {"train"} and run.trainer == "sft":
+            # loading holds the same at every batch and length: where it alone overflows, nothing fits
+            loads = whole.phases["load"].device_bytes <= cap if "load" in whole.phases else True
+            mb = max_batch_size(shape, spec, seq_len, cap, hw) if loads else 0
+            ms = max_seq_len(shape, spec, batch_size, cap, hw, limit=shape.max_positions) if loads else 0
         else:
             # the whole run must fit: every phase at the searched batch or length (any batch divides G here)
             search = replace(run, num_generations=1)
