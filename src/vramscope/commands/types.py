@@ -262,6 +262,16 @@ class ParsedCommand:
         batch_flag: how to set the per-device batch in this command (``--per_device_train_batch_size``, or
             ``micro_batch_size`` for an axolotl YAML).
         seq_flag: how to set the sequence length in this command (``--max_length``, ``sequence_len``), or None.
+        accum_flag: how to set gradient accumulation in this command (``--gradient_accumulation_steps``, or
+            ``gradient_accumulation_steps`` for an axolotl YAML).
+        flags_in_config: ``batch_flag``, ``seq_flag`` and ``accum_flag`` are keys of the program's config file
+            (``config_path``; axolotl's YAML), so a change is written ``key: value (in x.yml)``.
+        seq_parts: the flags whose sum is the sequence length, when no one flag sets it (qlora.py's
+            ``--source_max_len`` and ``--target_max_len``); empty when ``seq_flag`` does.
+        eval_batch_follows_train: an eval batch the command does not set is the training micro-batch (axolotl's
+            ``eval_batch_size`` follows ``micro_batch_size``); otherwise TrainingArguments' default 8.
+        title: the program's name in the plan (``TRL sft``, ``axolotl``, ``qlora.py``; see ``dispatch.PROGRAMS``).
+        title_names_trainer: ``title`` names the trainer already (TRL's ``TRL dpo``).
         config_path: the program's own config file (axolotl YAML, TRL ``--config``), if any.
         trainer: the trainer and its lengths (:class:`TrainerSettings`).
         eval: the evaluation settings (:class:`EvalSettings`).
@@ -293,6 +303,12 @@ class ParsedCommand:
     notes: tuple[str, ...] = ()
     batch_flag: str = "--per_device_train_batch_size"
     seq_flag: str | None = None
+    accum_flag: str = "--gradient_accumulation_steps"
+    flags_in_config: bool = False
+    seq_parts: tuple[str, ...] = ()
+    eval_batch_follows_train: bool = False
+    title: str = ""
+    title_names_trainer: bool = False
     config_path: str | None = None
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
