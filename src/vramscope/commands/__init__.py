@@ -19,7 +19,8 @@ from typing import Any
 from vramscope.commands.argv import Option, Reader, options_from_mapping, shown, split_options
 from vramscope.commands.axolotl import config_path
 from vramscope.commands.common import model_name_facts, trainer_gaps
-from vramscope.commands.dispatch import PROGRAMS, Program, identify
+from vramscope.commands.dispatch import PROGRAMS, identify
+from vramscope.commands.dispatch import Program as ProgramEntry
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json, load_yaml, script_text
 from vramscope.commands.launchers import ACCELERATE_BOOL, ACCELERATE_VALUED, Target, apply_accelerate, split_launcher
@@ -186,7 +187,7 @@ def _registry_type(model: str) -> str | None:
 
 def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, reader: Reader,
               leftovers: list[Option], positionals: list[str], model_config: dict[str, Any] | None,
-              config_file: str | None, program: Program) -> ParsedCommand:
+              config_file: str | None, program: ProgramEntry) -> ParsedCommand:
     framework = reading.framework or framework_of_program(reading.program).name
     spec = QLoraSpec(framework=framework).with_(**reading.spec)
     unknown = [shown(o) for o in leftovers] + [p for p in positionals]
@@ -223,7 +224,7 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
     fields = {**reading.trainer}
     return ParsedCommand(
         argv=tuple(argv),
-        program=reading.program,  # type: ignore[arg-type]
+        program=reading.program,
         framework=framework,
         script=script,
         model=reading.model,

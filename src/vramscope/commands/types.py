@@ -20,12 +20,13 @@ as ddp because only the optimizer states would shrink: erring high), ``fsdp`` (F
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "zero2", "zero3")
 
-Program = Literal["trl", "qlora", "hf", "axolotl", "llamafactory", "swift", "unsloth", "fsdp_qlora", "cookbook",
-                  "fastchat"]
+Program = str
 """Which program's defaults were applied: TRL's scripts (``sft``, ``dpo``, ``grpo``, ``kto``, ``reward``, ``orpo``,
 and scripts that build TRL's trainers), the QLoRA reference ``qlora.py``, a generic HF ``TrainingArguments``
 script, axolotl, LLaMA-Factory, ms-swift, Unsloth, Answer.AI's fsdp_qlora ``train.py``, llama-cookbook's
-finetuning, or FastChat's ``train_lora.py`` (see ``commands/dispatch.py``'s ``PROGRAMS``)."""
+finetuning, or FastChat's ``train_lora.py``: a key of ``commands/dispatch.py``'s ``PROGRAMS``, the one list of
+them (a name, not a ``Literal`` kept beside it: nothing outside ``commands/`` branches on it; what others need to
+know of a program is a field of :class:`ParsedCommand`)."""
 
 TrainerKind = Literal["sft", "dpo", "grpo", "kto", "orpo", "reward", "pretrain", "ppo"]
 """What the run trains on: supervised fine-tuning (``sft``), a preference pair (``dpo``, ``orpo``; DPO also holds
