@@ -3,7 +3,8 @@
 :func:`identify` names the program from what the launcher runs (``trl dpo``, ``llamafactory-cli train``,
 ``swift sft``, a module, a script's path, its flags, its source); :data:`PROGRAMS` maps that name to its
 reader (a function ``Context -> Reading``) and to where its config file comes from. Adding a tool is one
-reader module and one line here.
+reader module, one line here (and how it is recognised, below) and its name in the ``programs`` of the framework
+its commands plan with (``planner/frameworks/``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """What a program reader hands back (:class:`Reading`) and what it is given (:class:`Context`).
 
 Every reader in :data:`vramscope.commands.dispatch.PROGRAMS` is a function ``Context -> Reading``: one
-signature, so adding a tool is one module and one line in that table.
+signature, so adding a tool is one module and one line in that table. The framework a reading plans with is
+the registry's for its program (``Framework.programs``) unless the reader says more.
 """
 
 from __future__ import annotations
