@@ -245,6 +245,55 @@ def test_every_program_in_the_table_has_a_title_and_a_reader() -> None:
     assert all(callable(p.read) and p.title for p in PROGRAMS.values())
 
 
+def test_what_others_need_of_a_program_is_a_field_its_reader_fills(tmp_path: Path) -> None:
+    (tmp_path / "ax.yml").write_text("base_model: NousResearch/Llama-2-7b-hf\nadapter: qlora\nval_set_size: 0.1\n")
+    ax = parse("axolotl train ax.yml", tmp_path)
+    assert (ax.batch_flag, ax.seq_flag, ax.accum_flag) == ("micro_batch_size", "sequence_len",
+                                                           "gradient_accumulation_steps")
+    assert ax.flags_in_config and ax.eval_batch_follows_train and (ax.title, ax.title_names_trainer) == ("axolotl",
+                                                                                                         False)
+    qlora = parse("python qlora.py", tmp_path)
+    assert qlora.seq_parts == ("--source_max_len", "--target_max_len") and not qlora.flags_in_config
+    dpo = parse("trl dpo --model_name_or_path m --use_peft", tmp_path)
+    assert (dpo.title, dpo.title_names_trainer, dpo.accum_flag) == ("TRL dpo", True, "--gradient_accumulation_steps")
+    assert not dpo.eval_batch_follows_train and not dpo.seq_parts
+
+
+def program_compares(source: str) -> list[str]:
+    """Each comparison in ``source`` with a program's name (a key of ``PROGRAMS``) as a string literal;
+    dataset/'s layouts are named ``sft``/``hf`` too (a ``trainer``, not a program)."""
+    import ast
+
+    def literals(node: ast.expr) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {v for e in node.elts for v in literals(e)}
+        return set()
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            trainer = any(isinstance(o, ast.Name) and o.id == "trainer" for o in operands)
+            if {v for o in operands for v in literals(o)} & set(PROGRAMS) and not trainer:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_commands_compares_with_a_programs_name() -> None:
+    # tune/ and cli/ read ParsedCommand's fields (accum_flag, flags_in_config, seq_parts, eval_batch_follows_train,
+    # title; Target.worker/starts for a relaunch) instead of `parsed.program == "axolotl"`: a new program is a
+    # reader, not an if in each of them.
+    for before in ('parsed.program == "axolotl"', 'p.program == "trl"', 'kind in ("accelerate", "trl", "axolotl")'):
+        assert program_compares(before), before
+    assert not program_compares('trainer in ("sft", "hf")') and not program_compares('kind == "deepspeed"')
+    src = Path(__file__).resolve().parent.parent / "src" / "vramscope"
+    found = {str(path.relative_to(src)): program_compares(path.read_text(encoding="utf-8"))
+             for path in sorted(src.rglob("*.py")) if src / "commands" not in path.parents}
+    assert not {k: v for k, v in found.items() if v}
+
+
 def test_plan_says_its_guesses_first_and_in_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from vramscope.cli import main

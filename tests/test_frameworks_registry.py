@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from vramscope.cli import main
+from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import (
     FRAMEWORK_TABLE,
     FRAMEWORKS,
@@ -25,6 +26,7 @@ from vramscope.planner.frameworks import (
     registered,
     traced,
 )
+from vramscope.planner.frameworks.registry import framework_of_program
 from vramscope.planner.settings import style_of, written_as
 from vramscope.recipe import QLoraSpec
 from vramscope.units import MIB
@@ -124,6 +126,52 @@ def test_each_framework_names_command_readers_that_exist() -> None:
     named = {p for fw in FRAMEWORK_TABLE.values() for p in fw.programs}
     named |= {p for style in STYLE_TABLE.values() for p in style.programs}
     assert named and named <= set(PROGRAMS), named - set(PROGRAMS)
+
+
+def test_every_program_plans_with_the_one_framework_that_names_it(tmp_path: Path) -> None:
+    from vramscope.commands import parse_command
+    from vramscope.commands.dispatch import PROGRAMS
+
+    owners = {p: [fw.name for fw in FRAMEWORK_TABLE.values() if p in fw.programs] for p in PROGRAMS}
+    assert all(len(names) == 1 for names in owners.values()), owners
+    assert {p: framework_of_program(p).name for p in PROGRAMS} == {p: n[0] for p, n in owners.items()}
+    with pytest.raises(ValueError, match="plans with 'hf' already"):
+        register(replace(MINE, programs=("axolotl",)), MINE_STYLE)
+    assert "my-loop" not in FRAMEWORKS
+    STYLE_TABLE.pop(MINE_STYLE.name)
+    # A reading takes its program's framework from the table: a framework that names axolotl (in the table's
+    # place of hf) is what an axolotl command plans with, with no line in the reader.
+    (tmp_path / "ax.yml").write_text("base_model: NousResearch/Llama-2-7b-hf\nadapter: qlora\nload_in_4bit: true\n")
+    argv = ["axolotl", "train", "ax.yml"]
+    assert parse_command(argv, cwd=tmp_path).framework == "hf"
+    hf = FRAMEWORK_TABLE["hf"]
+    FRAMEWORK_TABLE["hf"] = replace(hf, programs=tuple(p for p in hf.programs if p != "axolotl"))
+    try:
+        with registered(replace(MINE, programs=("axolotl",)), MINE_STYLE):
+            parsed = parse_command(argv, cwd=tmp_path)
+            assert parsed.framework == parsed.spec.framework == "my-loop"
+    finally:
+        FRAMEWORK_TABLE["hf"] = hf
+    with pytest.raises(PlanInputError, match="no framework names the program 'nobody'"):
+        framework_of_program("nobody")
+
+
+def test_a_reader_overrides_the_framework_only_where_the_command_says_more(tmp_path: Path) -> None:
+    from vramscope.commands import parse_command
+
+    model = "--model_name_or_path NousResearch/Llama-2-7b-hf"
+    qlora = ["python", "qlora.py", *model.split()]
+    assert parse_command(qlora, cwd=tmp_path).framework == framework_of_program("qlora").name == "hf"
+    assert parse_command([*qlora, "--bf16"], cwd=tmp_path).framework == "qlora"  # cast back to bf16
+    unsloth = ["python", "unsloth-cli.py", "--model_name", "unsloth/llama-3-8b", "--use_gradient_checkpointing"]
+    assert parse_command([*unsloth, "True"], cwd=tmp_path).framework == framework_of_program("unsloth").name == "trl"
+    assert parse_command([*unsloth, "unsloth"], cwd=tmp_path).framework == "unsloth"  # checkpoints on the host
+    (tmp_path / "train.py").write_text("from transformers import HfArgumentParser, TrainingArguments\n"
+                                       "from trl import SFTTrainer\nparser = HfArgumentParser((TrainingArguments,))\n"
+                                       "SFTTrainer(model='m')\n")
+    hf = ["python", "train.py", *model.split(), "--per_device_train_batch_size", "2"]
+    assert framework_of_program("hf").name == "hf"
+    assert parse_command(hf, cwd=tmp_path).framework == "trl"  # the script builds TRL's trainer
 
 
 # -- no framework name compared with a string outside the package ----------------------------------------------

@@ -155,6 +155,23 @@ def test_trl_sft_runs_its_script_with_the_training_flags_and_accelerates_variabl
     assert launch.env["ACCELERATE_MIXED_PRECISION"] == "bf16" and launch.strategy == "fsdp"
 
 
+def test_axolotl_train_runs_its_cli_module_under_axolotls_python_with_its_launchers_variables(
+        tmp_path: Path) -> None:
+    # `axolotl train` starts accelerate launch -m axolotl.cli.train (or torchrun with --launcher torchrun): the
+    # rank is that module under the console script's own Python (it ran `python axolotl.cli.train`, a file, before)
+    script = tmp_path / "axolotl"
+    script.write_text("#!/opt/axolotl/bin/python3.11\nimport sys\n", encoding="utf-8")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "lora.yml").write_text("base_model: m\nadapter: qlora\nmicro_batch_size: 2\n", encoding="utf-8")
+    launch = worker_launch(["axolotl", "train", "lora.yml"], 2, environ={"PATH": str(tmp_path)}, cwd=tmp_path)
+    assert launch.argv == ("/opt/axolotl/bin/python3.11", "-u", "-m", "axolotl.cli.train", "lora.yml")
+    assert launch.env["WORLD_SIZE"] == "2" and "ACCELERATE_MIXED_PRECISION" in launch.env
+    launch = worker_launch(["axolotl", "train", "lora.yml", "--launcher", "torchrun"], 2,
+                           environ={"PATH": str(tmp_path)}, cwd=tmp_path)
+    assert launch.argv[3:] == ("axolotl.cli.train", "lora.yml") and launch.env["LOCAL_WORLD_SIZE"] == "2"
+    assert not any(k.startswith("ACCELERATE_") for k in launch.env)  # torchrun sets none of accelerate's
+
+
 def test_the_interpreter_is_the_console_scripts_own(tmp_path: Path) -> None:
     script = tmp_path / "torchrun"
     script.write_text("#!/opt/venv/bin/python3.12\nimport sys\n", encoding="utf-8")

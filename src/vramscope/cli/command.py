@@ -228,15 +228,15 @@ def format_command(inputs: CommandInputs) -> str:
     strategy += f" (FSDP{launch.fsdp_version})" if launch.fsdp_version is not None else ""
     lines = [
         *first_lines(inputs),
-        f"read from the command ({_program_name(p)}; framework {inputs.spec.framework}"
-        f"{'' if p.program == 'trl' else '; trainer ' + p.trainer.kind}):",
+        f"read from the command ({p.title}; framework {inputs.spec.framework}"
+        f"{'' if p.title_names_trainer else '; trainer ' + p.trainer.kind}):",
         f"  model {p.model or '(none)'}, batch {p.batch_size} per device x {p.grad_accum} accumulation, "
         f"{p.seq_len if p.seq_len is not None else 'no'} max tokens; {launch.launcher}, {world}{strategy}",
     ]
     if p.read:
         lines.append("  read: " + ", ".join(_read_item(k, v) for k, v in p.read.items()))
     if p.defaults:
-        lines.append(f"  {_program_name(p)} defaults: " + ", ".join(f"{k} {v}" for k, v in p.defaults.items()))
+        lines.append(f"  {p.title} defaults: " + ", ".join(f"{k} {v}" for k, v in p.defaults.items()))
     if inputs.overrides:
         lines.append("  overridden by vramscope flags: " + ", ".join(inputs.overrides))
     if p.unknown:
@@ -249,14 +249,6 @@ def _read_item(key: str, value: str) -> str:
     if key.endswith(")"):  # "lora_r (sft.yaml)": a config file's key
         return f"{key}: {value}"
     return key if value == "true" and key.startswith("-") else f"{key} {value}"
-
-
-def _program_name(p: ParsedCommand) -> str:
-    from vramscope.commands.dispatch import PROGRAMS
-
-    if p.program == "trl":
-        return f"TRL {p.trainer.kind}"
-    return PROGRAMS[p.program].title
 
 
 def _needs(result: Any, capacity: int | None) -> tuple[int, bool | None]:

@@ -20,6 +20,7 @@ from vramscope.commands.argv import Option, Reader, options_from_mapping, shown,
 from vramscope.commands.axolotl import config_path
 from vramscope.commands.common import model_name_facts, trainer_gaps
 from vramscope.commands.dispatch import PROGRAMS, identify
+from vramscope.commands.dispatch import Program as ProgramEntry
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
 from vramscope.commands.files import load_json, load_yaml, script_text
 from vramscope.commands.launchers import ACCELERATE_BOOL, ACCELERATE_VALUED, Target, apply_accelerate, split_launcher
@@ -38,6 +39,7 @@ from vramscope.commands.types import (
     TrainerSettings,
 )
 from vramscope.planner.errors import PlanInputError
+from vramscope.planner.frameworks.registry import framework_of_program
 from vramscope.recipe import QLoraSpec
 
 __all__ = ["ASSUMED_SHARDED_WORLD", "STRATEGIES", "CommandReadError", "Launch", "ParsedCommand", "Strategy",
@@ -92,13 +94,14 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
     trainer_gaps(reading)
     reader.ignore(IGNORED)
     leftovers = [o for o in reader.unused() if not o.written.endswith(("default)", "code)"))]
-    if state.launcher == "trl":
+    if target.launch_flags_inline:
         # `trl sft` hands the flags its parser does not know to accelerate launch.
         launch_like = [o for o in leftovers if o.name in ACCELERATE_BOOL or o.name in ACCELERATE_VALUED]
         apply_accelerate(state, launch_like, env, folder)
         leftovers = [o for o in leftovers if o not in launch_like]
     model_config = _model(reading.model, folder)[1] if reading.model else None
-    return _assemble(argv, target.name, reading, state, reader, leftovers, positionals, model_config, config_file)
+    return _assemble(argv, target.name, reading, state, reader, leftovers, positionals, model_config, config_file,
+                     program)
 
 
 def _config(source: str, name: str, options: list[Option], positionals: list[str], folder: Path
@@ -184,8 +187,9 @@ def _registry_type(model: str) -> str | None:
 
 def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, reader: Reader,
               leftovers: list[Option], positionals: list[str], model_config: dict[str, Any] | None,
-              config_file: str | None) -> ParsedCommand:
-    spec = QLoraSpec(framework=reading.framework).with_(**reading.spec)
+              config_file: str | None, program: ProgramEntry) -> ParsedCommand:
+    framework = reading.framework or framework_of_program(reading.program).name
+    spec = QLoraSpec(framework=framework).with_(**reading.spec)
     unknown = [shown(o) for o in leftovers] + [p for p in positionals]
     read = dict(state.read)
     read.update(reader.read)
@@ -220,8 +224,8 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
     fields = {**reading.trainer}
     return ParsedCommand(
         argv=tuple(argv),
-        program=reading.program,  # type: ignore[arg-type]
-        framework=reading.framework,
+        program=reading.program,
+        framework=framework,
         script=script,
         model=reading.model,
         model_config=model_config,
@@ -235,8 +239,14 @@ def _assemble(argv: Sequence[str], script: str, reading: Reading, state: Any, re
         defaults=defaults,
         unknown=tuple(unknown),
         notes=tuple([*state.notes, *reading.notes]),
-        batch_flag="micro_batch_size" if reading.program == "axolotl" else reading.batch_flag,
+        batch_flag=reading.batch_flag,
         seq_flag=reading.seq_flag,
+        accum_flag=reading.accum_flag,
+        flags_in_config=reading.flags_in_config,
+        seq_parts=reading.seq_parts,
+        eval_batch_follows_train=reading.eval_batch_follows_train,
+        title=program.title_of(str(fields.get("kind", "sft"))),
+        title_names_trainer=program.names_trainer,
         config_path=config_file,
         trainer=TrainerSettings(**fields),
         eval=EvalSettings(**reading.eval),

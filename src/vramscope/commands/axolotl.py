@@ -66,7 +66,9 @@ def read_axolotl(ctx: Context) -> Reading:
     model = reader.text("base_model")
     if model is None:
         raise CommandReadError(f"the axolotl config has no base_model; add it, or {HOW_INSTEAD}")
-    out = Reading("axolotl", "hf", model, {}, 1, 512, 1, None, "sequence_len")
+    out = Reading("axolotl", model, {}, 1, 512, 1, None, "sequence_len", batch_flag="micro_batch_size",
+                  accum_flag="gradient_accumulation_steps", flags_in_config=True,
+                  eval_batch_follows_train=True)  # eval_batch_size follows micro_batch_size
     out.notes.append("axolotl prepares the model with peft's prepare_model_for_kbit_training and trains it with "
                      "an HF Trainer: planned as the hf framework")
     adapter = reader.text("adapter")

@@ -26,7 +26,7 @@ from_peft_checkpoint freeze_layers num_freeze_layers tokenizer_name rdzv_id rdzv
 def read_cookbook(ctx: Context) -> Reading:
     reader, state = ctx.reader, ctx.state
     model = reader.text("model_name")  # None: set elsewhere (a slurm script); plan asks for --model
-    out = Reading("cookbook", "loop", model, {}, 4, 4096, 1, None, "--context_length",
+    out = Reading("cookbook", model, {}, 4, 4096, 1, None, "--context_length",
                   batch_flag="--batch_size_training")
     if not reader.boolean("use_peft"):
         raise CommandReadError(f"llama-cookbook without --use_peft trains every parameter; vramscope plans LoRA and "

@@ -3,7 +3,8 @@
 :func:`identify` names the program from what the launcher runs (``trl dpo``, ``llamafactory-cli train``,
 ``swift sft``, a module, a script's path, its flags, its source); :data:`PROGRAMS` maps that name to its
 reader (a function ``Context -> Reading``) and to where its config file comes from. Adding a tool is one
-reader module and one line here.
+reader module, one line here (and how it is recognised, below) and its name in the ``programs`` of the framework
+its commands plan with (``planner/frameworks/``).
 """
 
 from __future__ import annotations
@@ -36,15 +37,25 @@ for any script)."""
 
 @dataclass(frozen=True)
 class Program:
-    """A program vramscope reads: its reader, its title in the plan, and where its config file comes from."""
+    """A program vramscope reads: its reader, its title in the plan, and where its config file comes from.
+
+    ``names_trainer``: the plan's title names the trainer too (``TRL dpo``). The framework a reading plans
+    with is not here: it is ``Framework.programs``'s in ``planner/frameworks/`` (a reader overrides it only
+    where the command says more).
+    """
 
     read: Callable[[Context], Reading]
     title: str
     config: ConfigSource = "none"
+    names_trainer: bool = False
+
+    def title_of(self, kind: str) -> str:
+        """The title of a reading of this program whose trainer is ``kind``."""
+        return f"{self.title} {kind}" if self.names_trainer else self.title
 
 
 PROGRAMS: dict[str, Program] = {
-    "trl": Program(read_trl, "TRL", "trl"),
+    "trl": Program(read_trl, "TRL", "trl", names_trainer=True),
     "qlora": Program(read_qlora, "qlora.py"),
     "hf": Program(read_hf, "HF Trainer script", "flag"),
     "axolotl": Program(read_axolotl, "axolotl", "positional"),

@@ -17,7 +17,7 @@ from vramscope.commands.reading import Context, Reading
 def read_fastchat(ctx: Context) -> Reading:
     reader, state = ctx.reader, ctx.state
     model = reader.text("model_name_or_path")
-    out = Reading("fastchat", "hf", model or "facebook/opt-125m", {}, 8, 512, 1, None, "--model_max_length")
+    out = Reading("fastchat", model or "facebook/opt-125m", {}, 8, 512, 1, None, "--model_max_length")
     use_bf16, fp16 = training(reader, out, batch=8, accum=1, checkpointing=False, optim="adamw_torch", bf16=False,
                               max_steps=None)
     if reader.boolean("q_lora"):

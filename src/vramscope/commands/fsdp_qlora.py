@@ -39,7 +39,7 @@ def _flag(ctx: Context, name: str, default: bool) -> bool:
 def read_fsdp_qlora(ctx: Context) -> Reading:
     reader, state = ctx.reader, ctx.state
     model = reader.text("model_name")
-    out = Reading("fsdp_qlora", "loop", model or "meta-llama/Llama-2-7b-hf", {}, 1, 512, 1, None, "--context_length",
+    out = Reading("fsdp_qlora", model or "meta-llama/Llama-2-7b-hf", {}, 1, 512, 1, None, "--context_length",
                   batch_flag="--batch_size")
     if model is None:
         out.defaults["model_name"] = "meta-llama/Llama-2-7b-hf"

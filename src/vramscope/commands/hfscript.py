@@ -52,8 +52,9 @@ def read_hf(ctx: Context) -> Reading:
     script_defaults(ctx)
     trl = facts.builds_trl
     kind = ctx.kind or facts.trainer_kind or "sft"
-    framework = "trl" if trl else "hf"
-    out = Reading("hf", framework, reader.text(*MODEL_FLAGS), {}, 8, None, 1, None, None)
+    out = Reading("hf", reader.text(*MODEL_FLAGS), {}, 8, None, 1, None, None)
+    if trl:
+        out.framework = "trl"  # the script builds TRL's trainer: its dtypes and fused head
     out.trainer["kind"] = kind
     sft_config = trl and "SFTConfig" in facts.parser_classes
     use_bf16, fp16 = training(reader, out, batch=8, accum=1, checkpointing=sft_config, optim="adamw_torch_fused",

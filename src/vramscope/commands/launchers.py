@@ -122,11 +122,23 @@ class LaunchState:
 
 @dataclass
 class Target:
-    """What the launcher runs: ``kind`` is ``script``, ``module``, ``trl`` (``trl <sub>``) or ``axolotl``."""
+    """What the launcher runs: ``kind`` is ``script``, ``module``, or a program's own CLI: ``trl`` (``trl <sub>``),
+    ``axolotl``, ``llamafactory``, ``swift`` (the executable's name).
+
+    Attributes:
+        worker: the module a program's own CLI starts its workers as, through a launcher (``trl sft``:
+            ``trl.scripts.sft``; ``axolotl train``: ``axolotl.cli.train``), so a rehearsal runs it directly; None
+            where the command runs its script or module itself (or vramscope does not rehearse the CLI).
+        starts: the launcher that CLI starts the workers with (``accelerate``, ``torchrun``), with ``worker``.
+        launch_flags_inline: the CLI takes its launcher's flags among the program's (``trl sft --num_processes 2``).
+    """
 
     kind: str
     name: str
     args: list[str]
+    worker: str | None = None
+    starts: str | None = None
+    launch_flags_inline: bool = False
 
 
 def _flag_options(tokens: Sequence[str], start: int, bools: frozenset[str],
@@ -372,8 +384,9 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
     if head == "trl":
         if len(tokens) < 2:
             raise CommandReadError(f"'trl' needs a command such as 'trl sft ...'; {HOW_INSTEAD}")
-        state.launcher = "trl"
-        return state, Target("trl", tokens[1], tokens[2:])
+        state.launcher = "trl"  # runs accelerate launch itself, the flags it does not know handed to it
+        return state, Target("trl", tokens[1], tokens[2:], worker=f"trl.scripts.{tokens[1]}", starts="accelerate",
+                             launch_flags_inline=True)
     if head == "axolotl":
         if len(tokens) < 2 or tokens[1] != "train":
             raise CommandReadError(f"vramscope reads 'axolotl train config.yml', not 'axolotl "
@@ -508,7 +521,7 @@ def _axolotl(args: list[str], state: LaunchState) -> Target:
     if state.per_node is None and state.total is None:
         state.notes.append(f"axolotl train starts {launcher}: one process per visible GPU unless told otherwise")
     state.launcher = f"axolotl ({launcher})"
-    return Target("axolotl", "axolotl.cli.train", rest)
+    return Target("axolotl", "axolotl.cli.train", rest, worker="axolotl.cli.train", starts=launcher)
 
 
 def _after_python(tokens: list[str], state: LaunchState, environ: Mapping[str, str],

@@ -43,7 +43,7 @@ def read_llamafactory(ctx: Context) -> Reading:
     model = reader.text("model_name_or_path")
     if model is None:
         raise CommandReadError(f"the LLaMA-Factory config has no model_name_or_path; add it, or {HOW_INSTEAD}")
-    out = Reading("llamafactory", "hf", model, {}, 8, 2048, 1, None, "cutoff_len",
+    out = Reading("llamafactory", model, {}, 8, 2048, 1, None, "cutoff_len",
                   batch_flag="per_device_train_batch_size")
     finetuning = (reader.text("finetuning_type") or "lora").lower()
     if finetuning != "lora":

@@ -228,7 +228,8 @@ def read_qlora(ctx: Context) -> Reading:
     """The QLoRA reference ``qlora.py`` (artidoro/qlora), with its dataclasses' defaults."""
     reader, state = ctx.reader, ctx.state
     model = reader.text("model_name_or_path")
-    out = Reading("qlora", "hf", model or "EleutherAI/pythia-12b", {}, 1, None, 16, None, "--source_max_len")
+    out = Reading("qlora", model or "EleutherAI/pythia-12b", {}, 1, None, 16, None, "--source_max_len",
+                  seq_parts=("--source_max_len", "--target_max_len"))  # the input's and the output's cuts
     if model is None:
         out.defaults["model_name_or_path"] = "EleutherAI/pythia-12b"
     use_bf16, fp16 = training(reader, out, batch=1, accum=16, checkpointing=True, optim="paged_adamw_32bit",

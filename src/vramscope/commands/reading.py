@@ -1,7 +1,8 @@
 """What a program reader hands back (:class:`Reading`) and what it is given (:class:`Context`).
 
 Every reader in :data:`vramscope.commands.dispatch.PROGRAMS` is a function ``Context -> Reading``: one
-signature, so adding a tool is one module and one line in that table.
+signature, so adding a tool is one module and one line in that table. The framework a reading plans with is
+the registry's for its program (``Framework.programs``) unless the reader says more.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ class Reading:
     """What a program reader found; merged into a :class:`~.types.ParsedCommand` by the caller."""
 
     program: str
-    framework: str
     model: str | None
     spec: dict[str, Any]
     batch_size: int
@@ -34,6 +34,14 @@ class Reading:
     max_steps: int | None
     seq_flag: str | None
     batch_flag: str = "--per_device_train_batch_size"
+    # None: the framework the registry names for the program (``Framework.programs``); a reader sets one only
+    # where the command says more (Unsloth's checkpoints on the host, an HF script that builds TRL's trainer).
+    framework: str | None = None
+    # How to set the shapes in the program's own spelling (see ParsedCommand's attributes of these names).
+    accum_flag: str = "--gradient_accumulation_steps"
+    flags_in_config: bool = False
+    seq_parts: tuple[str, ...] = ()
+    eval_batch_follows_train: bool = False
     defaults: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     trainer: dict[str, Any] = field(default_factory=lambda: {"kind": "sft"})  # TrainerSettings' fields
@@ -43,7 +51,6 @@ class Reading:
     assumed: list[str] = field(default_factory=list)  # guesses of bits, rank, trainer, processes (see ParsedCommand)
     unsupported: list[str] = field(default_factory=list)
     alternatives: list[Alternative] = field(default_factory=list)
-
 
 
 @dataclass

@@ -45,7 +45,7 @@ def read_swift(ctx: Context) -> Reading:
     model = reader.text("model", "model_id_or_path")
     if model is None:
         raise CommandReadError(f"the swift command names no --model; add it, or {HOW_INSTEAD}")
-    out = Reading("swift", "hf", model, {}, 1, None, 1, None, "--max_length")
+    out = Reading("swift", model, {}, 1, None, 1, None, "--max_length")
     kind = ctx.kind
     rlhf = reader.text("rlhf_type")
     if ctx.target.name == "rlhf" or rlhf is not None:

@@ -53,7 +53,7 @@ def read_trl(ctx: Context) -> Reading:
     kind = ctx.kind or ctx.script.trainer_kind or "sft"
     if ctx.script.config_kwargs:  # a script that writes SFTConfig(...) itself: its values, the flags winning
         reader.add_defaults(options_from_mapping(ctx.script.config_kwargs, f"{ctx.target.name} code"))
-    out = Reading("trl", "trl", reader.text("model_name_or_path", "model_name"), {}, 8, None, 1, None,
+    out = Reading("trl", reader.text("model_name_or_path", "model_name"), {}, 8, None, 1, None,
                   "--max_length")
     out.trainer["kind"] = kind
     use_bf16, fp16 = training(reader, out, batch=8, accum=1, checkpointing=True, optim="adamw_torch_fused",

@@ -20,12 +20,13 @@ as ddp because only the optimizer states would shrink: erring high), ``fsdp`` (F
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "zero2", "zero3")
 
-Program = Literal["trl", "qlora", "hf", "axolotl", "llamafactory", "swift", "unsloth", "fsdp_qlora", "cookbook",
-                  "fastchat"]
+Program = str
 """Which program's defaults were applied: TRL's scripts (``sft``, ``dpo``, ``grpo``, ``kto``, ``reward``, ``orpo``,
 and scripts that build TRL's trainers), the QLoRA reference ``qlora.py``, a generic HF ``TrainingArguments``
 script, axolotl, LLaMA-Factory, ms-swift, Unsloth, Answer.AI's fsdp_qlora ``train.py``, llama-cookbook's
-finetuning, or FastChat's ``train_lora.py`` (see ``commands/dispatch.py``'s ``PROGRAMS``)."""
+finetuning, or FastChat's ``train_lora.py``: a key of ``commands/dispatch.py``'s ``PROGRAMS``, the one list of
+them (a name, not a ``Literal`` kept beside it: nothing outside ``commands/`` branches on it; what others need to
+know of a program is a field of :class:`ParsedCommand`)."""
 
 TrainerKind = Literal["sft", "dpo", "grpo", "kto", "orpo", "reward", "pretrain", "ppo"]
 """What the run trains on: supervised fine-tuning (``sft``), a preference pair (``dpo``, ``orpo``; DPO also holds
@@ -262,6 +263,16 @@ class ParsedCommand:
         batch_flag: how to set the per-device batch in this command (``--per_device_train_batch_size``, or
             ``micro_batch_size`` for an axolotl YAML).
         seq_flag: how to set the sequence length in this command (``--max_length``, ``sequence_len``), or None.
+        accum_flag: how to set gradient accumulation in this command (``--gradient_accumulation_steps``, or
+            ``gradient_accumulation_steps`` for an axolotl YAML).
+        flags_in_config: ``batch_flag``, ``seq_flag`` and ``accum_flag`` are keys of the program's config file
+            (``config_path``; axolotl's YAML), so a change is written ``key: value (in x.yml)``.
+        seq_parts: the flags whose sum is the sequence length, when no one flag sets it (qlora.py's
+            ``--source_max_len`` and ``--target_max_len``); empty when ``seq_flag`` does.
+        eval_batch_follows_train: an eval batch the command does not set is the training micro-batch (axolotl's
+            ``eval_batch_size`` follows ``micro_batch_size``); otherwise TrainingArguments' default 8.
+        title: the program's name in the plan (``TRL sft``, ``axolotl``, ``qlora.py``; see ``dispatch.PROGRAMS``).
+        title_names_trainer: ``title`` names the trainer already (TRL's ``TRL dpo``).
         config_path: the program's own config file (axolotl YAML, TRL ``--config``), if any.
         trainer: the trainer and its lengths (:class:`TrainerSettings`).
         eval: the evaluation settings (:class:`EvalSettings`).
@@ -293,6 +304,12 @@ class ParsedCommand:
     notes: tuple[str, ...] = ()
     batch_flag: str = "--per_device_train_batch_size"
     seq_flag: str | None = None
+    accum_flag: str = "--gradient_accumulation_steps"
+    flags_in_config: bool = False
+    seq_parts: tuple[str, ...] = ()
+    eval_batch_follows_train: bool = False
+    title: str = ""
+    title_names_trainer: bool = False
     config_path: str | None = None
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)

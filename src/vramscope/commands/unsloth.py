@@ -46,7 +46,7 @@ def read_unsloth(ctx: Context) -> Reading:
     model = reader.text("model_name", "model_name_or_path", "model")
     if model is None:
         raise CommandReadError(f"the Unsloth command or script names no model (model_name=...); {HOW_INSTEAD}")
-    out = Reading("unsloth", "trl", model, {}, 2 if cli else 8, None, 4 if cli else 1, None, "--max_seq_length")
+    out = Reading("unsloth", model, {}, 2 if cli else 8, None, 4 if cli else 1, None, "--max_seq_length")
     out.trainer["kind"] = ctx.kind or facts.trainer_kind or "sft"
     if reader.boolean("full_finetuning"):
         raise CommandReadError(f"full_finetuning=True trains every parameter; vramscope plans LoRA and QLoRA runs; "

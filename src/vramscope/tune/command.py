@@ -195,16 +195,19 @@ class CommandTuneResult:
 def setting_for(parsed: ParsedCommand, unit: str, size: int) -> str:
     """The flag (or config key) that sets ``size`` in the command, in its own spelling."""
     if unit == "batch":
-        if parsed.program == "axolotl":
-            return f"micro_batch_size: {size} (in {Path(parsed.config_path or 'config.yml').name})"
-        return f"{parsed.batch_flag} {size}"
-    if parsed.program == "axolotl":
-        return f"sequence_len: {size} (in {Path(parsed.config_path or 'config.yml').name})"
-    if parsed.program == "qlora":
-        return f"--source_max_len and --target_max_len summing to {size}"
+        return _set(parsed, parsed.batch_flag, size)
+    if parsed.seq_parts:
+        return f"{' and '.join(parsed.seq_parts)} summing to {size}"
     if parsed.seq_flag is not None:
-        return f"{parsed.seq_flag} {size}"
+        return _set(parsed, parsed.seq_flag, size)
     return f"a maximum length of {size} tokens (the command has no length flag vramscope knows)"
+
+
+def _set(parsed: ParsedCommand, flag: str, value: int) -> str:
+    """``flag value``, or ``key: value (in x.yml)`` where the command's settings are its config file's keys."""
+    if parsed.flags_in_config:
+        return f"{flag}: {value} (in {Path(parsed.config_path or 'config.yml').name})"
+    return f"{flag} {value}"
 
 
 def tune_command(
@@ -329,9 +332,8 @@ def tune_command(
     if unit == "batch" and parsed.grad_accum > 1:
         effective = parsed.batch_size * parsed.grad_accum
         micro, steps = split_batch(effective, result.size)
-        accum = "gradient_accumulation_steps: " if parsed.program == "axolotl" else "--gradient_accumulation_steps "
         keep = (f"the command's effective batch {effective}: {setting_for(parsed, 'batch', micro).split(' (')[0]} "
-                f"with {accum}{steps}")
+                f"with {_set(parsed, parsed.accum_flag, steps).split(' (')[0]}")
     return CommandTuneResult(
         result=result,
         unit=unit,

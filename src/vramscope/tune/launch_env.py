@@ -305,14 +305,15 @@ def worker_launch(argv: Sequence[str], world_size: int, *, environ: Mapping[str,
     env: dict[str, str] = dict(assigned)
     args = list(target.args)
     kind = state.launcher
-    if kind == "trl":
-        # `trl sft` runs accelerate launch itself: its launch flags go there, the rest to trl/scripts/sft.py.
-        launch_opts = _trl_launch_options(args)
-        apply_accelerate(state, launch_opts, env_in, folder)
-        python = interpreter_of("trl", env_in) if os.path.basename(tokens[0]) == "trl" else sys.executable
-        worker = [python, "-u", "-m", f"trl.scripts.{target.name}", *_strip_launch_flags(args)]
-    elif kind == "axolotl":
-        worker = [interpreter_of("axolotl", env_in), "-u", "-m", target.name, *args]
+    if target.worker is not None:
+        # The program's own CLI (`trl sft`, `axolotl train`) starts its workers through a launcher: run the worker
+        # module under the CLI's Python with that launcher's environment.
+        if target.launch_flags_inline:  # `trl sft`: its launch flags go to accelerate, the rest to the script
+            launch_opts = _inline_launch_options(args)
+            apply_accelerate(state, launch_opts, env_in, folder)
+            args = _strip_launch_flags(args)
+        python = interpreter_of(target.kind, env_in) if os.path.basename(tokens[0]) == target.kind else sys.executable
+        worker = [python, "-u", "-m", target.worker, *args]
     elif target.kind == "module":
         worker = [python or sys.executable, "-u", "-m", target.name, *args]
     elif no_python:
@@ -325,7 +326,7 @@ def worker_launch(argv: Sequence[str], world_size: int, *, environ: Mapping[str,
             worker.append("--local_rank=0")
     else:
         env.update(torchrun_env(world_size, port=port, environ=env_in))
-    if kind in ("accelerate", "trl", "axolotl"):
+    if kind == "accelerate" or target.starts == "accelerate":
         config = _accelerate_config(state)
         env.update(accelerate_env(config, launch_opts, cwd=folder, environ=env_in))
     if kind in ("python", "python -m"):
@@ -342,8 +343,8 @@ def worker_launch(argv: Sequence[str], world_size: int, *, environ: Mapping[str,
                         zero_stage=launch.zero_stage, fsdp_version=fsdp_version, notes=tuple(notes + state.notes))
 
 
-def _trl_launch_options(args: Sequence[str]) -> list[Option]:
-    """The accelerate launch flags inside a ``trl sft`` argv, as options."""
+def _inline_launch_options(args: Sequence[str]) -> list[Option]:
+    """The accelerate launch flags inside a ``trl sft`` argv (``Target.launch_flags_inline``), as options."""
     out: list[Option] = []
     i = 0
     while i < len(args):

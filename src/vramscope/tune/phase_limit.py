@@ -25,19 +25,21 @@ _LOGITS_WORDS = {"kept": "logits kept", "preprocessed": "preprocessed logits kep
 def eval_batch_for(parsed: ParsedCommand, train_batch: int) -> int | None:
     """The eval batch a trial at ``train_batch`` evaluates at, or None when the command does not evaluate.
 
-    The command's ``per_device_eval_batch_size`` when it says one; axolotl's ``eval_batch_size`` follows its
-    ``micro_batch_size`` (the batch being tried) when unset; HF Trainer's default is 8.
+    The command's ``per_device_eval_batch_size`` when it says one; else the batch being tried where the program's
+    eval batch follows its micro-batch (``ParsedCommand.eval_batch_follows_train``: axolotl's), else HF Trainer's
+    default, 8.
     """
     if not parsed.eval.evaluates:
         return None
     if parsed.eval.per_device_eval_batch_size is not None:
         return parsed.eval.per_device_eval_batch_size
-    return train_batch if parsed.program == "axolotl" else HF_EVAL_BATCH
+    return train_batch if parsed.eval_batch_follows_train else HF_EVAL_BATCH
 
 
 def eval_follows_train(parsed: ParsedCommand) -> bool:
     """The eval batch is the batch being tried (so the search moves it too)."""
-    return parsed.eval.evaluates and parsed.eval.per_device_eval_batch_size is None and parsed.program == "axolotl"
+    return (parsed.eval.evaluates and parsed.eval.per_device_eval_batch_size is None
+            and parsed.eval_batch_follows_train)
 
 
 @dataclass(frozen=True)

@@ -85,8 +85,11 @@ class Framework:
         build: how vramscope builds and steps this program's model (:class:`Build`).
         style: the :class:`Style` (by name) its users write settings in, for a plan's advice.
         summary: a few words for ``--framework``'s help.
-        programs: the command readers (``vramscope.commands.dispatch.PROGRAMS``) that can read a command as this
-            framework; ``tests/test_frameworks_registry.py`` holds them to the readers that exist.
+        programs: the command readers (``vramscope.commands.dispatch.PROGRAMS``) whose readings plan with this
+            framework unless the command says more (:func:`~vramscope.planner.frameworks.registry.
+            framework_of_program`; a reader overrides it only then: Unsloth's checkpoints on the host, qlora.py's
+            ``--bf16``, an HF script that builds TRL's trainer). Each program is in one framework's; the table
+            refuses a second, and ``tests/test_frameworks_registry.py`` holds them to the readers that exist.
         output_dropped: the framework this one becomes when the step keeps only the loss (a loop's
             ``drop_output`` advice), by name; None: this one with ``logits="dropped"``.
         switch_to: the framework a quantized run of this one is advised to switch to (its fused LM head), by name.

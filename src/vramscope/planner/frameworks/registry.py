@@ -3,8 +3,9 @@
 A new framework is one module beside these (its :class:`~vramscope.planner.frameworks.record.Framework`, with
 its :class:`~vramscope.planner.frameworks.record.Build`, and a :class:`~vramscope.planner.frameworks.record.Style`
 if its users write settings in keys of their own) and its line in :data:`MODULES`. Everything else reads the
-table: the memory model, ``--framework``'s choices and help, ``--settings-style``, the advice, the trace and the
-real builders (``tune``, ``plan --calibrate``). :func:`registered` adds one for a while (the tests' way).
+table: the memory model, ``--framework``'s choices and help, ``--settings-style``, the advice, the trace, the
+real builders (``tune``, ``plan --calibrate``) and the command readers (the framework a program's reading plans
+with: :func:`framework_of_program`). :func:`registered` adds one for a while (the tests' way).
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def _check(fw: Framework) -> None:
     for what, other in (("output_dropped", fw.output_dropped), ("switch_to", fw.switch_to)):
         if other is not None and other not in FRAMEWORK_TABLE:
             raise ValueError(f"framework {fw.name!r}: {what} {other!r} is not registered")
+    for program in fw.programs:
+        owner = next((o.name for o in FRAMEWORK_TABLE.values() if o is not fw and program in o.programs), None)
+        if owner is not None:
+            raise ValueError(f"framework {fw.name!r} names program {program!r}, which plans with {owner!r} already")
 
 
 def register(framework: Framework | None = None, style: Style | None = None) -> None:
@@ -158,6 +163,18 @@ def style_named(name: str) -> Style:
         return STYLE_TABLE[name]
     except KeyError:
         raise PlanInputError(f"unknown settings style {name!r}; choose one of {', '.join(STYLES)}") from None
+
+
+def framework_of_program(program: str) -> Framework:
+    """The framework a command reader's readings plan with unless the command says more (``Framework.programs``).
+
+    Raises:
+        PlanInputError: a program no registered framework names.
+    """
+    found = next((fw for fw in FRAMEWORK_TABLE.values() if program in fw.programs), None)
+    if found is None:
+        raise PlanInputError(f"no framework names the program {program!r} in its programs")
+    return found
 
 
 def style_of_program(program: str | None) -> Style | None:

@@ -18,7 +18,7 @@ FRAMEWORK = Framework(
     reentrant=False, fragmentation=(0.808, 0.0, 1.411, 0.0), cuda_context_bytes=758 * 1024**2,
     build=Build(peft_kbit=False, trainer=True, traced=True),
     style=STYLE.name, summary="TRL's SFTTrainer defaults",
-    programs=("trl", "hf", "unsloth"),
+    programs=("trl", "unsloth"),  # Unsloth trains with TRL's trainers; an HF script that builds one says so
     switch_advice="train with TRL's SFTTrainer (TRL keeps LoRA in bf16, skips the fp32 upcast and never builds the "
                   "batch x sequence x vocabulary logits): saves {saving:.2f} GiB",
     switch_line="trl.SFTTrainer(model, args=SFTConfig(...), peft_config=LoraConfig(...)) with the same quantization "

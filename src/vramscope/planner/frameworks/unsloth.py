@@ -15,5 +15,5 @@ FRAMEWORK = Framework(
     offloads_checkpoints=True,
     build=Build(peft_kbit=False, trainer=True),
     dataset_trainer="sft", style=hf.STYLE.name, summary="TRL's trainer under Unsloth, checkpoints on the host",
-    programs=("unsloth",),
+    # no programs: the unsloth reader plans with it where the command offloads the checkpoints (its default)
 )
