@@ -1,42 +1,78 @@
-"""The log formats vramscope reads, in one table: how each is recognised, read, and called.
+"""The log formats vramscope reads, in one table: how each is recognised, read, and called, and what it says.
 
 A new format is one module with a ``sniff(source) -> bool`` and a ``read(source) -> LogTable`` (see
 :class:`~vramscope.logs.source.LogSource`) and one line in :data:`FORMATS`. The table is tried in order
 (the first format whose sniff says yes reads the file); :func:`vramscope.logs.reader.read_log` takes
 vramscope's own formats, :func:`~vramscope.logs.reader.read_any_log` the imported ones after them.
+A reader does not name its format: :meth:`LogFormat.load` sets the table's
+:attr:`~vramscope.logs.table.LogTable.log_format`, and whoever asks what a log is (the report, the reader
+of rotated parts) reads the entry's fields, never its ``kind`` as a string.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from vramscope.logs import csv_reader, imports, jsonl_reader, smi_reader
 from vramscope.logs.source import LogSource
 from vramscope.logs.table import LogTable
 
+# How the parts a ``--max-log-mb`` rotation wrote (``LOG.1``, ``LOG.2``) join the first: "no" (never
+# rotated), "same" (parts of the same format), "same-header" (and the same header line).
+Rotated = Literal["no", "same", "same-header"]
+
 
 @dataclass(frozen=True)
 class LogFormat:
-    """One format: ``kind`` (what ``LogTable.kind`` says), how to recognise it, how to read it.
+    """One format: ``kind`` (its name, as the report shows it), how to recognise it, how to read it, and what it
+    says about a log.
 
-    ``rotated``: how the parts a ``--max-log-mb`` rotation wrote (``LOG.1``, ``LOG.2``) join the first:
-    "no" (never rotated), "same" (parts of the same format), "same-header" (and the same header line).
-    ``imported``: not written by vramscope (tried only by ``read_any_log``).
+    ``rotated``: how a rotation's parts join the first (:data:`Rotated`).
+    ``imported``: not written by vramscope (tried only by ``read_any_log``, after vramscope's own).
+    ``memory_column_needed``: its sniff sees only names that others' CSVs have too (vramscope's ``time`` and
+    ``gpu``), so a file is this format only when it holds one of the memory columns; without one,
+    ``read_any_log`` tries the imported formats.
+    ``total_from``: what the log's GPU total (``device_total_bytes``) was read from, as the report's caption of
+    a device's capacity names it ("GPU total, NVML").
     """
 
     kind: str
     sniff: Callable[[LogSource], bool]
     read: Callable[[LogSource], LogTable]
-    rotated: str = "no"
+    rotated: Rotated = "no"
     imported: bool = False
+    memory_column_needed: bool = False
+    total_from: str = "NVML"
 
+    def load(self, source: LogSource) -> LogTable:
+        """The file read as this format, the table saying so."""
+        return self.adopt(self.read(source))
+
+    def adopt(self, table: LogTable) -> LogTable:
+        """``table``, marked as read in this format: the one place a table's format is set."""
+        table.log_format = self
+        return table
+
+
+def _needs_a_mapping(source: LogSource) -> LogTable:
+    raise imports.refusal(source)  # a CSV read "as mapped" without the mapping: what every unknown CSV is told
+
+
+_NVIDIA_SMI_TOTAL = "nvidia-smi memory.total"
+# vramscope's CSV: also what a table made in memory (a test's, a live monitor's columns) holds.
+OWN_CSV = LogFormat("vramscope", csv_reader.sniff, csv_reader.read_csv, rotated="same-header",
+                    memory_column_needed=True)
+# Any CSV read through a ``--columns`` mapping (``read_any_log``'s ``columns``): never recognised, only asked for.
+MAPPED = LogFormat("mapped", lambda _source: False, _needs_a_mapping, imported=True)
 
 FORMATS: tuple[LogFormat, ...] = (
     LogFormat("jsonl", jsonl_reader.sniff, jsonl_reader.read, rotated="same"),
-    LogFormat("nvidia-smi", smi_reader.sniff, smi_reader.read),
-    LogFormat("vramscope", csv_reader.sniff, csv_reader.read_csv, rotated="same-header"),
-    LogFormat("nvidia-smi", imports.sniff_headerless_smi, imports.read_headerless_smi, imported=True),
+    LogFormat("nvidia-smi", smi_reader.sniff, smi_reader.read, total_from=_NVIDIA_SMI_TOTAL),
+    OWN_CSV,
+    LogFormat("nvidia-smi", imports.sniff_headerless_smi, imports.read_headerless_smi, imported=True,
+              total_from=_NVIDIA_SMI_TOTAL),
     LogFormat("hand-written", imports.sniff_hand_written, imports.read_hand_written, imported=True),
 )
 

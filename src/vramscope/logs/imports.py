@@ -45,8 +45,8 @@ from vramscope.units import MIB
 class ImportedTable(LogTable):
     """A log read through a mapping; ``read_as`` is that mapping in ``--columns`` form, to show people."""
 
-    def __init__(self, path: str, columns: dict[str, list[str]], kind: str, read_as: str) -> None:
-        super().__init__(path, columns, kind)
+    def __init__(self, path: str, columns: dict[str, list[str]], read_as: str) -> None:
+        super().__init__(path, columns)
         self.read_as = read_as
 
 
@@ -69,12 +69,12 @@ def read_hand_written(source: LogSource) -> LogTable:
     text = _text(source)
     guessed = guess_columns(text)
     assert guessed is not None  # sniffed from the same first lines
-    return read_mapped(source.name, text, guessed, kind="hand-written")
+    return read_mapped(source.name, text, guessed)
 
 
 def read_with_columns(source: LogSource, columns: Sequence[ColumnSpec]) -> LogTable:
     """Any CSV through a ``--columns`` mapping."""
-    return read_mapped(source.name, _text(source), columns, kind="mapped")
+    return read_mapped(source.name, _text(source), columns)
 
 
 def refusal(source: LogSource) -> LogFormatError:
@@ -211,7 +211,7 @@ def _with_units(specs: list[ColumnSpec], text: str, header: list[str] | None) ->
 # -- reading through a mapping ---------------------------------------------------------------------------
 
 
-def read_mapped(name: str, text: str, columns: Sequence[ColumnSpec], kind: str = "mapped") -> ImportedTable:
+def read_mapped(name: str, text: str, columns: Sequence[ColumnSpec]) -> ImportedTable:
     """The CSV ``text`` read through ``columns`` into vramscope's columns.
 
     The first line is a header when the mapping names columns, or when a numeric field's cell in it is
@@ -266,7 +266,7 @@ def read_mapped(name: str, text: str, columns: Sequence[ColumnSpec], kind: str =
         memory = [str(s) for s in columns if s.field in BYTE_FIELDS]
         raise LogFormatError(f"{name}: no row has a number in {', '.join(memory)}; check --columns "
                              f"(the first row is {','.join(rows[0])[:80]!r})")
-    return ImportedTable(name, out, kind=kind, read_as=",".join(map(str, columns)))
+    return ImportedTable(name, out, read_as=",".join(map(str, columns)))
 
 
 def _delimiter(body: str) -> str:

@@ -54,7 +54,7 @@ def read_jsonl(name: str, text: str) -> LogTable:
         count += 1
     if count == 0:
         raise LogFormatError(f"{name} holds no complete JSON row; is it a vramscope .jsonl log?")
-    return LogTable(name, _packed(columns, count), kind="jsonl", rows=count)
+    return LogTable(name, _packed(columns, count), rows=count)
 
 
 def _packed(columns: dict[str, _Cells], count: int) -> dict[str, ColumnData]:

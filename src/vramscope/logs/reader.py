@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 
 from vramscope.logs.errors import LogFormatError, UnknownLogError
 from vramscope.logs.files import log_parts
-from vramscope.logs.formats import FORMATS, LogFormat, format_of
+from vramscope.logs.formats import FORMATS, MAPPED, LogFormat, format_of
 from vramscope.logs.imports import read_with_columns, refusal
 from vramscope.logs.mapping import BYTE_FIELDS, ColumnSpec
 from vramscope.logs.source import LogSource
@@ -45,7 +45,7 @@ def read_log(path: str | os.PathLike[str], only: Collection[str] | None = None) 
                 "'nvidia-smi --query-gpu=timestamp,name,memory.used,memory.total --format=csv'",
                 source.header,
             )
-        table = found.read(source)
+        table = found.load(source)
         header = source.header
     return _with_parts(table, found, header, only)
 
@@ -60,17 +60,18 @@ def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | N
     name = os.fspath(path)
     with LogSource(name, "a memory log (a CSV)", only) as source:
         if columns is not None:
-            return read_with_columns(source, columns)
+            return MAPPED.adopt(read_with_columns(source, columns))
         found = _format(source, imported=False)
         if found is not None:
-            table = found.read(source)
-            # "time" and "gpu" in the header, but none of vramscope's memory columns: someone else's CSV.
-            if found.kind != "vramscope" or any(c in BYTE_FIELDS.values() for c in table.columns):
+            table = found.load(source)
+            # Its header recognised, but none of its memory columns (vramscope's "time" and "gpu" alone): someone
+            # else's CSV, for the imported formats.
+            if not found.memory_column_needed or any(c in BYTE_FIELDS.values() for c in table.columns):
                 return _with_parts(table, found, source.header, only)
         found = next((f for f in FORMATS if f.imported and f.sniff(source)), None)
         if found is None:
             raise refusal(source)
-        return found.read(source)
+        return found.load(source)
 
 
 def _format(source: LogSource, imported: bool) -> LogFormat | None:
@@ -90,14 +91,14 @@ def _with_parts(table: LogTable, found: LogFormat, header: str, only: Collection
                 if _format(source, imported=False) is not found or (
                         found.rotated == "same-header" and source.header != header):
                     break  # not a continuation of this log
-                tables.append(found.read(source))
+                tables.append(found.load(source))
         except LogFormatError:  # an empty last part: the writer stopped as it began it
             break
-    return tables[0] if len(tables) == 1 else _joined(tables)
+    return tables[0] if len(tables) == 1 else found.adopt(_joined(tables))
 
 
 def _joined(tables: list[LogTable]) -> LogTable:
     names = list(dict.fromkeys(c for t in tables for c in t.columns))
     sizes = [len(t) for t in tables]
     columns = {c: JoinedColumn([t.column_data(c) for t in tables], sizes) for c in names}
-    return LogTable(tables[0].path, columns, tables[0].kind, rows=sum(sizes))
+    return LogTable(tables[0].path, columns, rows=sum(sizes))

@@ -133,7 +133,7 @@ def _smi_table(name: str, header: list[str], columns: list[pa.Array | None]) -> 
         "utilization_pct": NumberColumn(by_distinct(_percent, util) if util is not None
                                         else cellparse.unknown_column(n, np.int64)),
     }
-    return LogTable(name, out, kind="nvidia-smi", rows=n)
+    return LogTable(name, out, rows=n)
 
 
 def _arrow_columns(body: bytes, width: int) -> list[pa.Array]:

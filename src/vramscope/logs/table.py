@@ -15,7 +15,7 @@ thin views made from the arrays, not a second reader.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +23,12 @@ import pyarrow as pa
 from vramscope.logs import cells as cellparse
 from vramscope.logs.arrow_columns import ArrowColumn, labels_of
 from vramscope.logs.cells import Column, Labels, unknown_column
+
+if TYPE_CHECKING:  # the formats' table imports the readers, which build tables
+    from vramscope.logs.formats import LogFormat
+
+# What a table made in memory (a test's, say) is called: it holds vramscope's own columns (formats.OWN_CSV).
+MADE_IN_MEMORY = "vramscope"
 
 
 class ColumnData(Protocol):
@@ -134,19 +140,20 @@ class JoinedColumn:
 
 
 class LogTable:
-    """A log's columns (see the module's docstring); ``kind`` is "vramscope", "nvidia-smi", "jsonl" or an import's.
+    """A log's columns (see the module's docstring) and the format it was read as.
 
     Args:
         path: the file it was read from.
         columns: header -> the column's data, or its cells as strings ('' = unknown).
-        kind: the format it was read as.
         rows: the number of rows (needed only when there are no columns).
+        log_format: the format it was read as; a reader leaves it out, and the format's entry sets it
+            (:meth:`vramscope.logs.formats.LogFormat.load`). None: made in memory.
     """
 
-    def __init__(self, path: str, columns: Mapping[str, ColumnData | Sequence[str]], kind: str = "vramscope",
-                 rows: int | None = None) -> None:
+    def __init__(self, path: str, columns: Mapping[str, ColumnData | Sequence[str]], rows: int | None = None,
+                 log_format: LogFormat | None = None) -> None:
         self.path = path
-        self.kind = kind
+        self.log_format = log_format
         self._data: dict[str, ColumnData] = {
             name: ArrowColumn.of_texts(data) if isinstance(data, list | tuple) else data  # type: ignore[misc]
             for name, data in columns.items()
@@ -163,6 +170,13 @@ class LogTable:
 
     def __len__(self) -> int:
         return self._rows
+
+    @property
+    def kind(self) -> str:
+        """The format's name ("vramscope", "nvidia-smi", "jsonl", "hand-written", "mapped"), as people read it.
+
+        What a log *is* is asked of :attr:`log_format`'s fields, not of this name."""
+        return self.log_format.kind if self.log_format is not None else MADE_IN_MEMORY
 
     @property
     def columns(self) -> list[str]:
@@ -221,7 +235,8 @@ class LogTable:
             code = -1 if not want else found.names.index(want) if want in found.names else None
             keep &= False if code is None else found.codes == code
         rows = np.flatnonzero(keep)
-        return LogTable(self.path, {c: d.take(rows) for c, d in self._data.items()}, self.kind, rows=len(rows))
+        return LogTable(self.path, {c: d.take(rows) for c, d in self._data.items()}, rows=len(rows),
+                        log_format=self.log_format)
 
     # -- kept for compatibility (issue 15): list views over the arrays --------------------------------
 

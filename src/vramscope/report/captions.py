@@ -1,25 +1,27 @@
 """How the report names what it draws, in the renderers' one voice (the judgements themselves are the analysis':
 :mod:`vramscope.analysis.verdicts`, read from the typed results):
 
-* :func:`capacity_source`: where a device's capacity comes from (``--gpu-memory``, NVML's total,
-  nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and names it;
+* :func:`capacity_source`: where a device's capacity comes from (``--gpu-memory``, or the log's total, named
+  by its format: NVML's, nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and
+  names it;
 * :func:`forecast_limit_note`: why the forecast runs to a lower line than the capacity drawn.
 """
 
 from __future__ import annotations
 
+from vramscope.logs.formats import LogFormat
 from vramscope.units import gib, human_precise
 
 
-def capacity_source(given: bool, log_format: str, has_total: bool) -> str | None:
-    """Where the capacity a device is held against comes from, as people read it; None when unknown."""
+def capacity_source(given: bool, log_format: LogFormat, has_total: bool) -> str | None:
+    """Where the capacity a device is held against comes from, as people read it; None when unknown.
+
+    The log's total is named by what its format read it from (:attr:`LogFormat.total_from`)."""
     if given:
         return "--gpu-memory"
     if not has_total:
         return None
-    if log_format == "nvidia-smi":
-        return "GPU total, nvidia-smi memory.total"
-    return "GPU total, NVML"
+    return f"GPU total, {log_format.total_from}"
 
 
 def forecast_limit_note(limit_bytes: int | None, capacity_bytes: int | None) -> str | None:

@@ -17,6 +17,7 @@ from vramscope.analysis.columns import Clock, LogColumns
 from vramscope.analysis.details import LONGEST_BATCHES, METRICS
 from vramscope.analysis.results import AnalysisResult
 from vramscope.analysis.summary import analyze
+from vramscope.logs.formats import OWN_CSV
 from vramscope.logs.table import LogTable
 from vramscope.report.captions import capacity_source
 from vramscope.report.charts import Chart, DeviceView, Line, Mark, Span, device_view
@@ -51,7 +52,7 @@ class LogReport:
     path: str
     result: AnalysisResult  # the analysis of the log
     devices: list[DeviceView]  # what is drawn of each device, in the log's order
-    log_format: str  # "vramscope", "nvidia-smi", "hand-written", ...: the reader's name for it
+    log_format: str  # "vramscope", "nvidia-smi", "hand-written", ...: its format's name (LogFormat.kind)
     advice: list[Advice] = field(default_factory=list)  # urgent first, then the planner's priced changes, then the rest
     read_as: str | None = None  # the --columns mapping a log was read through, given or guessed
     breakdown: MemoryBreakdown | None = None  # what held memory, from the monitor's file beside the log
@@ -87,9 +88,11 @@ def build_report(table: LogTable, buckets: int = DEFAULT_BUCKETS, settings: RunS
     result = analyze(table, capacity_bytes=capacity_bytes, capacity_hint=CAPACITY_HINT, columns=cols,
                      capacity_option=CAPACITY_OPTION)
     clock = Clock(cols)
+    # A table made in memory (not read from a file) holds vramscope's own columns.
+    log_format = table.log_format if table.log_format is not None else OWN_CSV
     devices: list[DeviceView] = []
     for dev in result.devices:
-        source = capacity_source(dev.detail.capacity_given, table.kind, dev.detail.total_logged)
+        source = capacity_source(dev.detail.capacity_given, log_format, dev.detail.total_logged)
         devices.append(device_view(dev, cols, clock, buckets, source))
     idle = {d.key for d in result.devices if d.detail.idle}
-    return LogReport(table.path, result, devices, table.kind, advise_run_result(result, settings, idle))
+    return LogReport(table.path, result, devices, log_format.kind, advise_run_result(result, settings, idle))

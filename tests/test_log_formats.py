@@ -1,0 +1,144 @@
+"""One table of log formats (issue 23): the entry that recognised a file is the table's ``log_format``, and what a
+log is (rotated how, imported, needing a memory column, its total's source) is asked of that entry's typed
+fields, never of its name as a string outside ``logs/formats.py``.
+
+Real files: the real sampler and sinks write vramscope's logs; nvidia-smi's CSV as nvidia-smi writes it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+import fake_nvml
+from test_report_fixtures import Run, write_nvidia_smi_log, write_training_log
+from vramscope.backends.host import HostBackend
+from vramscope.backends.nvml import NvmlBackend
+from vramscope.cli import main
+from vramscope.logs.csv_sink import CsvSink
+from vramscope.logs.formats import FORMATS, MAPPED, OWN_CSV, LogFormat
+from vramscope.logs.mapping import parse_columns
+from vramscope.logs.reader import read_any_log, read_log
+from vramscope.logs.table import MADE_IN_MEMORY, LogTable
+from vramscope.report.load import report_file
+from vramscope.sampling.sampler import Collector
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "vramscope"
+
+
+def entry(kind: str, imported: bool = False) -> LogFormat:
+    return next(f for f in FORMATS if f.kind == kind and f.imported == imported)
+
+
+def test_each_file_is_marked_with_the_entry_that_read_it(tmp_path: Path) -> None:
+    own = write_training_log(tmp_path / "train.csv", Run(steps=12, gpus=1))
+    jsonl = write_training_log(tmp_path / "train.jsonl", Run(steps=12, gpus=1))
+    smi = write_nvidia_smi_log(tmp_path / "smi.csv", rows=10, gpus=2)
+    headerless = tmp_path / "noheader.csv"
+    headerless.write_text("".join(smi.read_text().splitlines(keepends=True)[1:]))
+    hand = tmp_path / "loop.csv"
+    hand.write_text("".join(f"2026-12-01 08:00:{s:02d}.5,{s},{1.5 + s / 100:.2f},{2.0 + s / 100:.2f}\n"
+                            for s in range(20)))
+    read = {"own": read_any_log(own), "jsonl": read_any_log(jsonl), "smi": read_any_log(smi),
+            "headerless": read_any_log(headerless), "hand": read_any_log(hand),
+            "mapped": read_any_log(hand, parse_columns("step=1,allocated=2:GiB"))}
+    assert read["own"].log_format is OWN_CSV and read_log(own).log_format is OWN_CSV
+    assert read["jsonl"].log_format is entry("jsonl")
+    assert read["smi"].log_format is entry("nvidia-smi")
+    assert read["headerless"].log_format is entry("nvidia-smi", imported=True)
+    assert read["hand"].log_format is entry("hand-written", imported=True)
+    assert read["mapped"].log_format is MAPPED
+    # The name people read is the entry's, whichever entry it is (two read nvidia-smi's CSV).
+    assert {k: t.kind for k, t in read.items()} == {
+        "own": "vramscope", "jsonl": "jsonl", "smi": "nvidia-smi", "headerless": "nvidia-smi",
+        "hand": "hand-written", "mapped": "mapped"}
+    # A selection of a table's rows is of the same log.
+    assert read["smi"].select(gpu=1).log_format is entry("nvidia-smi") and len(read["smi"].select(gpu=1)) == 10
+
+
+def test_a_rotated_log_joined_from_its_parts_is_of_its_first_parts_format(tmp_path: Path) -> None:
+    fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(used=(i + 1) * 2**30) for i in range(2)])
+    clock = iter(range(10**9))
+    collector = Collector(nvml=NvmlBackend(nvml=fake), host=HostBackend(), clock=lambda: 1.7e9 + next(clock))
+    sink = CsvSink(tmp_path / "r.csv", max_bytes=2048)
+    for step in range(40):
+        sink.write(collector.collect(step=step))
+    sink.close()
+    assert (tmp_path / "r.csv.2").exists()
+    for reader in (read_log, read_any_log):
+        table = reader(tmp_path / "r.csv")
+        assert table.log_format is OWN_CSV and OWN_CSV.rotated == "same-header"
+        assert len(table) == 80 and table.ints("step")[-1] == 39  # every part, in order
+
+
+def test_vramscopes_header_names_without_a_memory_column_are_someone_elses_csv(tmp_path: Path) -> None:
+    """``time`` and ``gpu`` are all OWN_CSV's sniff sees: the entry says a memory column is needed too."""
+    path = tmp_path / "theirs.csv"
+    path.write_text("time,gpu,allocated_gb\n" + "".join(f"2026-12-01 08:00:{s:02d},0,{1 + s / 10:.1f}\n"
+                                                          for s in range(20)))
+    assert OWN_CSV.memory_column_needed and not any(f.memory_column_needed for f in FORMATS if f is not OWN_CSV)
+    assert read_log(path).log_format is OWN_CSV  # vramscope's own formats only: its header is vramscope's
+    table = read_any_log(path)
+    assert table.log_format is entry("hand-written", imported=True)
+    assert table.ints("allocated_bytes")[10] == 2 * 2**30
+
+
+def test_the_capacity_caption_names_what_the_format_read_the_total_from(tmp_path: Path) -> None:
+    smi = write_nvidia_smi_log(tmp_path / "smi.csv", rows=30, gpus=1)
+    headerless = tmp_path / "noheader.csv"
+    headerless.write_text("".join(smi.read_text().splitlines(keepends=True)[1:]))
+    own = write_training_log(tmp_path / "train.csv", Run(steps=30, gpus=1))
+    captions = {}
+    for name, path in (("smi", smi), ("headerless", headerless), ("own", own)):
+        report = report_file(path)
+        captions[name] = report.devices[0].timeline.capacity_source
+        assert report.log_format == read_any_log(path).log_format.kind  # type: ignore[union-attr]
+    assert captions == {"smi": "GPU total, nvidia-smi memory.total",
+                        "headerless": "GPU total, nvidia-smi memory.total", "own": "GPU total, NVML"}
+    assert entry("nvidia-smi").total_from == entry("nvidia-smi", imported=True).total_from == \
+        "nvidia-smi memory.total"
+    assert report_file(smi, capacity_bytes=24 * 2**30).devices[0].timeline.capacity_source == "--gpu-memory"
+
+
+def test_the_cli_json_says_the_entrys_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    smi = write_nvidia_smi_log(tmp_path / "smi.csv", rows=30, gpus=1)
+    assert main(["report", str(smi), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["log"]["format"] == "nvidia-smi"
+    assert [d["capacity_source"] for d in data["devices"].values()] == ["GPU total, nvidia-smi memory.total"]
+
+
+def test_a_table_made_in_memory_is_called_what_the_report_calls_it() -> None:
+    table = LogTable("x", {"gpu": ["0"], "allocated_bytes": ["1"]})
+    assert table.log_format is None and table.kind == MADE_IN_MEMORY == OWN_CSV.kind
+
+
+def _compares_a_log_kind(node: ast.Compare, kinds: set[str]) -> bool:
+    operands = [node.left, *node.comparators]
+    names = {c.value for o in operands for c in ast.walk(o) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    on_kind = any((isinstance(o, ast.Attribute) and o.attr in ("kind", "log_format"))
+                  or (isinstance(o, ast.Name) and o.id in ("kind", "log_format")) for o in operands)
+    return on_kind and bool(names & kinds)
+
+
+def test_no_module_compares_a_log_kind_as_a_string_outside_the_formats_table() -> None:
+    kinds = {f.kind for f in (*FORMATS, MAPPED)}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path == SRC / "logs" / "formats.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{path.relative_to(SRC)}:{n.lineno}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Compare) and _compares_a_log_kind(n, kinds)]
+    assert found == []
+
+
+def test_the_kind_checker_sees_a_comparison() -> None:
+    kinds = {"nvidia-smi", "vramscope"}
+    seen = [_compares_a_log_kind(n, kinds) for n in ast.walk(ast.parse(
+        'a = table.kind != "vramscope"\nb = log_format in ("nvidia-smi", "x")\nc = mark.kind == "peak"\n'))
+        if isinstance(n, ast.Compare)]
+    assert seen == [True, True, False]
