@@ -4,9 +4,9 @@
 # (the CPU build); set VRAMSCOPE_TORCH to choose another torch requirement.
 #
 # uv installs when it can be had (on PATH, or from the package registry into .venv/.uv, outside the environment's
-# site-packages), pip otherwise or when uv fails; VRAMSCOPE_INSTALLER=pip chooses pip. On a 2-core machine uv takes
-# about 10 s where pip takes about 75 s (pip fetches and unpacks one package at a time). Both install the same
-# packages at the same versions: uv is given pip's own settings (its config files and PIP_* variables: indexes,
+# site-packages), pip otherwise or when uv fails; VRAMSCOPE_INSTALLER=pip chooses pip. On this 2-core machine uv
+# took 25 s (its cache warm, the bytecode compiled on both cores), pip 76 to 148 s (one package at a time).
+# Both install the same packages at the same versions: uv is given pip's own settings (its config files and PIP_* variables: indexes,
 # find-links, constraints) and, like pip, weighs every index alike and compiles the bytecode at install time
 # (where PYTHONDONTWRITEBYTECODE is set, as on this project's machines, nothing compiles it later: each Python
 # started would compile torch's modules again).
