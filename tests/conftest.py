@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -41,7 +43,82 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return cores + (cores + 1) // 2
 
 
+# Seconds each test module took in a whole `make test` (setup, call and teardown of its tests, summed), to order the
+# run by. VRAMSCOPE_RECORD_DURATIONS=tests/durations.json make test  writes it anew.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def _module_seconds() -> dict[str, float]:
+    try:
+        data = json.loads(DURATIONS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _chunk_sizes(n: int, workers: int) -> list[int]:
+    """How many tests pytest-xdist's worksteal scheduler first sends each worker: the collection cut in order."""
+    sizes = []
+    for i in range(workers):
+        sizes.append((n - sum(sizes)) // (workers - i))
+    return sizes
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k have deselected: the order is of the tests that run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the run so that the workers finish together: the longest modules first, each module's tests together.
+
+    worksteal cuts the collection into one run of tests per worker and, when a worker runs dry, moves half of
+    the longest queue's tail to it. A long test started last keeps the whole run waiting for it, and a module
+    split between workers runs its module fixture (a real trainer, a Pushgateway, the benchmarks) in both.
+    So the modules are dealt, longest first, to the worker whose run is shortest so far, whole where they fit
+    (a worker's run has the length the scheduler will cut), each run starting with its longest module; a
+    steal then takes the short modules at the tails. Every worker computes the same order from the same file
+    (pytest-xdist requires identical collections). Without the file, or without xdist, the longest modules
+    still come first. A module missing from the file counts as a short one.
+    """
+    _skip_gpu_tests_without_cuda(items)
+    seconds = _module_seconds()
+    modules: dict[str, list[pytest.Item]] = defaultdict(list)
+    for item in items:
+        modules[item.nodeid.split("::", 1)[0]].append(item)
+    longest_first = sorted(modules, key=lambda m: -seconds.get(m, 0.0))  # stable: ties keep collection order
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or config.getoption("dist", "no") != "worksteal":
+        items[:] = [item for m in longest_first for item in modules[m]]
+        return
+    room = _chunk_sizes(len(items), workers)
+    runs: list[list[tuple[str, list[pytest.Item]]]] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for m in longest_first:
+        tests, share = modules[m], seconds.get(m, 0.0) / len(modules[m])
+        while tests:
+            fitting = [w for w in range(workers) if room[w] >= len(tests)] or [w for w in range(workers) if room[w]]
+            w = min(fitting, key=lambda w: load[w])
+            part, tests = tests[: room[w]], tests[room[w] :]
+            runs[w].append((m, part))
+            room[w] -= len(part)
+            load[w] += share * len(part)
+    items[:] = [item for run in runs for _, part in run for item in part]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """VRAMSCOPE_RECORD_DURATIONS=PATH: write each module's seconds in this run (the controller's view)."""
+    path = os.environ.get("VRAMSCOPE_RECORD_DURATIONS")
+    if path and not hasattr(session.config, "workerinput"):
+        Path(path).write_text(json.dumps(dict(sorted(_RECORDED.items())), indent=0) + "\n", encoding="utf-8")
+
+
+_RECORDED: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get("VRAMSCOPE_RECORD_DURATIONS"):
+        module = report.nodeid.split("::", 1)[0]
+        _RECORDED[module] = round(_RECORDED[module] + report.duration, 2)
+
+
+def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
     if any(item.get_closest_marker("gpu") for item in items) and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200)")
         for item in items:

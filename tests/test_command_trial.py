@@ -205,8 +205,15 @@ def test_the_start_up_hook_loads_the_trial_only_when_asked(tmp_path: Path) -> No
     base = {k: v for k, v in os.environ.items() if k not in ("VRAMSCOPE_INJECT", ENV_TRIAL)}
     monitored = {**base, **child_env(None, environ=base)}  # `vramscope run`: the callback, no trial
     trial = child_environment(request(tmp_path), base)
-    answers = [subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout.split()
-               for env in (monitored, trial)]
+    # The two interpreters start at once: each spends seconds importing transformers.
+    children = [subprocess.Popen([PY, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True) for env in (monitored, trial)]
+    try:
+        answers = [child.communicate(timeout=120)[0].split() for child in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
     assert answers == [["False"], ["True"]]
 
 
