@@ -1,6 +1,7 @@
 """The log reader must read exactly what the csv module reads.
 
-The report's speed rests on pyarrow's CSV reader and the small paths beside it (``vramscope.logs.csv_reader``); these tests
+The report's speed rests on pyarrow's CSV reader and the small paths beside it
+(``vramscope.logs.csv_reader``); these tests
 hold the public reader against ``csv.reader`` on logs written by the real CSV sink, on hostile layouts
 (quotes, CRLF, ragged and torn lines) and on random tables (hypothesis), so that speed never costs a
 wrong column.

@@ -1,8 +1,8 @@
 """Reading a dataset's files into rows: pyarrow where it is installed (parquet, arrow, fast JSON lines and CSV),
 the standard library otherwise (JSON lines, JSON, CSV still read).
 
-The dataset side's one pyarrow import (the log reader, ``vramscope.logs``, has its own). Rows are read column by column, and only the columns the trainer
-tokenizes are ever turned into Python objects.
+The dataset side's one pyarrow import (the log reader, ``vramscope.logs``, has its own). Rows are
+read column by column, and only the columns the trainer tokenizes are ever turned into Python objects.
 """
 
 from __future__ import annotations
