@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -19,6 +20,15 @@ import fake_nvml
 # the models here are tiny, so a second thread buys nothing, and with pytest-xdist's workers and their children
 # all on the same few cores, OpenMP threads waiting on each other at every barrier only burn time.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# A run started in the background by a non-interactive shell (`make test &`, a CI step behind `&`) inherits SIGINT
+# and SIGQUIT ignored, and so does every process a test starts: `vramscope run` then rightly passes the ignore on to
+# its command, as exec would, and the tests that type Ctrl-C into a real bash or send SIGINT expect a terminal's
+# defaults. Give the test processes those defaults (a terminal emulator gives them to its shell).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def _cuda_available() -> bool:
