@@ -172,6 +172,21 @@ def test_axolotl_train_runs_its_cli_module_under_axolotls_python_with_its_launch
     assert not any(k.startswith("ACCELERATE_") for k in launch.env)  # torchrun sets none of accelerate's
 
 
+def test_llamafactory_train_runs_its_launcher_module_under_its_own_python(tmp_path: Path) -> None:
+    # `llamafactory-cli train x.yaml` on several GPUs is `torchrun ... llamafactory/launcher.py x.yaml`: a rank is
+    # that module under the console script's Python (the worker was `python -u "llamafactory-cli train"` before)
+    script = tmp_path / "llamafactory-cli"
+    script.write_text("#!/opt/lmf/bin/python3.11\nimport sys\n", encoding="utf-8")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "lora.yaml").write_text("model_name_or_path: m\nstage: sft\nfinetuning_type: lora\n"
+                                         "quantization_bit: 4\nper_device_train_batch_size: 2\n", encoding="utf-8")
+    launch = worker_launch(["llamafactory-cli", "train", "lora.yaml"], 2, environ={"PATH": str(tmp_path)},
+                           cwd=tmp_path)
+    assert launch.argv == ("/opt/lmf/bin/python3.11", "-u", "-m", "llamafactory.launcher", "lora.yaml")
+    assert launch.env["WORLD_SIZE"] == "2" and launch.env["LOCAL_WORLD_SIZE"] == "2"
+    assert not any(k.startswith("ACCELERATE_") for k in launch.env)  # torchrun's variables, not accelerate's
+
+
 def test_the_interpreter_is_the_console_scripts_own(tmp_path: Path) -> None:
     script = tmp_path / "torchrun"
     script.write_text("#!/opt/venv/bin/python3.12\nimport sys\n", encoding="utf-8")

@@ -397,7 +397,10 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
             raise CommandReadError(f"vramscope reads 'llamafactory-cli train config.yaml', not "
                                    f"'{head} {' '.join(tokens[1:2])}'; {HOW_INSTEAD}")
         _llamafactory_launch(state, env, environ)
-        return state, Target("llamafactory", "llamafactory-cli train", tokens[2:])
+        # llamafactory-cli train runs its own module under torchrun on several GPUs (cli.py: `torchrun ...
+        # launcher.__file__ config.yaml`, FORCE_TORCHRUN or more than one visible GPU): a rank is that module
+        return state, Target("llamafactory", "llamafactory-cli train", tokens[2:], worker="llamafactory.launcher",
+                             starts="torchrun")
     if head == "swift":
         if len(tokens) < 2 or tokens[1] not in ("sft", "rlhf", "pt"):
             raise CommandReadError(f"vramscope reads 'swift sft', 'swift rlhf' and 'swift pt', not "

@@ -312,7 +312,10 @@ def worker_launch(argv: Sequence[str], world_size: int, *, environ: Mapping[str,
             launch_opts = _inline_launch_options(args)
             apply_accelerate(state, launch_opts, env_in, folder)
             args = _strip_launch_flags(args)
-        python = interpreter_of(target.kind, env_in) if os.path.basename(tokens[0]) == target.kind else sys.executable
+        # the console script's own Python (`axolotl`, `llamafactory-cli` or its `lmf` alias, `trl`)
+        cli = os.path.basename(tokens[0])
+        python = interpreter_of(tokens[0], env_in) if cli in (target.kind, target.name.split()[0], "lmf") \
+            else sys.executable
         worker = [python, "-u", "-m", target.worker, *args]
     elif target.kind == "module":
         worker = [python or sys.executable, "-u", "-m", target.name, *args]
