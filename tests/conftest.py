@@ -159,3 +159,16 @@ def nvml_old_driver() -> fake_nvml.FakeNvml:
 @pytest.fixture
 def nvml_no_driver() -> fake_nvml.FakeNvml:
     return fake_nvml.no_driver()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight one-layer Llama saved as a checkpoint folder (no tokenizer), for the tests that start a real
+    trainer on it in a child: made once per test process."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=128, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(out)
+    return out

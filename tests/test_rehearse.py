@@ -24,21 +24,10 @@ LLAMA_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 110
             "max_position_embeddings": 4096, "architectures": ["LlamaForCausalLM"]}
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, vocab_size=128, max_position_embeddings=256)
-    LlamaForCausalLM(config).save_pretrained(out)
-    return out
-
-
 @pytest.mark.slow  # a child Python with transformers and peft: 15-20 s here
-def test_a_torchrun_command_rehearses_as_rank_0_of_4_on_the_fake_group(tmp_path: Path, tiny_model: Path) -> None:
+def test_a_torchrun_command_rehearses_as_rank_0_of_4_on_the_fake_group(tmp_path: Path, tiny_llama_dir: Path) -> None:
     argv = ["torchrun", "--standalone", "--nproc_per_node", "2", str(EXAMPLE), "--model_name_or_path",
-            str(tiny_model), "--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "2",
+            str(tiny_llama_dir), "--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "2",
             "--max_steps", "50", "--report_to", "none", "--use_cpu", "--rows", "8", "--max_seq_length", "16"]
     launch = worker_launch(argv, 4, environ=os.environ, cwd=tmp_path)
     assert launch.argv[1:3] == ("-u", str(EXAMPLE)) and launch.strategy == "ddp"
@@ -107,13 +96,13 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, capsys: py
     assert err.strip().splitlines()[-1].count(says) == 1 or len(err.strip().splitlines()) <= 2
 
 
-def test_without_a_cuda_gpu_the_rehearsal_says_to_plan(tiny_model: Path, tmp_path: Path,
+def test_without_a_cuda_gpu_the_rehearsal_says_to_plan(tiny_llama_dir: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
     code = main(["tune", "--gpus", "2", "--", "torchrun", "--nproc_per_node", "2", str(EXAMPLE),
-                 "--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "o"),
+                 "--model_name_or_path", str(tiny_llama_dir), "--output_dir", str(tmp_path / "o"),
                  "--max_seq_length", "64"])
     err = capsys.readouterr().err
     assert code == 2 and "torch sees none" in err and "vramscope plan --gpus 2 -- <command>" in err

@@ -34,20 +34,9 @@ CPU_RECORD_KEYS = {"status", "request", "rank", "pid", "steps", "cuda", "model_c
 CPU_STEP_KEYS = {"step", "inputs", "rss_bytes"}
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, vocab_size=128, max_position_embeddings=256)
-    LlamaForCausalLM(config).save_pretrained(out)
-    return out
-
-
 @pytest.mark.slow  # a child Python with transformers and peft: 10-20 s here
-def test_what_the_child_writes_the_tuner_reads_back_whole(tmp_path: Path, tiny_model: Path) -> None:
-    argv = [PY, str(EXAMPLE), "--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "out"),
+def test_what_the_child_writes_the_tuner_reads_back_whole(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    argv = [PY, str(EXAMPLE), "--model_name_or_path", str(tiny_llama_dir), "--output_dir", str(tmp_path / "out"),
             "--per_device_train_batch_size", "2", "--max_steps", "50", "--report_to", "none", "--use_cpu",
             "--rows", "6", "--max_seq_length", "16"]
     request = TrialRequest(batch_size=3, seq_len=24, max_steps=2, record=str(tmp_path / "trial.json"))
@@ -86,13 +75,13 @@ Trainer(model=model, args=args, train_dataset=RandomRows(8, 100, 16), data_colla
 
 
 @pytest.mark.slow  # a child Python with transformers and peft: 10-20 s here
-def test_a_record_torn_by_a_killed_child_reads_as_it_stood(tmp_path: Path, tiny_model: Path) -> None:
+def test_a_record_torn_by_a_killed_child_reads_as_it_stood(tmp_path: Path, tiny_llama_dir: Path) -> None:
     script = tmp_path / "killed.py"
     script.write_text(textwrap.dedent(KILLED.format(examples=str(EXAMPLE.parent))), encoding="utf-8")
     request = TrialRequest(batch_size=3, seq_len=24, max_steps=2, record=str(tmp_path / "trial.json"))
     # The tuner's answer to a child killed mid-trial is the one it gave before the record was typed.
     with pytest.raises(TrialFailed, match=r"the trial at batch 3 x 24's tokens failed: killed in step 2 \(exit -9"):
-        run_trial_child([PY, str(script), str(tiny_model), str(tmp_path / "o")], request,
+        run_trial_child([PY, str(script), str(tiny_llama_dir), str(tmp_path / "o")], request,
                         log_path=str(tmp_path / "t.log"), timeout_s=300)
     text = (tmp_path / "trial.json").read_text(encoding="utf-8")
     cut = read_record(str(tmp_path / "trial.json"))
