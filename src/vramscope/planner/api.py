@@ -515,8 +515,9 @@ def plan(
             if loading is not None:  # the step overflows, and loading would have before it
                 reason = f"{reason}; and {loading}"
     run_recs = phase_recommendations(shape, spec, batch_size, seq_len, hw, run, whole, cap)
-    if whole.peak_phase != "train":
+    if whole.peak_phase not in ("train", "load"):
         # the training step's savings do not lower a peak set by evaluation or generation: that phase's first
+        # (loading's peak is in the step's savings already: each is what the larger of the two drops by)
         recs = [*run_recs, *(recs if reason is None else [])]
     elif run_recs:
         recs = sorted([*run_recs, *recs], key=lambda r: r.saving_bytes, reverse=True)
