@@ -347,7 +347,14 @@ def _limits(p: Plan) -> str:
     """``largest batch at 2048 tokens: 3; longest sequence at batch 4: 1570``, in words when nothing fits or the
     sequence stops at the model's context."""
     if not p.max_batch_size:
-        beside = "" if p.run_peak_phase == "train" else f" beside the {p.run_peak_phase} phase as planned"
+        load = None if p.run is None else p.run.phases.get("load")
+        if load is not None and p.gpu_memory_bytes is not None and load.device_bytes > p.gpu_memory_bytes:
+            # loading holds the same at every batch and length
+            return "no batch or sequence length fits: loading the model alone overflows the GPU"
+        if p.run_peak_phase in ("train", "load"):
+            beside = ""
+        else:
+            beside = f" beside the {p.run_peak_phase} phase as planned"
         return f"no batch fits at {p.seq_len} tokens{beside}" + ("" if p.max_seq_len else ", nor any sequence length")
     seq = (f"up to its {p.max_seq_len}-token context" if p.max_seq_len_at_context
            else str(p.max_seq_len) if p.max_seq_len else "none")

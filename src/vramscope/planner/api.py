@@ -23,8 +23,8 @@ from vramscope.planner.frameworks import (
 from vramscope.planner.layer import expert_dropout_refusal
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
-from vramscope.planner.phase_advice import phase_reason, phase_recommendations
-from vramscope.planner.phases import RunPhases, RunPlan, plan_run
+from vramscope.planner.phase_advice import load_reason, phase_reason, phase_recommendations
+from vramscope.planner.phases import RunPhases, RunPlan, load_phase, plan_run
 from vramscope.planner.recommendation import Recommendation as Recommendation  # re-exported: its old home
 from vramscope.planner.search import largest_fitting
 from vramscope.planner.settings import offered, written_as
@@ -218,13 +218,23 @@ MIN_SAVING_SHARE = 0.01  # the smallest saving worth offering, as a share of the
 
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
                      peak: int, capacity: int | None, style: str | None = None,
-                     grad_accum: int = 1, trainer: str = "sft") -> list[Recommendation]:
+                     grad_accum: int = 1, trainer: str = "sft", loading: bool = False) -> list[Recommendation]:
     """Alternatives ranked by predicted saving; each saving is a difference of two model predictions, so it
     stays meaningful when ``peak`` is a measurement rather than the model's own figure. ``style`` says in whose
-    keys ``how`` is written (default: the recipe's framework)."""
+    keys ``how`` is written (default: the recipe's framework).
+
+    With ``loading`` (a plan, whose run loads the model first) each side is the larger of the step and the
+    loading (:func:`~vramscope.planner.phases.load_phase`): a change to the step's batch or length saves only
+    down to what loading holds, and is not enough where loading alone overflows the capacity."""
     out: list[Recommendation] = []
-    base = current.device_bytes
-    deficit = peak - capacity if capacity is not None else None
+
+    def loads(new_spec: QLoraSpec, est: Estimate, framework: Framework | None = None) -> int:
+        """What loading holds on the device (0 without ``loading``: the step alone is compared)."""
+        return load_phase(shape, new_spec, est, framework or framework_for(new_spec)).device_bytes if loading else 0
+
+    loaded = loads(spec, current)
+    base = max(current.device_bytes, loaded)
+    deficit = max(peak, base) - capacity if capacity is not None else None
     fw = framework_for(spec)
     style = style or fw.style  # qlora.py takes HF TrainingArguments flags: its framework's style is hf
 
@@ -232,7 +242,8 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
             framework: Framework | None = None) -> None:
         if not offered(change, style):  # a change the user's program has no key for (axolotl's own trainer)
             return
-        saving = base - estimate(shape, new_spec, b, s, hw, framework=framework).device_bytes
+        after = estimate(shape, new_spec, b, s, hw, framework=framework)
+        saving = base - max(after.device_bytes, loads(new_spec, after, framework))
         # A change that saves less than 1% of the step is noise, not advice ("saves 0.01 GiB").
         if saving > 0 and saving >= MIN_SAVING_SHARE * base:
             enough = None if deficit is None else saving >= deficit
@@ -267,8 +278,9 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
             f"cap the maximum length at {shorter} tokens, or pack short examples into full rows: "
             "saves {saving:.2f} GiB", {"seq_len": shorter})
     frag = current.breakdown.allocator_overhead
-    if frag > 0:
-        saving = int(frag * EXPANDABLE_SEGMENTS_RECLAIM)
+    # expandable segments shrink the step's fragments, not what loading holds (planned without any)
+    saving = base - max(current.device_bytes - int(frag * EXPANDABLE_SEGMENTS_RECLAIM), loaded)
+    if frag > 0 and saving > 0:
         out.append(Recommendation(
             "expandable_segments", saving,
             f"set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation): "
@@ -488,7 +500,7 @@ def plan(
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
     grad_accum = _positive("gradient accumulation", grad_accum, MAX_COUNT)
     recs = _recommendations(shape, spec, step_rows, step_len, hw, est, est.device_bytes, cap, style, grad_accum,
-                            run.trainer)
+                            run.trainer, loading=True)
     if run.trainer != "sft":
         # the step's rows are 2 x batch (DPO, reward) or prompt + completion long (GRPO): batch and length
         # changes are the phases' own recommendations, written in the trainer's settings
@@ -499,9 +511,13 @@ def plan(
         if reason is None:
             reason, recs = _cannot_fit(shape, spec, step_rows, step_len, hw, est, cap, name, recs, style,
                                        grad_accum)
+            loading = load_reason(whole, cap)
+            if loading is not None:  # the step overflows, and loading would have before it
+                reason = f"{reason}; and {loading}"
     run_recs = phase_recommendations(shape, spec, batch_size, seq_len, hw, run, whole, cap)
-    if whole.peak_phase != "train":
+    if whole.peak_phase not in ("train", "load"):
         # the training step's savings do not lower a peak set by evaluation or generation: that phase's first
+        # (loading's peak is in the step's savings already: each is what the larger of the two drops by)
         recs = [*run_recs, *(recs if reason is None else [])]
     elif run_recs:
         recs = sorted([*run_recs, *recs], key=lambda r: r.saving_bytes, reverse=True)

@@ -84,9 +84,26 @@ def phase_reason(whole: RunPlan, capacity: int) -> str | None:
     top = whole.peak
     if whole.peak_phase == "train" or train.device_bytes > capacity:
         return None
+    if whole.peak_phase == "load":
+        return f"the training step fits ({train.device_bytes / GIB:.1f} GiB) but {load_reason(whole, capacity)}"
     bd = top.breakdown
     parts = [(bd.eval_predictions, "gathered eval predictions"), (bd.kv_cache, "KV cache"),
              (bd.temporaries, "no-grad forward and transients")]
     what = ", ".join(f"{v / GIB:.1f} GiB of {name}" for v, name in parts if v)
     return (f"the training step fits ({train.device_bytes / GIB:.1f} GiB) but the {whole.peak_phase} phase needs "
             f"{top.device_bytes / GIB:.1f} GiB at {top.moment}: {what}")
+
+
+def load_reason(whole: RunPlan, capacity: int) -> str | None:
+    """What loading holds where it alone overflows ``capacity`` (None where it fits): the same at every batch and
+    length, so no change to the step's batch or length helps."""
+    load = whole.phases.get("load")
+    if load is None or load.device_bytes <= capacity:
+        return None
+    bd = load.breakdown
+    parts = [(bd.quantized_weights + bd.quantization_constants, "quantized weights"),
+             (bd.unquantized_params, "unquantized weights"), (bd.lora_weights, "adapters"),
+             (bd.temporaries, "the loader's copies in flight")]
+    what = ", ".join(f"{v / GIB:.1f} GiB of {name}" for v, name in parts if v)
+    return (f"loading the model needs {load.device_bytes / GIB:.1f} GiB at {load.moment}, before the first step "
+            f"({what}), at any batch and length")
