@@ -49,7 +49,7 @@ def test_loading_alone_overflowing_says_loading_not_a_no_grad_forward() -> None:
             "the GPU") in out
     why = next(line for line in out.splitlines() if line.startswith("  why:"))
     assert "loading the model needs 86.7 GiB at from_pretrained, before the first step" in why
-    assert "84.5 GiB of unquantized weights" in why
+    assert "84.5 GiB of weights left unquantized" in why
     assert "no-grad forward" not in out and "beside the load phase" not in out
     doc = _json(*MIXTRAL, "--gpu-memory", "86.5GiB")
     assert doc["fits"] is False and doc["peak_phase"] == "load" and doc["max_batch_size"] == 0

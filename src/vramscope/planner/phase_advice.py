@@ -101,8 +101,9 @@ def load_reason(whole: RunPlan, capacity: int) -> str | None:
     if load is None or load.device_bytes <= capacity:
         return None
     bd = load.breakdown
-    parts = [(bd.quantized_weights + bd.quantization_constants, "quantized weights"),
-             (bd.unquantized_params, "unquantized weights"), (bd.lora_weights, "adapters"),
+    # in words, not the breakdown's field names
+    parts = [(bd.quantized_weights + bd.quantization_constants, "quantized base weights and their constants"),
+             (bd.unquantized_params, "weights left unquantized"), (bd.lora_weights, "adapters"),
              (bd.temporaries, "the loader's copies in flight")]
     what = ", ".join(f"{v / GIB:.1f} GiB of {name}" for v, name in parts if v)
     return (f"loading the model needs {load.device_bytes / GIB:.1f} GiB at {load.moment}, before the first step "
