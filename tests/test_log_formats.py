@@ -13,18 +13,13 @@ from pathlib import Path
 
 import pytest
 
-import fake_nvml
-from test_report_fixtures import Run, write_nvidia_smi_log, write_training_log
-from vramscope.backends.host import HostBackend
-from vramscope.backends.nvml import NvmlBackend
+from test_report_fixtures import Run, write_nvidia_smi_log, write_rotated_log, write_training_log
 from vramscope.cli import main
-from vramscope.logs.csv_sink import CsvSink
 from vramscope.logs.formats import FORMATS, MAPPED, OWN_CSV, LogFormat
 from vramscope.logs.mapping import parse_columns
 from vramscope.logs.reader import read_any_log, read_log
 from vramscope.logs.table import MADE_IN_MEMORY, LogTable
 from vramscope.report.load import report_file
-from vramscope.sampling.sampler import Collector
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "vramscope"
 
@@ -60,13 +55,7 @@ def test_each_file_is_marked_with_the_entry_that_read_it(tmp_path: Path) -> None
 
 
 def test_a_rotated_log_joined_from_its_parts_is_of_its_first_parts_format(tmp_path: Path) -> None:
-    fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(used=(i + 1) * 2**30) for i in range(2)])
-    clock = iter(range(10**9))
-    collector = Collector(nvml=NvmlBackend(nvml=fake), host=HostBackend(), clock=lambda: 1.7e9 + next(clock))
-    sink = CsvSink(tmp_path / "r.csv", max_bytes=2048)
-    for step in range(40):
-        sink.write(collector.collect(step=step))
-    sink.close()
+    write_rotated_log(tmp_path / "r.csv")
     assert (tmp_path / "r.csv.2").exists()
     for reader in (read_log, read_any_log):
         table = reader(tmp_path / "r.csv")

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fake_nvml
+from vramscope.backends.host import HostBackend
 from vramscope.backends.nvml import NvmlBackend
+from vramscope.logs.csv_sink import CsvSink
 from vramscope.logs.reader import read_log
 from vramscope.logs.sinks import log_sink
 from vramscope.sampling.sampler import Collector, Sampler
@@ -124,3 +126,16 @@ def test_nvidia_smi_fixture_reads_as_nvidia_smi(tmp_path: Path) -> None:
     assert table.kind == "nvidia-smi"
     assert len(table) == 20
     assert table.ints("device_total_bytes")[0] == 24564 * MIB
+
+
+def write_rotated_log(path: Path, rows: int = 40) -> Path:
+    """A real CSV sink's log of two fake GPUs, one row each a step, rotated into parts of 2 KiB (``path``,
+    ``path.1``, ...): the file a long `vramscope run --log` leaves."""
+    fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(used=(i + 1) * 2**30) for i in range(2)])
+    clock = iter(range(10**9))
+    collector = Collector(nvml=NvmlBackend(nvml=fake), host=HostBackend(), clock=lambda: 1.7e9 + next(clock))
+    sink = CsvSink(path, max_bytes=2048)
+    for step in range(rows):
+        sink.write(collector.collect(step=step))
+    sink.close()
+    return path

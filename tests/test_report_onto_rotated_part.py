@@ -12,11 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import fake_nvml
-from vramscope.backends.host import HostBackend
-from vramscope.backends.nvml import NvmlBackend
-from vramscope.logs.csv_sink import CsvSink
-from vramscope.sampling.sampler import Collector
+from test_report_fixtures import write_rotated_log
 
 PYTHON = sys.executable
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -30,13 +26,7 @@ def vramscope(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def rotated(tmp_path: Path) -> Path:
-    fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(used=(i + 1) * 2**30) for i in range(2)])
-    clock = iter(range(10**9))
-    collector = Collector(nvml=NvmlBackend(nvml=fake), host=HostBackend(), clock=lambda: 1.7e9 + next(clock))
-    sink = CsvSink(tmp_path / "r.csv", max_bytes=2048)
-    for step in range(40):
-        sink.write(collector.collect(step=step))
-    sink.close()
+    write_rotated_log(tmp_path / "r.csv")
     assert (tmp_path / "r.csv.3").exists()
     return tmp_path
 
