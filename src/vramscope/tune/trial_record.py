@@ -97,14 +97,7 @@ class TrialStep:
         """A step of a record's JSON; a field of another type (or a negative count) reads as unknown."""
         shapes = data.get("inputs")
         inputs = tuple(s for s in map(_shape, shapes) if s is not None) if isinstance(shapes, list) else ()
-        return cls(step=_count(data.get("step")), inputs=inputs,
-                   peak_allocated_bytes=_count(data.get("peak_allocated_bytes")),
-                   peak_reserved_bytes=_count(data.get("peak_reserved_bytes")),
-                   allocated_bytes=_count(data.get("allocated_bytes")),
-                   reserved_bytes=_count(data.get("reserved_bytes")),
-                   device_used_bytes=_count(data.get("device_used_bytes")),
-                   process_gpu_bytes=_count(data.get("process_gpu_bytes")),
-                   rss_bytes=_count(data.get("rss_bytes")))
+        return cls(step=_count(data.get("step")), inputs=inputs, **{k: _count(data.get(k)) for k in _STEP_BYTES})
 
 
 _STEP_BYTES = ("peak_allocated_bytes", "peak_reserved_bytes", "allocated_bytes", "reserved_bytes",
@@ -183,20 +176,12 @@ class TrialRecord:
         return cls(
             status=_text(data.get("status")),
             request=parsed,
-            rank=_count(data.get("rank")),
-            pid=_count(data.get("pid")),
             steps=tuple(TrialStep.from_json(s) for s in steps if isinstance(s, dict)) if isinstance(steps, list)
             else (),
             cuda=cuda if isinstance(cuda, bool) else None,
             model_class=_text(data.get("model_class")),
-            parameters=_count(data.get("parameters")),
-            parameters_held=_count(data.get("parameters_held")),
-            device=_count(data.get("device")),
             device_name=_text(data.get("device_name")),
-            total_bytes=_count(data.get("total_bytes")),
-            capacity_bytes=_count(data.get("capacity_bytes")),
-            base_allocated_bytes=_count(data.get("base_allocated_bytes")),
-            base_reserved_bytes=_count(data.get("base_reserved_bytes")),
+            **{k: _count(data.get(k)) for k in _RECORD_COUNTS},
             phase=_text(data.get("phase")),
             eval=evaluation if isinstance(evaluation, dict) else None,
             error=_text(data.get("error")),
