@@ -128,3 +128,22 @@ def test_an_x_without_a_0_before_it_leaves_the_fast_path(tmp_path: Path) -> None
         for size in (1, 3, 2, 100):
             stream.read(size)
         assert not stream.hex_prefixed and not stream.quoted
+
+
+def test_rows_beyond_what_the_first_block_foretold(tmp_path: Path) -> None:
+    # The columns are sized for the rows the first MiB foretells; lines that get shorter after it bring many more.
+    # A column's mask of known cells (made in the first block, where some cells are empty) must grow with the
+    # rows too: it was cut short, the step column's mask 81k long under 406k values (found 2026-12-02).
+    path = tmp_path / "mem.csv"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("time,gpu,step,tokens\n")
+        for i in range(6000):  # long lines: about 5k rows to the MiB
+            handle.write(f"{'' if i % 5 == 0 else 't' * 200},0,{'' if i % 3 == 0 else i},{'' if i % 7 else 9}\n")
+        for i in range(400_000):  # then short ones: every cell of a row known but the tokens
+            handle.write(f"t,0,{i},\n")
+    table = same_table(path)
+    assert len(table) == 406_000
+    step, tokens = table.int_column("step"), table.int_column("tokens")
+    assert len(step.known) == len(step.values) == len(tokens.known) == len(tokens.values) == 406_000
+    assert step.known[6000:].all() and int(step.known[:6000].sum()) == 4000
+    assert not tokens.known[6000:].any()

@@ -288,7 +288,30 @@ class NumberBuilder:
         every = known is None or bool(known.all())
         if not every and odd is not None and odd.any():  # there, but no number: unknown, yet a filled cell
             self._odd.append(np.flatnonzero(odd) + at)
-        if at > self._end or not every:  # rows without a number: the mask is needed
+        self._put(at, values, None if every else known)
+
+    def extend(self, at: int, other: NumberBuilder) -> None:
+        """``other``'s rows (a builder of the same kind over the lines after this one's), rows ``at`` on: what
+        adding its blocks here would have made. ``other`` is emptied, so that its arrays go as they are copied."""
+        if other._values is None and other._same is None:
+            return  # no cell in any of its blocks
+        n = other._end
+        values = (np.broadcast_to(np.array(other._same, dtype=self.dtype), (n,)) if other._values is None
+                  else other._values[:n])
+        known = None if other._known is None else other._known[:n]
+        self._odd.extend(rows + at for rows in other._odd)
+        if n:
+            self._put(at, values, None if known is None or bool(known.all()) else known)
+        other._values = other._known = other._same = None
+        other._odd = []
+
+    def _put(self, at: int, values: np.ndarray, known: np.ndarray | None) -> None:
+        """Rows ``at`` on hold ``values``; ``known``: which of them are numbers (None: all)."""
+        n = len(values)
+        every = known is None
+        # Rows without a number: the mask is needed; a mask there already grows with the rows (more rows than
+        # expected come when the lines get shorter: written past its end, the mask was cut short).
+        if at > self._end or not every or self._known is not None:
             self._known_array(at + n)
         if self._known is not None:
             self._known[at : at + n] = True if known is None else known
@@ -311,6 +334,7 @@ class NumberBuilder:
             self._values_array(rows)  # unknown rows hold 0: the value is no longer the same everywhere
         elif rows > len(self._known):
             self._known = _grown(self._known, rows)
+            self._values_array(rows)  # the values cover the mask's rows (unknown ones 0)
 
     def _values_array(self, rows: int) -> np.ndarray:
         if self._values is None:
@@ -365,7 +389,7 @@ class TextBuilder:
         self._reserve(at + n, self._used + last - first)
         assert self._offsets is not None and self._data is not None
         self._offsets[self._end + 1 : at + 1] = self._used  # the empty rows between: no text
-        if at > self._end or array.null_count:
+        if at > self._end or array.null_count or self._valid is not None:  # a mask there grows with the rows
             self._valid_rows(at + n)
         if self._valid is not None:
             self._valid[at : at + n] = numpy_of(pc.is_valid(array)) if array.null_count else True

@@ -3,6 +3,8 @@
 The file's complete lines are streamed through ``pyarrow.csv.open_csv`` a block at a time: a row of
 another width (a torn or foreign line in the middle) is skipped, an empty cell is unknown, and a
 column that holds nothing in a block keeps no memory for it (:mod:`vramscope.logs.arrow_columns`).
+A large file's two halves are streamed at once, on two cores (:mod:`vramscope.logs.halves`), and the
+second's columns put after the first's: the same table, cell for cell.
 What pyarrow refuses falls back, step by step:
 
 1. a number column's cell that is not a plain number ("1.2e9" from another writer, damage), or bytes
@@ -18,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import BinaryIO
 
 import pyarrow as pa
@@ -25,6 +28,7 @@ import pyarrow.csv as pacsv
 
 from vramscope.logs.arrow_columns import ArrowColumn, NumberBuilder, Piece, TextBuilder, _floats, _ints
 from vramscope.logs.errors import LogFormatError
+from vramscope.logs.halves import halves, read_at_once
 from vramscope.logs.label_columns import LABEL_TYPE, LabelBuilder
 from vramscope.logs.schema import FLOAT_COLUMNS, INT_COLUMNS
 from vramscope.logs.source import LineStream, LogSource
@@ -32,8 +36,9 @@ from vramscope.logs.table import ColumnData, LogTable
 
 BLOCK_BYTES = 1 << 20  # pyarrow's block: 1 MiB of lines (4 MiB blocks in flight cost 110 MB more peak RSS on 189 MB)
 _NULLS = [""]
-# One thread: pyarrow's streaming reader gained nothing from a second one here (the same CPU and wall time on
-# 2 cores, a day's log of 800k rows), and the blocks it parses ahead cost 10-20 MB more peak RSS.
+# One of pyarrow's threads a stream: its streaming reader gained nothing from a second one here (the same CPU and
+# wall time on 2 cores, a day's log of 800k rows), and the blocks it parses ahead cost 10-20 MB more peak RSS.
+# A large file's halves are two streams read at once instead (vramscope.logs.halves).
 THREADS = False
 LABEL_COLUMNS = frozenset({"phase", "gpu_uuid"})  # text of a few distinct cells (train/eval; one UUID a GPU)
 
@@ -57,15 +62,15 @@ def read_csv(source: LogSource) -> LogTable:
     threads = THREADS
     # Lines split at every line end first (a third faster); a file with a quote is read again, a quoted
     # cell's line ends kept in it, as it always was.
-    stream = source.lines(start)
+    streams = halves(source, start)
     try:
-        table = _table(source.name, winner, _blocks(stream, len(header), winner, typed=True, threads=threads,
-                                                    quotes=False), body)
-        if not stream.quoted and not stream.hex_prefixed:
+        table = _read_quote_free(source.name, winner, streams, len(header), body)
+        if not any(s.quoted or s.hex_prefixed for s in streams):
             return table
     except pa.ArrowInvalid:
         pass  # a cell that is no plain number, or bytes that are not UTF-8: the per-cell rules below
-    if stream.quoted and not stream.hex_prefixed:
+    quoted, hex_prefixed = any(s.quoted for s in streams), any(s.hex_prefixed for s in streams)
+    if quoted and not hex_prefixed:
         again = source.lines(start)
         try:
             table = _table(source.name, winner, _blocks(again, len(header), winner, typed=True, threads=threads),
@@ -86,6 +91,24 @@ def read_csv(source: LogSource) -> LogTable:
     winner = {h: j for j, h in enumerate(header) if source.only is None or h in source.only}
     columns = {h: _typed(h, pa.array([c or None for c in rows[j]], type=pa.string())) for h, j in winner.items()}
     return LogTable(source.name, columns, rows=len(rows[0]) if rows else 0)
+
+
+def _read_quote_free(name: str, winner: dict[str, int], streams: list[LineStream], width: int,
+                     body: int) -> LogTable:
+    """The typed, quote-free pass over the streams' lines; the halves of a large log (:mod:`vramscope.logs.halves`)
+    are read at once, and the second's columns then put after the first's (:meth:`_Columns.extend`)."""
+
+    def blocks(stream: LineStream) -> Iterator[dict[str, pa.Array]]:
+        return _blocks(stream, width, winner, typed=True, threads=THREADS, quotes=False)
+
+    if len(streams) == 1:
+        return _table(name, winner, blocks(streams[0]), body)
+    parts = [_Columns(winner, body), *(_Columns(winner, stream.length) for stream in streams[1:])]
+    # blocks() is a generator: each stream is opened and parsed where its part is fed, on its own thread.
+    read_at_once([partial(part.feed, blocks(stream)) for part, stream in zip(parts, streams, strict=True)])
+    for part in parts[1:]:
+        parts[0].extend(part)
+    return parts[0].table(name)
 
 
 def _header_cells(name: str, line: str) -> list[str]:
@@ -146,54 +169,110 @@ def _skip_row(_row: object) -> str:
 
 
 def _table(name: str, winner: dict[str, int], blocks: Iterable[dict[str, pa.Array]], body_bytes: int) -> LogTable:
-    """The blocks' columns end to end: text as pyarrow's pieces, numbers straight into numpy
-    (:class:`NumberBuilder`: no second copy of the cells, and a column never logged costs nothing)."""
-    pieces: dict[str, list[Piece]] = {h: [] for h in winner if pa.types.is_string(_kind(h))}
-    numbers = {h: NumberBuilder(_kind(h)) for h in winner if h not in pieces}
-    texts: dict[str, TextBuilder | None] = {h: TextBuilder() for h in pieces}
-    labels: dict[str, LabelBuilder] = {}  # the text columns read as dictionaries
-    rows = 0
-    for block in blocks:
-        size = 0
-        for h, array in block.items():
-            size = len(array)
-            builder = numbers.get(h)
-            if builder is not None:
-                if builder.capacity == 0:  # rows expected: this block's share of the whole
-                    builder.capacity = size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
-                builder.add(rows, array)
-                continue
-            if pa.types.is_dictionary(array.type):
-                label = labels.get(h)
-                if label is None:
-                    label = labels[h] = LabelBuilder()
-                    label.capacity = size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
-                label.add(rows, array)
-                continue
-            text = texts[h]
-            if text is not None and pa.types.is_string(array.type):
-                text.capacity = text.capacity or size * (body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
-                if text.add(rows, array):
+    """The blocks' columns end to end (:class:`_Columns`)."""
+    columns = _Columns(winner, body_bytes)
+    columns.feed(blocks)
+    return columns.table(name)
+
+
+class _Columns:
+    """A table's columns made from a reader's blocks as they come: text as pyarrow's pieces, numbers straight
+    into numpy (:class:`NumberBuilder`: no second copy of the cells, and a column never logged costs nothing).
+    ``body_bytes``: the lines the blocks will hold, for each column's expected rows."""
+
+    def __init__(self, winner: dict[str, int], body_bytes: int) -> None:
+        self.winner = winner
+        self.body_bytes = body_bytes
+        self.pieces: dict[str, list[Piece]] = {h: [] for h in winner if pa.types.is_string(_kind(h))}
+        self.numbers = {h: NumberBuilder(_kind(h)) for h in winner if h not in self.pieces}
+        self.texts: dict[str, TextBuilder | None] = {h: TextBuilder() for h in self.pieces}
+        self.labels: dict[str, LabelBuilder] = {}  # the text columns read as dictionaries
+        self.rows = 0
+
+    def _expected(self, size: int) -> int:
+        return size * (self.body_bytes // BLOCK_BYTES + 1) * 9 // 8 + 1024
+
+    def feed(self, blocks: Iterable[dict[str, pa.Array]]) -> None:
+        numbers, texts, labels, pieces = self.numbers, self.texts, self.labels, self.pieces
+        rows = self.rows
+        for block in blocks:
+            size = 0
+            for h, array in block.items():
+                size = len(array)
+                builder = numbers.get(h)
+                if builder is not None:
+                    if builder.capacity == 0:  # rows expected: this block's share of the whole
+                        builder.capacity = self._expected(size)
+                    builder.add(rows, array)
                     continue
-                texts[h] = None  # past 2 GiB of text: pieces from here on, the rows so far one of them
-                pieces[h] = [p for p in (text.array(rows),) if p is not None] or ([rows] if rows else [])
-            kept = pieces[h]
-            if array.null_count == size:  # nothing in this block: a count, not an array of nulls
-                if kept and isinstance(kept[-1], int):
-                    kept[-1] += size
+                if pa.types.is_dictionary(array.type):
+                    label = labels.get(h)
+                    if label is None:
+                        label = labels[h] = LabelBuilder()
+                        label.capacity = self._expected(size)
+                    label.add(rows, array)
+                    continue
+                text = texts[h]
+                if text is not None and pa.types.is_string(array.type):
+                    text.capacity = text.capacity or self._expected(size)
+                    if text.add(rows, array):
+                        continue
+                    texts[h] = None  # past 2 GiB of text: pieces from here on, the rows so far one of them
+                    pieces[h] = [p for p in (text.array(rows),) if p is not None] or ([rows] if rows else [])
+                kept = pieces[h]
+                if array.null_count == size:  # nothing in this block: a count, not an array of nulls
+                    if kept and isinstance(kept[-1], int):
+                        kept[-1] += size
+                    else:
+                        kept.append(size)
                 else:
-                    kept.append(size)
-            else:
-                kept.append(array)
-        rows += size
-    for h, text in texts.items():
-        whole = text.array(rows) if text is not None else None
-        if text is not None:
-            pieces[h] = [whole] if whole is not None else ([rows] if rows else [])
-    columns: dict[str, ColumnData] = {
-        h: labels[h].column(rows) if h in labels else ArrowColumn(pieces[h], _kind(h)) if h in pieces
-        else numbers[h].column(rows) for h in winner}
-    return LogTable(name, columns, rows=rows)
+                    kept.append(array)
+            rows += size
+            self.rows = rows
+
+    def extend(self, other: _Columns) -> None:
+        """``other``'s rows (the same columns, read from the lines after this one's) after this one's, as feeding
+        its blocks here would have made them, a column at a time (each of ``other``'s arrays let go as it is
+        copied)."""
+        at = self.rows
+        for h, number in other.numbers.items():
+            self.numbers[h].extend(at, number)
+        for h, label in other.labels.items():
+            mine = self.labels.get(h)
+            if mine is None:
+                mine = self.labels[h] = LabelBuilder()
+            mine.extend(at, label, other.rows)
+        for h, text in other.texts.items():
+            whole = text.array(other.rows) if text is not None else None
+            other.texts[h] = None
+            mine_text = self.texts[h]
+            if text is not None and mine_text is not None and (whole is None or mine_text.add(at, whole)):
+                continue
+            # Past 2 GiB of text, in either or together: pieces, this one's rows so far the first of them.
+            if mine_text is not None:
+                self.texts[h] = None
+                self.pieces[h] = [p for p in (mine_text.array(at),) if p is not None] or ([at] if at else [])
+            theirs: list[Piece] = (other.pieces[h] if text is None else
+                                   [whole] if whole is not None else [other.rows] if other.rows else [])
+            kept = self.pieces[h]
+            for piece in theirs:
+                if isinstance(piece, int) and kept and isinstance(kept[-1], int):
+                    kept[-1] += piece
+                else:
+                    kept.append(piece)
+        self.rows = at + other.rows
+
+    def table(self, name: str) -> LogTable:
+        rows = self.rows
+        for h, text in self.texts.items():
+            whole = text.array(rows) if text is not None else None
+            if text is not None:
+                self.pieces[h] = [whole] if whole is not None else ([rows] if rows else [])
+        columns: dict[str, ColumnData] = {
+            h: self.labels[h].column(rows) if h in self.labels
+            else ArrowColumn(self.pieces[h], _kind(h)) if h in self.pieces
+            else self.numbers[h].column(rows) for h in self.winner}
+        return LogTable(name, columns, rows=rows)
 
 
 def complete_lines(text: str) -> str:

@@ -46,6 +46,25 @@ class LabelBuilder:
             self._codes = _grown(self._codes, at + n)
         self._codes[at : at + n] = remap[local]
 
+    def extend(self, at: int, other: LabelBuilder, rows: int) -> None:
+        """``other``'s ``rows`` rows (a builder over the lines after this one's), rows ``at`` on: its names numbered on
+        after this one's, in its order of first appearance, as adding its blocks here would have. ``other`` is
+        emptied."""
+        if other._codes is None:
+            return  # no cell in any of its blocks
+        remap = np.full(len(other._names) + 1, -1, dtype=np.int32)  # the last entry: what -1 picks
+        for k, name in enumerate(other._names):
+            remap[k] = self._index.setdefault(name, len(self._index))
+        self._names = list(self._index)
+        codes = other._codes[:rows]
+        end = at + len(codes)
+        if self._codes is None:
+            self._codes = np.full(max(end, self.capacity), -1, dtype=np.int32)
+        elif end > len(self._codes):
+            self._codes = _grown(self._codes, end)
+        self._codes[at:end] = remap[codes]
+        other._codes = None
+
     def column(self, rows: int) -> LabelColumn | ArrowColumn:
         """The column of ``rows`` rows; an empty text column (a count of rows) when no block had a cell."""
         if self._codes is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,8 @@ from vramscope.logs.arrow_columns import ArrowColumn, array_of, numbers_by_rule,
 from vramscope.logs.cells import Column, Labels
 from vramscope.logs.csv_reader import csv_columns
 from vramscope.logs.errors import LogFormatError
-from vramscope.logs.source import LogSource
+from vramscope.logs.halves import halves, read_at_once
+from vramscope.logs.source import LineStream, LogSource
 from vramscope.logs.table import ColumnData, LogTable, NumberColumn
 
 MIB = 1024 * 1024
@@ -53,32 +55,38 @@ def read(source: LogSource) -> LogTable:
             or '"' in source.header or source.size < STREAM_FROM:
         return read_nvidia_smi(source.name, source.data())
     wanted = sorted({keys.index(k) for k in _READ if k in keys})
-    stream = source.lines(source.header_end + 1)
+    streams = halves(source, source.header_end + 1)
     try:
-        table = pacsv.read_csv(
-            stream,
-            # One thread, as vramscope's CSV (csv_reader.THREADS): pyarrow's threads cost a third more CPU here and,
-            # on 2 cores shared with other work, 2-3 times the wall time of one (0.12 s against 0.38-0.46 s, 1M rows).
-            read_options=pacsv.ReadOptions(column_names=[f"c{j}" for j in range(len(header))], use_threads=False),
-            # No quote is looked for (the tokenizer is faster without): a file with one is read again below.
-            parse_options=pacsv.ParseOptions(newlines_in_values=False, quote_char=False,
-                                             invalid_row_handler=lambda _row: "skip"),
-            convert_options=pacsv.ConvertOptions(column_types={f"c{j}": pa.string() for j in wanted},
-                                                 include_columns=[f"c{j}" for j in wanted], null_values=[""],
-                                                 strings_can_be_null=True),
-        )
+        tables = read_at_once([partial(_split, stream, len(header), wanted) for stream in streams])
     except pa.ArrowInvalid:  # not UTF-8, say: the bytes whole, to the csv module's rules
         return read_nvidia_smi(source.name, source.data())
-    if stream.quoted:  # a quote after ", " is one to the csv module (skipinitialspace), not to pyarrow
-        return read_nvidia_smi(source.name, source.data())
+    if any(stream.quoted for stream in streams):  # a quote after ", " is one to the csv module
+        return read_nvidia_smi(source.name, source.data())  # (skipinitialspace), not to pyarrow
     columns: list[pa.Array | None] = [None] * len(header)
     for j in wanted:  # one piece each, made as the pieces are let go (a copy of each column at a time)
-        chunks = table.column(f"c{j}").chunks
-        table = table.drop_columns([f"c{j}"])
+        chunks = [chunk for table in tables for chunk in table.column(f"c{j}").chunks]
+        tables = [table.drop_columns([f"c{j}"]) for table in tables]
         columns[j] = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
         del chunks
-    del table
+    del tables
     return _smi_table(source.name, header, columns)
+
+
+def _split(stream: LineStream, width: int, wanted: list[int]) -> pa.Table:
+    """The stream's lines split into the wanted columns' text, by pyarrow."""
+    return pacsv.read_csv(
+        stream,
+        # One of pyarrow's threads (csv_reader.THREADS): its pool cost a third more CPU here and, on 2 cores
+        # shared with other work, 2-3 times the wall time of one (0.12 s against 0.38-0.46 s, 1M rows). A large
+        # file's halves are read at once on two threads of ours instead (vramscope.logs.halves).
+        read_options=pacsv.ReadOptions(column_names=[f"c{j}" for j in range(width)], use_threads=False),
+        # No quote is looked for (the tokenizer is faster without): a file with one is read again.
+        parse_options=pacsv.ParseOptions(newlines_in_values=False, quote_char=False,
+                                         invalid_row_handler=lambda _row: "skip"),
+        convert_options=pacsv.ConvertOptions(column_types={f"c{j}": pa.string() for j in wanted},
+                                             include_columns=[f"c{j}" for j in wanted], null_values=[""],
+                                             strings_can_be_null=True),
+    )
 
 
 def read_nvidia_smi(name: str, data: bytes) -> LogTable:

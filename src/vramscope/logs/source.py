@@ -62,10 +62,24 @@ class LogSource:
         self._handle.seek(self.offset)
         return self._handle.read()
 
-    def lines(self, start: int | None = None) -> LineStream:
-        """A stream of the file's complete lines, from ``start`` (default: the text's start)."""
+    def lines(self, start: int | None = None, end: int | None = None) -> LineStream:
+        """A stream of the file's complete lines, from ``start`` (default: the text's start) to ``end`` (a line's
+        start; default: the end of the last complete line)."""
         begin = self.offset if start is None else start
-        return LineStream(self._handle, begin, max(begin, self.last_line_end))
+        return LineStream(self._handle, begin, max(begin, self.last_line_end if end is None else end))
+
+    def line_start_after(self, at: int) -> int:
+        """The start of the first line that begins after offset ``at`` (the end of the last complete line when
+        none does)."""
+        while at < self.last_line_end:
+            chunk = os.pread(self._handle.fileno(), _SCAN_BYTES, at)
+            if not chunk:  # the file shrank under us
+                break
+            cut = chunk.find(b"\n")
+            if cut >= 0:
+                return min(at + cut + 1, self.last_line_end)
+            at += len(chunk)
+        return self.last_line_end
 
     def _first_line_end(self) -> int:
         """Find the first line end, counting cells as it goes: refused past :data:`MAX_COLUMNS`."""
@@ -134,6 +148,7 @@ class LineStream(io.RawIOBase):
         self._fd = handle.fileno()
         self._at = begin
         self._end = end
+        self.length = max(0, end - begin)  # the bytes it holds
         self.quoted = False
         self.hex_prefixed = False
         self._last = b""  # the byte before this block: a "0x" may straddle two

@@ -1,0 +1,71 @@
+"""A large log read in two halves at once, each on a core of its own.
+
+A report of a day's log (a million rows) is mostly its read, and pyarrow parses without Python's lock: the
+lines are split at a line's start near the middle (:func:`halves`), each half is parsed on a thread of its
+own (:func:`read_at_once`: the caller's thread takes the first), and the reader puts the second half's
+columns after the first's. On two cores the read's wall time about halves; its CPU time stays as it was.
+A small file, or a process that may run on one core only, is read as one stream.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar, cast
+
+from vramscope.logs.source import LineStream, LogSource
+
+# Lines past this size are read in two halves: below it the second thread's start is no longer small beside
+# the parse (a 4 MiB log's read takes about 10 ms).
+SPLIT_FROM = 4 << 20
+
+T = TypeVar("T")
+
+
+def cores() -> int:
+    """The cores this process may run on (a container's, a taskset's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def halves(source: LogSource, start: int) -> list[LineStream]:
+    """The file's complete lines from ``start``: one stream, or two split at a line's start near the middle when
+    there are :data:`SPLIT_FROM` bytes of them or more and two cores to read them."""
+    body = source.last_line_end - start
+    if body < SPLIT_FROM or cores() < 2:
+        return [source.lines(start)]
+    middle = source.line_start_after(start + body // 2)
+    if middle >= source.last_line_end:
+        return [source.lines(start)]
+    return [source.lines(start, middle), source.lines(middle)]
+
+
+def read_at_once(jobs: Sequence[Callable[[], T]]) -> list[T]:
+    """Every job's result, in order: the first job run in the caller's thread, each other on a thread of its own
+    at the same time. The first failure (in job order) is raised once all have ended."""
+    results: list[T | None] = [None] * len(jobs)
+    failures: list[BaseException | None] = [None] * len(jobs)
+
+    def run(k: int) -> None:
+        try:
+            results[k] = jobs[k]()
+        except BaseException as exc:  # raised in the caller's thread, below
+            failures[k] = exc
+
+    workers = [threading.Thread(target=run, args=(k,), name=f"vramscope-log-read-{k}", daemon=True)
+               for k in range(1, len(jobs))]
+    for worker in workers:
+        worker.start()
+    try:
+        if jobs:
+            run(0)
+    finally:
+        for worker in workers:
+            worker.join()
+    for failure in failures:
+        if failure is not None:
+            raise failure
+    return cast("list[T]", results)  # every job ended without a failure: each result is set

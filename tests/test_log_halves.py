@@ -1,0 +1,206 @@
+"""A large log is read in two halves at once (:mod:`vramscope.logs.halves`): the table is the one stream's, cell
+for cell, whatever lies on either side of the split.
+
+Each log here is read twice: as one stream (the split turned off) and in halves (from the first byte on, as if
+two cores were there), and every column is held to be the same in every way the analysis reads it. The logs put
+what the second half's columns must join onto in its way: a column only one half fills, a label first seen after
+the middle, a column of one value in each half but not the same one, an odd cell only past the middle, rows of
+another width, a blank line, Windows line ends; a quote or a ``0x`` only in the second half leaves the fast
+path as the one stream does. The per-cell rules themselves are held by ``test_log_cells`` and ``test_log_blocks``
+(run in halves too).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+from test_log_cells import same_smi, same_table, smi_text
+from vramscope.logs import halves
+from vramscope.logs.reader import read_log
+from vramscope.logs.source import LogSource
+from vramscope.logs.table import LogTable
+
+ROWS = 6_000  # several pyarrow blocks would need a MiB; the halves need only two lines each
+
+HEADER = ["time", "elapsed_s", "step", "gpu", "allocated_bytes", "reserved_bytes", "device_total_bytes", "tokens",
+          "num_ooms", "phase", "gpu_uuid", "rank"]
+
+
+def _cells(i: int, rng: random.Random, what: str) -> dict[str, str]:
+    second = i >= ROWS // 2
+    cells = {
+        "time": f"2026-11-29T10:{i // 600 % 60:02d}:{i // 10 % 60:02d}.{i % 10}00+00:00",
+        "elapsed_s": f"{i * 0.1:.3f}",
+        "step": str(i) if second else "",  # filled by the second half only
+        "gpu": "0",
+        "allocated_bytes": str(10**9 + rng.randrange(10**6)),
+        "reserved_bytes": "7" if second else "",
+        "device_total_bytes": "150754820096" if not second else "85899345920",  # one value a half, not the same
+        "tokens": str(2048 + i % 7) if not second else "",  # filled by the first half only
+        "num_ooms": "",  # never logged
+        "phase": "train" if not second or i % 50 else "eval",  # "eval" first seen past the middle
+        "gpu_uuid": "GPU-a" if not second else "GPU-b",
+        "rank": "",
+    }
+    if what == "odd" and second and i % 401 == 7:
+        cells["reserved_bytes"] = "-9223372036854775808"  # there, yet no number: only past the middle
+    if what == "nan" and second and i % 333 == 1:
+        cells["elapsed_s"] = "nan"
+    if what == "quote" and i == ROWS - 5:
+        cells["phase"] = '"train"'
+    if what == "hex" and i == ROWS - 5:
+        cells["allocated_bytes"] = "0x10"
+    if what == "exponent" and i == ROWS - 5:
+        cells["allocated_bytes"] = "1.2e9"
+    return cells
+
+
+def _write_log(path: Path, what: str, line_end: str = "\n") -> None:
+    rng = random.Random(7)
+    lines = [",".join(HEADER)]
+    for i in range(ROWS):
+        lines.append(",".join(_cells(i, rng, what)[h] for h in HEADER))
+        if what == "torn" and i % 1500 == 3:
+            lines.append("2026-11-29T10:00:00.000+00:00,1.0,7")  # another width: skipped
+        if what == "blank" and i in (ROWS // 2 - 1, ROWS // 2, ROWS // 2 + 1):
+            lines.append("")
+    path.write_text(line_end.join(lines) + line_end + "2026-11-29T11:00:00.000+00:00,0.5,12", newline="")
+
+
+def _split_on(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    monkeypatch.setattr(halves, "SPLIT_FROM", 1 if on else 1 << 62)
+    monkeypatch.setattr(halves, "cores", lambda: 2)
+
+
+def _snapshot(table: LogTable) -> tuple[int, dict[str, object]]:
+    out: dict[str, object] = {}
+    for column in table.columns:
+        data = table.column_data(column)
+        assert data is not None
+        ints, floats, labels = data.ints(), data.floats(), data.labels()
+        out[column] = (ints.values.tobytes(), ints.known.tobytes(), floats.values.tobytes(), floats.known.tobytes(),
+                       labels.codes.tobytes(), tuple(labels.names), data.filled(), tuple(data.texts()),
+                       table.has(column))
+    return len(table), out
+
+
+def _both(path: Path, monkeypatch: pytest.MonkeyPatch, only: frozenset[str] | None = None
+          ) -> tuple[LogTable, LogTable]:
+    _split_on(monkeypatch, False)
+    whole = read_log(path, only=only)
+    _split_on(monkeypatch, True)
+    return whole, read_log(path, only=only)
+
+
+@pytest.mark.parametrize("what", ["plain", "odd", "nan", "torn", "blank", "quote", "hex", "exponent"])
+def test_the_halves_make_the_one_streams_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    path = tmp_path / "mem.csv"
+    _write_log(path, what)
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole)
+    assert len(whole) == ROWS  # the torn last line is no row; rows of another width and blank lines neither
+    _split_on(monkeypatch, True)
+    same_table(path)  # and both are the per-cell rules' cells
+
+
+def test_what_joins_at_the_middle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mem.csv"
+    _write_log(path, "odd")
+    _, split = _both(path, monkeypatch)
+    step, tokens, total = split.int_column("step"), split.int_column("tokens"), split.int_column("device_total_bytes")
+    assert not step.known[: ROWS // 2].any() and step.known[ROWS // 2 :].all()
+    assert tokens.known[: ROWS // 2].all() and not tokens.known[ROWS // 2 :].any()
+    assert set(total.values[: ROWS // 2].tolist()) == {150754820096}
+    assert set(total.values[ROWS // 2 :].tolist()) == {85899345920}
+    assert split.labels("phase").names == ["train", "eval"]
+    assert split.labels("gpu_uuid").names == ["GPU-a", "GPU-b"]
+    reserved = split.int_column("reserved_bytes")
+    odd = [i for i in range(ROWS // 2, ROWS) if i % 401 == 7]  # there, yet no number: unknown
+    assert not reserved.known[: ROWS // 2].any() and not reserved.known[odd].any()
+    assert int(reserved.known.sum()) == ROWS - ROWS // 2 - len(odd)
+    assert not split.has("num_ooms") and not split.has("rank")
+
+
+def test_windows_line_ends_and_only_some_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mem.csv"
+    _write_log(path, "plain", line_end="\r\n")
+    only = frozenset({"time", "step", "phase", "tokens"})
+    whole, split = _both(path, monkeypatch, only)
+    assert split.columns == ["time", "step", "tokens", "phase"]
+    assert _snapshot(split) == _snapshot(whole)
+
+
+@pytest.mark.parametrize("odd", [None, "[N/A]"])
+def test_nvidia_smi_halves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: str | None) -> None:
+    header = ["timestamp", "name", "memory.used [MiB]", "memory.total [MiB]"]
+    bad = None if odd is None else "2026/11/29 10:00:00, NVIDIA H200, [N/A], 143771 MiB"
+    path = tmp_path / "smi.csv"
+    path.write_text(smi_text(header, rows=30_000, gpus=2, units=True, odd=bad, rng=random.Random(5)))
+    monkeypatch.setattr("vramscope.logs.smi_reader.STREAM_FROM", 1)
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole)
+    same_smi(path)
+
+
+def test_the_split_is_at_a_lines_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mem.csv"
+    path.write_bytes(b"time,gpu\n" + b"".join(b"%d,0\n" % i for i in range(1000)) + b"7,")
+    _split_on(monkeypatch, True)
+    with LogSource(str(path), "a log") as source:
+        start = source.header_end + 1
+        first, second = halves.halves(source, start)
+        head, tail = first.read(-1), second.read(-1)
+        assert head.endswith(b"\n") and tail.endswith(b"\n") and not tail.startswith(b"\n")
+        assert abs(len(head) - len(tail)) <= 12 and head + tail == path.read_bytes()[start : -2]
+        assert first.length == len(head) and second.length == len(tail)
+    _split_on(monkeypatch, False)
+    with LogSource(str(path), "a log") as source:
+        assert len(halves.halves(source, source.header_end + 1)) == 1
+
+
+def test_one_core_reads_one_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mem.csv"
+    path.write_bytes(b"time,gpu\n" + b"1,0\n" * 100)
+    monkeypatch.setattr(halves, "SPLIT_FROM", 1)
+    monkeypatch.setattr(halves, "cores", lambda: 1)
+    with LogSource(str(path), "a log") as source:
+        assert len(halves.halves(source, source.header_end + 1)) == 1
+
+
+def test_jobs_run_at_once_and_a_failure_is_raised_after_all_end() -> None:
+    both_in = threading.Barrier(2, timeout=10)  # each job waits for the other: they run at the same time
+    ended: list[int] = []
+
+    def job(k: int) -> int:
+        both_in.wait()
+        ended.append(k)
+        return k * 10
+
+    assert halves.read_at_once([lambda: job(0), lambda: job(1)]) == [0, 10]
+    again = threading.Barrier(2, timeout=10)
+
+    def fails() -> int:
+        again.wait()
+        raise ValueError("bad cell")
+
+    def slow() -> int:
+        again.wait()
+        ended.append(2)
+        return 1
+
+    with pytest.raises(ValueError, match="bad cell"):
+        halves.read_at_once([fails, slow])
+    assert sorted(ended) == [0, 1, 2]  # the second job ended before the failure was raised
+    assert halves.read_at_once([]) == []
+
+
+def test_cores_is_what_the_process_may_use() -> None:
+    if hasattr(os, "sched_getaffinity"):
+        assert halves.cores() == len(os.sched_getaffinity(0))  # a taskset's or a container's, not the machine's
+    else:
+        assert halves.cores() == (os.cpu_count() or 1)
