@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from vramscope.commands.argv import Option
 from vramscope.commands.axolotl import read_axolotl
@@ -30,7 +31,7 @@ from vramscope.commands.swift import SWIFT_SUBCOMMANDS, read_swift
 from vramscope.commands.trl import TRL_KINDS, kind_of_name, read_trl
 from vramscope.commands.unsloth import read_unsloth
 
-ConfigSource = str
+ConfigSource = Literal["none", "flag_or_positional", "positional", "flag"]
 """Where a program's config file is: ``none``, ``flag_or_positional`` (``--config x.yaml`` or a positional one,
 TrlParser's way), ``positional`` (the first positional with one of the program's ``config_suffixes``: axolotl,
 LLaMA-Factory), ``flag`` (``--config`` for any script)."""
