@@ -259,6 +259,37 @@ def test_what_others_need_of_a_program_is_a_field_its_reader_fills(tmp_path: Pat
     assert not dpo.eval_batch_follows_train and not dpo.seq_parts
 
 
+def test_where_a_program_keeps_its_config_is_its_rows_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    # LLaMA-Factory's row: a .json config too, key=value words override it, and one line where there is none.
+    (tmp_path / "lf.json").write_text(json.dumps({"model_name_or_path": "NousResearch/Llama-2-7b-hf", "stage": "sft",
+                                                  "finetuning_type": "lora", "per_device_train_batch_size": 2,
+                                                  "cutoff_len": 1024}), encoding="utf-8")
+    lf = parse("llamafactory-cli train lf.json per_device_train_batch_size=6", tmp_path)
+    assert (lf.config_path, lf.batch_size, lf.seq_len) == (str(tmp_path / "lf.json"), 6, 1024)
+    with pytest.raises(CommandReadError, match=r"^llamafactory-cli train needs its config file \(llamafactory-cli "
+                                               r"train examples/train_lora/x.yaml\); plan it with"):
+        parse("llamafactory-cli train", tmp_path)
+    # axolotl's row says a YAML and a required one; the same fields on it change how its command is read.
+    (tmp_path / "ax.json").write_text(json.dumps({"base_model": "NousResearch/Llama-2-7b-hf", "load_in_4bit": True,
+                                                  "adapter": "qlora", "sequence_len": 1024, "micro_batch_size": 2,
+                                                  "lora_r": 8}), encoding="utf-8")
+    with pytest.raises(CommandReadError, match=r"^axolotl train needs its config file \(axolotl train config.yml\)"):
+        parse("axolotl train ax.json micro_batch_size=5", tmp_path)
+    from dataclasses import replace
+
+    monkeypatch.setitem(PROGRAMS, "axolotl", replace(PROGRAMS["axolotl"], config_suffixes=(".json",),
+                                                     config_overrides=True, config_missing="axolotl wants a JSON"))
+    ax = parse("axolotl train ax.json micro_batch_size=5", tmp_path)
+    assert (ax.config_path, ax.batch_size, ax.seq_len, ax.unknown) == (str(tmp_path / "ax.json"), 5, 1024, ())
+    with pytest.raises(CommandReadError, match=r"^axolotl wants a JSON; plan it with"):
+        parse("axolotl train ax.yml", tmp_path)
+    # The fallback row (any script) reads only a command that looks like an HF Trainer script's.
+    (tmp_path / "train.py").write_text("print('hello')\n", encoding="utf-8")
+    with pytest.raises(CommandReadError, match="it is not a command of a tool vramscope reads"):
+        parse("python train.py --foo 1", tmp_path)
+
+
 def program_compares(source: str) -> list[str]:
     """Each comparison in ``source`` with a program's name (a key of ``PROGRAMS``) as a string literal;
     dataset/'s layouts are named ``sft``/``hf`` too (a ``trainer``, not a program)."""
@@ -284,13 +315,17 @@ def program_compares(source: str) -> list[str]:
 def test_no_module_outside_commands_compares_with_a_programs_name() -> None:
     # tune/ and cli/ read ParsedCommand's fields (accum_flag, flags_in_config, seq_parts, eval_batch_follows_train,
     # title; Target.worker/starts for a relaunch) instead of `parsed.program == "axolotl"`: a new program is a
-    # reader, not an if in each of them.
+    # reader, not an if in each of them. commands/__init__.py too: where a program's config file is, whether it
+    # needs one, whether key=value words override it and whether its command must look like an HF Trainer
+    # script are fields of its row in commands/dispatch.PROGRAMS.
     for before in ('parsed.program == "axolotl"', 'p.program == "trl"', 'kind in ("accelerate", "trl", "axolotl")'):
         assert program_compares(before), before
     assert not program_compares('trainer in ("sft", "hf")') and not program_compares('kind == "deepspeed"')
     src = Path(__file__).resolve().parent.parent / "src" / "vramscope"
     found = {str(path.relative_to(src)): program_compares(path.read_text(encoding="utf-8"))
-             for path in sorted(src.rglob("*.py")) if src / "commands" not in path.parents}
+             for path in sorted(src.rglob("*.py"))
+             if src / "commands" not in path.parents or path == src / "commands" / "__init__.py"}
+    assert "commands/__init__.py" in found
     assert not {k: v for k, v in found.items() if v}
 
 

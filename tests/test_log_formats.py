@@ -92,6 +92,44 @@ def test_the_capacity_caption_names_what_the_format_read_the_total_from(tmp_path
     assert report_file(smi, capacity_bytes=24 * 2**30).devices[0].timeline.capacity_source == "--gpu-memory"
 
 
+def _loop_log(path: Path, header: str) -> Path:
+    """A training loop's own log, as a user's loop writes it: time, step, allocated, reserved and the card's
+    total (``torch.cuda.mem_get_info()[1] / 1024**3``), in GiB."""
+    lines = [f"2026-12-01 08:{s // 60:02d}:{s % 60:02d}.5,{s},{10 + s / 20:.2f},{12 + s / 20:.2f},79.19"
+             for s in range(60)]
+    path.write_text(header + "\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_total_the_users_own_log_wrote_is_captioned_as_its_not_nvmls(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import html
+    import re
+
+    loop = _loop_log(tmp_path / "loop.csv", "time,step,allocated_gb,reserved_gb,total_gb")
+    theirs = _loop_log(tmp_path / "theirs.csv", "when,it,a,r,cap")
+    mapping = ["--columns", "time=when,step=it,allocated=a:GiB,reserved=r:GiB,total=cap:GiB"]
+    expected = {"loop": "GPU total, your log's total column", "theirs": "GPU total, your log's --columns total= column"}
+    assert entry("hand-written", imported=True).total_from == "your log's total column"
+    assert MAPPED.total_from == "your log's --columns total= column"
+    for name, path, extra in (("loop", loop, []), ("theirs", theirs, mapping)):
+        caption = expected[name]
+        capsys.readouterr()
+        assert main(["report", str(path), *extra]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"GPU 0 · capacity 79.19 GiB ({caption})" in out and "NVML" not in out
+        page = tmp_path / f"{name}.html"
+        assert main(["report", str(path), "--html", str(page), *extra]) == 0
+        texts = [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", page.read_text("utf-8"))]
+        named = {t for t in texts if t.startswith("capacity ")}  # each chart's label of its capacity line
+        assert named and all(t.startswith(f"capacity 79.2 GiB ({caption})") for t in named), named
+        assert not any("NVML" in t for t in texts)
+        capsys.readouterr()
+        assert main(["report", str(path), "--json", *extra]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert [d["capacity_source"] for d in data["devices"].values()] == [caption]
+
+
 def test_the_cli_json_says_the_entrys_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     smi = write_nvidia_smi_log(tmp_path / "smi.csv", rows=30, gpus=1)
     assert main(["report", str(smi), "--json"]) == 0

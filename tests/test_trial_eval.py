@@ -15,6 +15,10 @@ from vramscope.tune.command_trial import TrialRequest
 from vramscope.tune.trial_eval import EVAL_STEPS_CAP, eval_steps, extrapolate
 
 PY = sys.executable
+# The eval entries the trial child wrote before the entry had a typed owner (EvalPass.run's dict), captured from
+# these same scenarios at 2573deb: the child still writes them byte for byte.
+OLD_ENTRIES: dict[str, str] = json.loads((Path(__file__).parent / "data" / "trial_eval" / "child_entries.json")
+                                         .read_text(encoding="utf-8"))
 
 # A script of the usual shape: its own eval set, compute_metrics, evaluation every few steps. Its metric writes a
 # file when it runs, to show the trial does not compute it; nothing after train() may run either.
@@ -80,13 +84,15 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _trial(tmp_path: Path, script: Path, mode: str, accumulate: str = "none", eval_rows: int = 4,
-           eval_batch: int | None = 5) -> dict:
+           eval_batch: int | None = 5, old: str | None = None) -> dict:
     request = TrialRequest(batch_size=3, seq_len=24, max_steps=2, record=str(tmp_path / "trial.json"),
                            eval_batch_size=eval_batch)
     outcome = run_trial_child([PY, str(script), str(tmp_path), mode, accumulate, str(eval_rows)], request,
                               log_path=str(tmp_path / "trial.log"), timeout_s=300)
     assert outcome.trial.ok, (tmp_path / "trial.log").read_text()
-    record: dict = json.loads((tmp_path / "trial.json").read_text())
+    text = (tmp_path / "trial.json").read_text(encoding="utf-8")
+    assert OLD_ENTRIES[old or mode] in text  # the entry's bytes, as the child wrote them before TrialEval
+    record: dict = json.loads(text)
     assert record["status"] == "done" and [s["step"] for s in record["steps"]] == [1, 2]
     assert "trained" not in (tmp_path / "trial.log").read_text()  # it exited after the pass, as after the steps
     return record
@@ -116,7 +122,7 @@ def test_loss_only_and_accumulated_evaluations_run_a_few_batches(tmp_path: Path,
     loss = _trial(tmp_path / "loss", script, "loss")
     assert loss["eval"]["logits"] == "none" and loss["eval"]["steps_run"] == 2
     assert loss["eval"]["inputs"] == [[5, 24]] * 2
-    accumulated = _trial(tmp_path / "acc", script, "metric", accumulate="3")
+    accumulated = _trial(tmp_path / "acc", script, "metric", accumulate="3", old="accumulated")
     # eval_accumulation_steps 3: the third batch concatenates onto two before they move to the host; a fourth.
     assert accumulated["eval"]["logits"] == "kept" and accumulated["eval"]["steps_run"] == 4
 
@@ -134,12 +140,14 @@ def test_an_out_of_memory_error_in_evaluation_is_the_trials_attributed_to_evalua
                            eval_batch_size=5)
     outcome = run_trial_child([PY, str(script), str(tmp_path), "oom_in_eval", "none", "4"], request,
                               log_path=str(tmp_path / "trial.log"), timeout_s=300)
-    record = json.loads((tmp_path / "trial.json").read_text())
+    text = (tmp_path / "trial.json").read_text(encoding="utf-8")
+    assert OLD_ENTRIES["oom_in_eval"] in text
+    record = json.loads(text)
     assert not outcome.trial.ok and record["status"] == "oom" and record["phase"] == "eval"
     assert outcome.trial.error == "in evaluation: cuda_allocator: CUDA out of memory. Tried to allocate 3.00 GiB"
     assert len(record["steps"]) == 2  # both training steps ran; the evaluation after them did not end
     assert outcome.phases.phase == "eval" and outcome.phases.eval is not None
-    assert (outcome.phases.eval["status"], outcome.phases.eval["batch_size"], outcome.phases.eval["logits"]) == \
+    assert (outcome.phases.eval.status, outcome.phases.eval.batch_size, outcome.phases.eval.logits) == \
         ("oom", 5, "kept")
     assert "trained" not in (tmp_path / "trial.log").read_text()
 
@@ -149,6 +157,19 @@ def test_another_failure_in_evaluation_leaves_the_trial_with_its_training_steps(
                                                                               script: Path) -> None:
     record = _trial(tmp_path, script, "fails_in_eval")
     assert record["eval"]["status"] == "failed" and "KeyError" in record["eval"]["error"]
+
+
+@pytest.mark.slow
+def test_a_named_iterable_eval_set_is_written_as_before(tmp_path: Path) -> None:
+    # The Trainer's eval sets by name, the first an iterable one (no length: the real evaluation's batches unknown).
+    plain = 'eval_dataset=None if metric_mode == "no_eval_set" else Rows(45)'
+    named = ('eval_dataset={"held": type("Stream", (torch.utils.data.IterableDataset,), '
+             '{"__iter__": lambda self: iter(Rows(45))})()}')
+    assert plain in SCRIPT
+    script = tmp_path / "named_eval_sets.py"
+    script.write_text(SCRIPT.replace(plain, named), encoding="utf-8")
+    evaluation = _trial(tmp_path, script, "loss", old="named_iterable")["eval"]
+    assert evaluation["eval_set"] == "held" and evaluation["steps_total"] is None and "eval_examples" not in evaluation
 
 
 def test_eval_batches_follow_what_the_evaluation_holds() -> None:

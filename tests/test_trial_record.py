@@ -16,6 +16,7 @@ import pytest
 
 from vramscope.tune.command import TrialFailed, run_trial_child
 from vramscope.tune.trial_record import (
+    TrialEval,
     TrialRecord,
     TrialRequest,
     TrialStep,
@@ -110,6 +111,14 @@ def test_what_cannot_be_read_is_no_record_and_a_field_of_another_type_is_unknown
                                  "eval": [1], "steps": [{"step": -2, "inputs": [[3, "a"], [2, 8]],
                                                          "peak_allocated_bytes": -5, "rss_bytes": 7}, "x"]})
     assert odd == TrialRecord(steps=(TrialStep(step=None, inputs=((2, 8),), rss_bytes=7),))
+    # The eval entry the same way: not an object is no entry, a field of another type is unknown, an unknown key is
+    # not kept, a shape or peak that is not a count is left out of its list.
+    foreign = TrialRecord.from_json({"eval": {"status": 3, "batch_size": "8", "logits": "kept", "steps_run": -1,
+                                              "inputs": [[5, "a"], [5, 24]], "step_peaks": [1, -2, "x", 3],
+                                              "extrapolated_steps": 2.5, "from_elsewhere": 1}})
+    assert foreign.eval == TrialEval(logits="kept", inputs=((5, 24),), step_peaks=(1, 3))
+    assert TrialRecord.from_json({"eval": {}}).eval == TrialEval() and TrialRecord(eval=TrialEval()).to_json() == \
+        {"steps": [], "eval": {}}
     assert TrialRecord.from_json({}) == TrialRecord() and TrialRecord().to_json() == {"steps": []}
 
 
@@ -122,10 +131,39 @@ def test_the_invariants_hold_where_a_record_is_built() -> None:
         TrialStep(step=1, inputs=((3, -24),))
     with pytest.raises(AssertionError, match="base_allocated_bytes is never negative"):
         TrialRecord(status="training", base_allocated_bytes=-1)
-    evaluation = {"status": "done", "batch_size": 8, "logits": "kept", "peak_allocated_bytes": 7}
+    evaluation = TrialEval(batch_size=8, logits="kept", eval_accumulation_steps=2, eval_set="val", eval_examples=40,
+                           steps_total=5, steps_held=3, steps_run=3, status="done", inputs=((8, 16),) * 3,
+                           step_peaks=(5, 6, 7), peak_allocated_bytes=7, peak_reserved_bytes=9,
+                           measured_peak_allocated_bytes=7, extrapolated_steps=0)
     whole = TrialRecord(status="oom", request=TrialRequest(2, None, 2, "/r/t.json", 10, 8), rank=1, pid=42,
                         steps=(TrialStep(1, ((2, 16),), 5, 6, 4, 6, 9, 8, 3),), cuda=True, model_class="M",
                         parameters=10, parameters_held=5, device=0, device_name="H200", total_bytes=100,
                         capacity_bytes=90, base_allocated_bytes=2, base_reserved_bytes=3, phase="eval",
                         eval=evaluation, error="cuda_allocator: CUDA out of memory")
     assert TrialRecord.from_json(json.loads(json.dumps(whole.to_json()))) == whole  # every field survives the file
+
+
+# Records in the form the child wrote before the eval entry had a typed owner (TrialRecord.to_json at 2573deb):
+# a real CPU child's (tests/test_trial_eval.py writes them again), and the CUDA child's shapes of the entry: its
+# peaks extrapolated past the batches run, an OOM in the pass with the batches' peaks so far, an OOM before the
+# pass had read its settings.
+OLD_RECORDS = sorted((Path(__file__).parent / "data" / "trial_eval").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", [p for p in OLD_RECORDS if p.name != "child_entries.json"], ids=lambda p: p.stem)
+def test_a_record_with_an_eval_entry_writes_its_file_again_byte_for_byte(path: Path, tmp_path: Path) -> None:
+    record = read_record(str(path))
+    assert record is not None and record.eval is not None
+    assert json.dumps(record.to_json()) == path.read_text(encoding="utf-8")
+    raw = json.loads(path.read_text(encoding="utf-8"))["eval"]
+    assert (record.eval.status, record.eval.batch_size, record.eval.step_peaks) == \
+        (raw["status"], raw["batch_size"], None if "step_peaks" not in raw else tuple(raw["step_peaks"]))
+
+
+def test_an_eval_entry_holds_its_invariants() -> None:
+    with pytest.raises(AssertionError, match="steps_run is never negative"):
+        TrialEval(steps_run=-1)
+    with pytest.raises(AssertionError, match="peak is never negative"):
+        TrialEval(step_peaks=(3, -1))
+    with pytest.raises(AssertionError, match="shape is never negative"):
+        TrialEval(inputs=((5, -24),))

@@ -106,4 +106,4 @@ def test_tune_names_the_evaluation_that_limits_the_batch(tmp_path: Path, script:
     assert peaks["eval"]["logits"] == "kept" and peaks["eval"]["batch_size"] == EVAL_ROWS
     assert peaks["eval"]["peak_reserved_bytes"] is not None and peaks["train"]["peak_reserved_bytes"] is not None
     # Every trial ran its evaluation at the command's eval batch, whatever the batch tried.
-    assert all(t.phases.eval is not None and t.phases.eval.get("batch_size") == EVAL_ROWS for t in result.trials)
+    assert all(t.phases.eval is not None and t.phases.eval.batch_size == EVAL_ROWS for t in result.trials)

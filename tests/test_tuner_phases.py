@@ -24,7 +24,7 @@ from vramscope.tune.phase_limit import (
     phase_peaks,
 )
 from vramscope.tune.search import Trial, search
-from vramscope.tune.trial_record import TrialRecord
+from vramscope.tune.trial_record import TrialEval, TrialRecord
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_lora.py"
 GIB = 2**30
@@ -90,7 +90,7 @@ CAPACITY = 100 * GIB
 
 def _run(size: int, done: list[CommandTrial]) -> Trial:
     train, evaluation = (10 + 8 * size) * GIB, (10 + 11 * size) * GIB
-    info = {"status": "done", "batch_size": size, "logits": "kept", "steps_run": 4, "steps_held": 4}
+    info = TrialEval(status="done", batch_size=size, logits="kept", steps_run=4, steps_held=4)
     if evaluation > CAPACITY:
         phases = PhasePeaks(train, train, eval=info, oom_phase="eval")
         trial = Trial(size=size, ok=False, base_bytes=10 * GIB, peak_bytes=None, seconds=1.0,
@@ -129,13 +129,13 @@ def test_the_answer_names_the_evaluation_that_limits_it() -> None:
 
 
 def test_without_a_larger_trial_the_answers_own_peak_names_the_phase() -> None:
-    loss_only = {"status": "done", "batch_size": 8, "logits": "none"}
+    loss_only = TrialEval(status="done", batch_size=8, logits="none")
     train_sets = PhasePeaks(40 * GIB, 41 * GIB, 12 * GIB, 41 * GIB, eval=loss_only)
     limit = limiting([(6, True, 41 * GIB, train_sets)], 6, 95 * GIB, capped=True)
     assert (limit.phase, limit.at_size) == ("train", None)
     assert limit.words(6) == "batch 6 fits; the training step sets its peak"
     # A size above that ran out of memory in evaluation names it, measured.
-    evaluation = PhasePeaks(50 * GIB, 51 * GIB, eval={"batch_size": 8, "logits": "kept"}, oom_phase="eval")
+    evaluation = PhasePeaks(50 * GIB, 51 * GIB, eval=TrialEval(batch_size=8, logits="kept"), oom_phase="eval")
     limit = limiting([(6, True, 41 * GIB, train_sets), (9, False, None, evaluation),
                       (7, True, 96 * GIB, train_sets)], 6, 95 * GIB)
     assert (limit.phase, limit.at_size, limit.ran_out) == ("train", 7, False)  # 7 broke the margin: the step
@@ -171,6 +171,7 @@ def test_without_an_eval_pass_the_answer_is_checked_against_the_eval_plan() -> N
                            "per_device_eval_batch_size 16 (loss only) is planned at ") and loss.endswith("it fits")
     # What the trial's Trainer recorded (logits kept, 2,000 eval examples) is what the plan is made for: 125 eval
     # batches of [16, 512, 32000] fp32 logits held on the GPU do not fit 80 GiB.
-    kept = eval_plan_check(parsed, 4, 512, 80 * GIB, {"status": "failed", "logits": "kept", "eval_examples": 2000})
+    kept = eval_plan_check(parsed, 4, 512, 80 * GIB, TrialEval(status="failed", logits="kept",
+                                                                 eval_examples=2000))
     assert "(logits kept)" in kept and kept.endswith("it does not fit")
     assert eval_plan_check(parse_command(_hf()), 4, 512, 80 * GIB, None) == ""  # no evaluation: nothing to check

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.commands.argv import Option, Reader, options_from_mapping, shown, split_options
-from vramscope.commands.axolotl import config_path
 from vramscope.commands.common import model_name_facts, trainer_gaps
 from vramscope.commands.dispatch import PROGRAMS, identify
 from vramscope.commands.dispatch import Program as ProgramEntry
@@ -71,8 +70,7 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
     facts = read_script(_script_text(target, folder))
     name, kind = identify(target, options, positionals, facts)
     program = PROGRAMS[name]
-    options, positionals, config_options, config_file, cfg = _config(program.config, name, options, positionals,
-                                                                     folder)
+    options, positionals, config_options, config_file, cfg = _config(program, options, positionals, folder)
     reader = Reader([*config_options, *options])
     models: dict[str | None, str | None] = {}
 
@@ -84,7 +82,7 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
         return models[model]
 
     ctx = Context(reader, state, model_type_of_name, cfg, folder, target, facts, kind)
-    if name == "hf" and not _looks_like_hf(reader, facts):
+    if program.trainer_signs_needed and not _looks_like_hf(reader, facts):
         raise CommandReadError(
             f"cannot read the model and shapes from '{' '.join(argv[:4])}{' ...' if len(argv) > 4 else ''}': "
             f"it is not a command of a tool vramscope reads (TRL, an HfArgumentParser / HF Trainer script, axolotl, "
@@ -104,35 +102,33 @@ def parse_command(argv: Sequence[str], cwd: str | os.PathLike[str] | None = None
                      program)
 
 
-def _config(source: str, name: str, options: list[Option], positionals: list[str], folder: Path
+def _config(program: ProgramEntry, options: list[Option], positionals: list[str], folder: Path
             ) -> tuple[list[Option], list[str], list[Option], str | None, dict[str, Any]]:
-    """The program's config file into options (below the command line's), by where the program keeps it."""
+    """The program's config file into options (below the command line's), by where the program keeps it
+    (its entry's ``config`` fields)."""
     path: Path | None = None
-    what = f"{PROGRAMS[name].title} config"
-    flag = next((o for o in options if o.name == "config"), None) if source in ("trl", "flag") else None
+    source = program.config
+    what = f"{program.title} config"
+    flag = next((o for o in options if o.name == "config"), None) if source in ("flag_or_positional", "flag") else None
     if flag is not None:
         if not flag.values:
             raise CommandReadError(f"--config needs a YAML file ({what})")
-        if source == "trl" or flag.values[0].endswith((".yaml", ".yml", ".json")):
+        if source == "flag_or_positional" or flag.values[0].endswith((".yaml", ".yml", ".json")):
             path = _under(flag.values[0], folder)
             options = [o for o in options if o is not flag]
-    if path is None and source in ("trl", "positional"):
-        yaml_words = [p for p in positionals if p.endswith((".yaml", ".yml"))
-                      or (name == "llamafactory" and p.endswith(".json"))]
-        if yaml_words:
-            path = _under(yaml_words[0], folder)
-            positionals = [p for p in positionals if p != yaml_words[0]]
-        elif name == "axolotl":
-            config_path(positionals, folder)  # raises the one-line error
-        elif name == "llamafactory":
-            raise CommandReadError(f"llamafactory-cli train needs its config file (llamafactory-cli train "
-                                   f"examples/train_lora/x.yaml); {HOW_INSTEAD}")
+    if path is None and source in ("flag_or_positional", "positional"):
+        config_words = [p for p in positionals if p.endswith(program.config_suffixes)]
+        if config_words:
+            path = _under(config_words[0], folder)
+            positionals = [p for p in positionals if p != config_words[0]]
+        elif program.config_missing is not None:
+            raise CommandReadError(f"{program.config_missing}; {HOW_INSTEAD}")
     if path is None:
         return options, positionals, [], None, {}
     cfg = load_json(path, what) if path.suffix == ".json" else load_yaml(path, what)
     cfg.pop("env", None)
     config_options = options_from_mapping(cfg, path.name)
-    if name == "llamafactory":  # key=value words after the config override it (LLaMA-Factory's CLI)
+    if program.config_overrides:  # key=value words after the config override it
         pairs = [p for p in positionals if "=" in p and not p.startswith("-")]
         config_options += [Option(k.replace("-", "_"), [v], k) for k, v in (p.split("=", 1) for p in pairs)]
         positionals = [p for p in positionals if p not in pairs]

@@ -48,14 +48,6 @@ dataloader_num_workers dataloader_pin_memory dataloader_prefetch_factor lora_mod
 """.split())  # noqa: SIM905 (a word list reads best as words)
 
 
-def config_path(positionals: list[str], cwd: Path) -> Path:
-    for word in positionals:
-        if word.endswith((".yml", ".yaml")):
-            p = Path(word).expanduser()
-            return p if p.is_absolute() else cwd / p
-    raise CommandReadError(f"axolotl train needs its config file (axolotl train config.yml); {HOW_INSTEAD}")
-
-
 _RL = {"dpo": "dpo", "ipo": "dpo", "simpo": "orpo", "orpo": "orpo", "kto": "kto", "grpo": "grpo"}
 
 

@@ -2,7 +2,8 @@
 
 :func:`identify` names the program from what the launcher runs (``trl dpo``, ``llamafactory-cli train``,
 ``swift sft``, a module, a script's path, its flags, its source); :data:`PROGRAMS` maps that name to its
-reader (a function ``Context -> Reading``) and to where its config file comes from. Adding a tool is one
+reader (a function ``Context -> Reading``), to where its config file comes from and how its command's words
+change it, and to whether a command of it must look like an HF Trainer's. Adding a tool is one
 reader module, one line here (and how it is recognised, below) and its name in the ``programs`` of the framework
 its commands plan with (``planner/frameworks/``).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from vramscope.commands.argv import Option
 from vramscope.commands.axolotl import read_axolotl
@@ -29,17 +31,23 @@ from vramscope.commands.swift import SWIFT_SUBCOMMANDS, read_swift
 from vramscope.commands.trl import TRL_KINDS, kind_of_name, read_trl
 from vramscope.commands.unsloth import read_unsloth
 
-ConfigSource = str
-"""Where a program's config file is: ``none``, ``trl`` (``--config x.yaml`` or a positional YAML, TrlParser's
-way), ``positional`` (the first ``.yml``/``.yaml`` positional: axolotl, LLaMA-Factory), ``flag`` (``--config``
-for any script)."""
+ConfigSource = Literal["none", "flag_or_positional", "positional", "flag"]
+"""Where a program's config file is: ``none``, ``flag_or_positional`` (``--config x.yaml`` or a positional one,
+TrlParser's way), ``positional`` (the first positional with one of the program's ``config_suffixes``: axolotl,
+LLaMA-Factory), ``flag`` (``--config`` for any script)."""
+YAML_SUFFIXES = (".yaml", ".yml")
 
 
 @dataclass(frozen=True)
 class Program:
     """A program vramscope reads: its reader, its title in the plan, and where its config file comes from.
 
-    ``names_trainer``: the plan's title names the trainer too (``TRL dpo``). The framework a reading plans
+    ``names_trainer``: the plan's title names the trainer too (``TRL dpo``). A positional config is the first
+    positional word ending in one of ``config_suffixes``; ``config_missing`` is the one-line error (before how
+    to plan instead) for a command that names none, where the program cannot run without one (None: a config
+    is optional); ``config_overrides``: ``key=value`` words after the config override its keys (LLaMA-Factory's
+    CLI). ``trainer_signs_needed``: the program is the fallback for any script, so a command of it is read only
+    where its flags or source show an HfArgumentParser / HF Trainer script. The framework a reading plans
     with is not here: it is ``Framework.programs``'s in ``planner/frameworks/`` (a reader overrides it only
     where the command says more).
     """
@@ -48,6 +56,10 @@ class Program:
     title: str
     config: ConfigSource = "none"
     names_trainer: bool = False
+    config_suffixes: tuple[str, ...] = YAML_SUFFIXES
+    config_missing: str | None = None
+    config_overrides: bool = False
+    trainer_signs_needed: bool = False
 
     def title_of(self, kind: str) -> str:
         """The title of a reading of this program whose trainer is ``kind``."""
@@ -55,11 +67,14 @@ class Program:
 
 
 PROGRAMS: dict[str, Program] = {
-    "trl": Program(read_trl, "TRL", "trl", names_trainer=True),
+    "trl": Program(read_trl, "TRL", "flag_or_positional", names_trainer=True),
     "qlora": Program(read_qlora, "qlora.py"),
-    "hf": Program(read_hf, "HF Trainer script", "flag"),
-    "axolotl": Program(read_axolotl, "axolotl", "positional"),
-    "llamafactory": Program(read_llamafactory, "LLaMA-Factory", "positional"),
+    "hf": Program(read_hf, "HF Trainer script", "flag", trainer_signs_needed=True),
+    "axolotl": Program(read_axolotl, "axolotl", "positional",
+                       config_missing="axolotl train needs its config file (axolotl train config.yml)"),
+    "llamafactory": Program(read_llamafactory, "LLaMA-Factory", "positional", config_suffixes=(*YAML_SUFFIXES, ".json"),
+                            config_missing="llamafactory-cli train needs its config file (llamafactory-cli train "
+                                           "examples/train_lora/x.yaml)", config_overrides=True),
     "swift": Program(read_swift, "ms-swift", "flag"),
     "unsloth": Program(read_unsloth, "Unsloth"),
     "fsdp_qlora": Program(read_fsdp_qlora, "Answer.AI fsdp_qlora"),

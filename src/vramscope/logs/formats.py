@@ -35,7 +35,8 @@ class LogFormat:
     ``gpu``), so a file is this format only when it holds one of the memory columns; without one,
     ``read_any_log`` tries the imported formats.
     ``total_from``: what the log's GPU total (``device_total_bytes``) was read from, as the report's caption of
-    a device's capacity names it ("GPU total, NVML").
+    a device's capacity names it ("GPU total, NVML"): vramscope's sampler reads NVML, nvidia-smi its
+    ``memory.total``; a log that vramscope did not write says its own total, read from one of its columns.
     """
 
     kind: str
@@ -61,11 +62,14 @@ def _needs_a_mapping(source: LogSource) -> LogTable:
 
 
 _NVIDIA_SMI_TOTAL = "nvidia-smi memory.total"
+# The user's own log (their loop's, their CSV's): its total is whatever their code wrote in that column.
+_HAND_WRITTEN_TOTAL = "your log's total column"  # a header cell naming a total (imports.guess_columns)
+_MAPPED_TOTAL = "your log's --columns total= column"
 # vramscope's CSV: also what a table made in memory (a test's, a live monitor's columns) holds.
 OWN_CSV = LogFormat("vramscope", csv_reader.sniff, csv_reader.read_csv, rotated="same-header",
                     memory_column_needed=True)
 # Any CSV read through a ``--columns`` mapping (``read_any_log``'s ``columns``): never recognised, only asked for.
-MAPPED = LogFormat("mapped", lambda _source: False, _needs_a_mapping, imported=True)
+MAPPED = LogFormat("mapped", lambda _source: False, _needs_a_mapping, imported=True, total_from=_MAPPED_TOTAL)
 
 FORMATS: tuple[LogFormat, ...] = (
     LogFormat("jsonl", jsonl_reader.sniff, jsonl_reader.read, rotated="same"),
@@ -73,7 +77,8 @@ FORMATS: tuple[LogFormat, ...] = (
     OWN_CSV,
     LogFormat("nvidia-smi", imports.sniff_headerless_smi, imports.read_headerless_smi, imported=True,
               total_from=_NVIDIA_SMI_TOTAL),
-    LogFormat("hand-written", imports.sniff_hand_written, imports.read_hand_written, imported=True),
+    LogFormat("hand-written", imports.sniff_hand_written, imports.read_hand_written, imported=True,
+              total_from=_HAND_WRITTEN_TOTAL),
 )
 
 

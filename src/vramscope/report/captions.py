@@ -2,8 +2,8 @@
 :mod:`vramscope.analysis.verdicts`, read from the typed results):
 
 * :func:`capacity_source`: where a device's capacity comes from (``--gpu-memory``, or the log's total, named
-  by its format: NVML's, nvidia-smi's ``memory.total``), so that every chart of a device draws one capacity and
-  names it;
+  by its format: NVML's, nvidia-smi's ``memory.total``, the total column of the user's own log), so that every
+  chart of a device draws one capacity and names it;
 * :func:`forecast_limit_note`: why the forecast runs to a lower line than the capacity drawn.
 """
 

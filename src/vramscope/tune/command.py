@@ -323,7 +323,7 @@ def tune_command(
                                capped=result.capped)
         missing = eval_notes(done)
         if missing:  # the trials could not evaluate: the planner's eval phase at the answer is the check
-            recorded = next((o.phases.eval for o in done if o.phases.eval), None)
+            recorded = next((o.phases.eval for o in done if o.phases.eval is not None), None)
             check = eval_plan_check(parsed, fixed_batch if max_seq_len else result.size,
                                     result.size if max_seq_len else length, result.capacity_bytes, recorded,
                                     eval_follows_train(parsed))
@@ -356,11 +356,11 @@ def eval_notes(done: Sequence[CommandTrial]) -> list[str]:
         if evaluation is None and outcome.trial.ok:
             notes.append("the command evaluates but the trials' Trainer ran no evaluation pass: the answer is for "
                          "the training step alone; check the evaluation with vramscope plan -- <command>")
-        elif evaluation is not None and evaluation.get("status") == "no_eval_dataset":
+        elif evaluation is not None and evaluation.status == "no_eval_dataset":
             notes.append("the command evaluates but its Trainer got no eval_dataset in the trial: the answer is for "
                          "the training step alone; check the evaluation with vramscope plan -- <command>")
-        elif evaluation is not None and evaluation.get("status") == "failed":
-            notes.append(f"the trial's evaluation pass failed ({evaluation.get('error')}): the answer is for the "
+        elif evaluation is not None and evaluation.status == "failed":
+            notes.append(f"the trial's evaluation pass failed ({evaluation.error}): the answer is for the "
                          "training step alone; check the evaluation with vramscope plan -- <command>")
         else:
             continue

@@ -273,8 +273,8 @@ def _callback_class() -> type:
             try:
                 evaluation = self.eval_pass.run(self.trainer)
             except BaseException:  # out of memory (re-raised by the pass): keep what it ran at, for the answer
-                self.record.now = replace(self.record.now, eval={**self.eval_pass.settings, "status": "oom",
-                                                                 "step_peaks": self.eval_pass.step_peaks})
+                self.record.now = replace(self.record.now, eval=replace(
+                    self.eval_pass.settings, status="oom", step_peaks=tuple(self.eval_pass.step_peaks)))
                 raise
             self.record.now = replace(self.record.now, eval=evaluation, phase=None)
 

@@ -9,12 +9,12 @@ in, typed figures and words out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vramscope.commands import ParsedCommand
-from vramscope.tune.trial_record import TrialRecord
+from vramscope.tune.trial_record import TrialEval, TrialRecord
 
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size's default
 PHASE_WORDS = {"train": "the training step", "eval": "evaluation"}
@@ -50,7 +50,7 @@ class PhasePeaks:
     train_reserved: int | None
     eval_allocated: int | None = None
     eval_reserved: int | None = None
-    eval: Mapping[str, Any] | None = None  # rank 0's eval record (batch, logits, batches run and held)
+    eval: TrialEval | None = None  # rank 0's eval entry (batch, logits, batches run and held)
     oom_phase: str | None = None  # the phase that ran out of memory, for a trial that did
 
     @property
@@ -77,9 +77,9 @@ class PhasePeaks:
                                          "peak_reserved_bytes": self.train_reserved}}
         if self.eval is not None:
             out["eval"] = {"peak_allocated_bytes": self.eval_allocated, "peak_reserved_bytes": self.eval_reserved,
-                           **{k: self.eval.get(k) for k in ("status", "batch_size", "logits", "steps_run",
-                                                            "steps_held", "extrapolated_steps", "error")
-                              if self.eval.get(k) is not None}}
+                           **{k: getattr(self.eval, k) for k in ("status", "batch_size", "logits", "steps_run",
+                                                                 "steps_held", "extrapolated_steps", "error")
+                              if getattr(self.eval, k) is not None}}
         return out
 
 
@@ -99,25 +99,24 @@ def phase_peaks(records: Sequence[TrialRecord]) -> PhasePeaks:
     return PhasePeaks(
         train_allocated=_most([s.peak_allocated_bytes for s in steps]),
         train_reserved=_most([s.peak_reserved_bytes for s in steps]),
-        eval_allocated=_most([e.get("peak_allocated_bytes") for e in evals]),
-        eval_reserved=_most([e.get("peak_reserved_bytes") for e in evals]),
+        eval_allocated=_most([e.peak_allocated_bytes for e in evals]),
+        eval_reserved=_most([e.peak_reserved_bytes for e in evals]),
         eval=evals[0] if evals else None,
         oom_phase=oom,
     )
 
 
-def describe_eval(evaluation: Mapping[str, Any] | None, follows: bool = False) -> str:
-    """``per_device_eval_batch_size 8, logits kept`` (what the evaluation ran at)."""
-    if not evaluation:
+def describe_eval(evaluation: TrialEval | None, follows: bool = False) -> str:
+    """``per_device_eval_batch_size 8, logits kept`` (what the evaluation ran at); empty for an entry that says
+    nothing (none, or an empty one)."""
+    if evaluation is None or evaluation == TrialEval():
         return ""
-    batch = evaluation.get("batch_size")
+    batch = evaluation.batch_size
     parts = [f"eval batch {batch}, the batch tried" if follows else f"per_device_eval_batch_size {batch}"]
-    logits = evaluation.get("logits")
-    if logits in _LOGITS_WORDS:
-        parts.append(_LOGITS_WORDS[str(logits)])
-    extra = evaluation.get("extrapolated_steps")
-    if extra:
-        parts.append(f"{evaluation.get('steps_run')} of {evaluation.get('steps_held')} held eval batches run, "
+    if evaluation.logits in _LOGITS_WORDS:
+        parts.append(_LOGITS_WORDS[evaluation.logits])
+    if evaluation.extrapolated_steps:
+        parts.append(f"{evaluation.steps_run} of {evaluation.steps_held} held eval batches run, "
                      "the rest extrapolated")
     return ", ".join(parts)
 
@@ -129,14 +128,15 @@ class Limit:
     phase: str
     at_size: int | None  # None: the search reached its upper bound
     ran_out: bool  # at_size ran out of memory (else it ate into the margin, or was not run)
-    eval: Mapping[str, Any] | None
+    eval: TrialEval | None
     measured: bool = True  # at_size was run; else it is the next size, which the trials' fitted line rules out
 
     def words(self, answer: int, unit: str = "batch", follows: bool = False) -> str:
         """``batch 6 fits; evaluation (per_device_eval_batch_size 8, logits kept) limits it at 7``."""
         name = PHASE_WORDS.get(self.phase, self.phase)
-        if self.phase == "eval" and self.eval:
-            name += f" ({describe_eval(self.eval, follows)})"
+        described = describe_eval(self.eval, follows)
+        if self.phase == "eval" and described:
+            name += f" ({described})"
         if self.at_size is None:
             return f"{unit} {answer} fits; {name} sets its peak"
         how = ("out of memory" if self.ran_out else "into the margin") if self.measured else \
@@ -163,7 +163,7 @@ def limiting(sized: Sequence[tuple[int, bool, int | None, PhasePeaks]], answer: 
 
 
 def eval_plan_check(parsed: ParsedCommand, batch: int, seq: int | None, capacity: int,
-                    trial_eval: Mapping[str, Any] | None, follows: bool = False) -> str:
+                    trial_eval: TrialEval | None, follows: bool = False) -> str:
     """The planner's evaluation phase at the answer, for a command whose trials could not run an evaluation.
 
     The logits kept (and the eval set's size) are the trial Trainer's when its record says them, else the command's
@@ -180,11 +180,11 @@ def eval_plan_check(parsed: ParsedCommand, batch: int, seq: int | None, capacity
         return ""
     if follows:
         run = replace(run, eval_batch=batch)
-    trial_logits = (trial_eval or {}).get("logits")
+    trial_logits = trial_eval.logits if trial_eval is not None else None
     if trial_logits in ("kept", "preprocessed"):
         run = replace(run, eval_logits="kept" if trial_logits == "kept" else "argmax")
-    examples = (trial_eval or {}).get("eval_examples")
-    if isinstance(examples, int) and examples > 0:
+    examples = trial_eval.eval_examples if trial_eval is not None else None
+    if examples:
         run = replace(run, eval_examples=examples)
     model: Any = parsed.model_config if parsed.model_config is not None else parsed.model
     if model is None or seq is None:

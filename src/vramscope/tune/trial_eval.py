@@ -23,7 +23,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
+
+from vramscope.tune.trial_record import TrialEval
 
 EVAL_STEPS_CAP = 8  # eval batches run at most; beyond, the held logits are extrapolated
 LOSS_ONLY_STEPS = 2  # loss only: nothing accumulates; the second batch runs with the first's memory freed
@@ -119,7 +122,7 @@ class EvalPass:
         self.step_reserved: list[int] = []
         self.shapes: list[list[int]] = []
         self.active = False
-        self.settings: dict[str, Any] = {"batch_size": rows}  # what it runs at, once read from the Trainer
+        self.settings = TrialEval(batch_size=rows)  # what it runs at, once read from the Trainer
 
     def step_done(self) -> None:
         """After each eval batch (``on_prediction_step``): its peaks, then a fresh peak for the next batch."""
@@ -131,7 +134,7 @@ class EvalPass:
         self.step_reserved.append(int(torch.cuda.max_memory_reserved()))
         torch.cuda.reset_peak_memory_stats()
 
-    def run(self, trainer: Any) -> dict[str, Any]:
+    def run(self, trainer: Any) -> TrialEval:
         """Run the user's evaluation on a slice of its eval set; returns the record's ``eval`` entry.
 
         An out-of-memory error propagates (the trial's handling attributes it to evaluation); any other
@@ -140,21 +143,19 @@ class EvalPass:
         name, dataset = first_eval_set(trainer)
         mode = logits_mode(trainer)
         args = trainer.args
-        out: dict[str, Any] = {"batch_size": self.rows, "logits": mode,
-                               "eval_accumulation_steps": getattr(args, "eval_accumulation_steps", None)}
-        if name is not None:
-            out["eval_set"] = name
+        out = TrialEval(batch_size=self.rows, logits=mode,
+                        eval_accumulation_steps=getattr(args, "eval_accumulation_steps", None), eval_set=name)
         if dataset is None:
-            return {**out, "status": "no_eval_dataset"}
+            return replace(out, status="no_eval_dataset")
         world = max(1, int(getattr(args, "world_size", 1) or 1))
         try:
-            total: int | None = math.ceil(len(dataset) / (self.rows * world))
-            out["eval_examples"] = len(dataset)
+            examples: int | None = len(dataset)
         except TypeError:
-            total = None
-        run, held = eval_steps(mode, total, out["eval_accumulation_steps"])
-        out.update(steps_total=total, steps_held=held, steps_run=run)
-        self.settings = dict(out)
+            examples = None
+        total = None if examples is None else math.ceil(examples / (self.rows * world))
+        run, held = eval_steps(mode, total, out.eval_accumulation_steps)
+        out = replace(out, eval_examples=examples, steps_total=total, steps_held=held, steps_run=run)
+        self.settings = out
         collator = trainer.data_collator
         saved = (getattr(args, "per_device_eval_batch_size", None), getattr(collator, "rows", None),
                  trainer.compute_metrics)
@@ -179,8 +180,8 @@ class EvalPass:
                 if oom_kind(exc) is not None:
                     raise
                 first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-                return {**out, "status": "failed", "error": f"{type(exc).__name__}: {first}",
-                        "inputs": self.shapes}
+                return replace(out, status="failed", error=f"{type(exc).__name__}: {first}",
+                               inputs=self._inputs())
         finally:
             self.active = False
             if hook is not None:
@@ -189,15 +190,17 @@ class EvalPass:
             if saved[1] is not None:
                 collator.rows = saved[1]
             trainer.compute_metrics = saved[2]
-        out.update(status="done", inputs=self.shapes)
+        out = replace(out, status="done", inputs=self._inputs())
         if self.step_peaks:
-            out.update(step_peaks=self.step_peaks,
-                       peak_allocated_bytes=extrapolate(self.step_peaks, held),
-                       peak_reserved_bytes=max(self.step_reserved) + (extrapolate(self.step_peaks, held)
-                                                                      - max(self.step_peaks)),
-                       measured_peak_allocated_bytes=max(self.step_peaks),
-                       extrapolated_steps=max(0, held - len(self.step_peaks)))
+            peak = extrapolate(self.step_peaks, held)
+            out = replace(out, step_peaks=tuple(self.step_peaks), peak_allocated_bytes=peak,
+                          peak_reserved_bytes=max(self.step_reserved) + (peak - max(self.step_peaks)),
+                          measured_peak_allocated_bytes=max(self.step_peaks),
+                          extrapolated_steps=max(0, held - len(self.step_peaks)))
         return out
+
+    def _inputs(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(shape) for shape in self.shapes)
 
     def _seen(self, module: Any, args: Any, kwargs: Any) -> None:
         if not self.active or module.training:

@@ -105,14 +105,92 @@ _STEP_BYTES = ("peak_allocated_bytes", "peak_reserved_bytes", "allocated_bytes",
 
 
 @dataclass(frozen=True)
+class TrialEval:
+    """The evaluation pass's entry in a record, as :meth:`vramscope.tune.trial_eval.EvalPass.run` fills it.
+
+    What the pass ran at, once read from the Trainer (its batch, the logits it keeps, its accumulation, its eval
+    set), how many batches (the real evaluation's, those it holds at its peak, those run), how it ended
+    (``status``: ``done``; ``oom``; ``failed``, with ``error``; ``no_eval_dataset``), the eval batches' shapes and,
+    with CUDA, its peaks (extrapolated to ``steps_held`` where the pass ran fewer: ``extrapolated_steps``).
+    A field is None where the pass never got to it; ``inputs`` and ``step_peaks`` too (an empty tuple is a pass
+    that got there and saw none)."""
+
+    batch_size: int | None = None  # the eval batch the pass ran at: the request's
+    logits: str | None = None  # what the evaluation keeps per batch (trial_eval.logits_mode's word)
+    eval_accumulation_steps: int | None = None
+    eval_set: str | None = None  # its name, where the Trainer holds several
+    eval_examples: int | None = None  # None also for an iterable eval set, which has no length
+    steps_total: int | None = None  # the real evaluation's batches on this rank (None: an iterable eval set)
+    steps_held: int | None = None
+    steps_run: int | None = None
+    status: str | None = None
+    error: str | None = None  # a failed pass's first line
+    inputs: tuple[tuple[int, ...], ...] | None = None  # (rows, tokens) of each eval batch
+    step_peaks: tuple[int, ...] | None = None  # each eval batch's allocated peak (CUDA)
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    measured_peak_allocated_bytes: int | None = None  # the largest of step_peaks, before the extrapolation
+    extrapolated_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in _EVAL_COUNTS:
+            value = getattr(self, name)
+            assert value is None or value >= 0, f"{name} is never negative: {value}"
+        assert all(d >= 0 for shape in self.inputs or () for d in shape), f"a shape is never negative: {self.inputs}"
+        assert all(p >= 0 for p in self.step_peaks or ()), f"a peak is never negative: {self.step_peaks}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry's JSON, in the order the pass learns its fields; what it never learnt is not written.
+
+        Two fields are written even when None, once the pass got to them: ``eval_accumulation_steps`` with the
+        settings (``logits`` known), ``steps_total`` with the batches (``steps_run`` known; None: an iterable set).
+        """
+        out: dict[str, Any] = {}
+        for name in _EVAL_ORDER:
+            value = getattr(self, name)
+            if name == "inputs" and self.inputs is not None:
+                out[name] = [list(shape) for shape in self.inputs]
+            elif name == "step_peaks" and self.step_peaks is not None:
+                out[name] = list(self.step_peaks)
+            elif value is not None or (name == "eval_accumulation_steps" and self.logits is not None) or \
+                    (name == "steps_total" and self.steps_run is not None):
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, data: object) -> TrialEval | None:
+        """The entry in a record's JSON; None where it is not a JSON object. A field of another type (or a negative
+        count) reads as unknown, a shape or peak among them that is not a count is left out."""
+        if not isinstance(data, dict):
+            return None
+        shapes, peaks = data.get("inputs"), data.get("step_peaks")
+        return cls(
+            logits=_text(data.get("logits")),
+            eval_set=_text(data.get("eval_set")),
+            status=_text(data.get("status")),
+            error=_text(data.get("error")),
+            inputs=tuple(s for s in map(_shape, shapes) if s is not None) if isinstance(shapes, list) else None,
+            step_peaks=tuple(p for p in map(_count, peaks) if p is not None) if isinstance(peaks, list) else None,
+            **{k: _count(data.get(k)) for k in _EVAL_COUNTS},
+        )
+
+
+# TrialEval's keys in the order the pass writes them; the counts among them are never negative.
+_EVAL_ORDER = ("batch_size", "logits", "eval_accumulation_steps", "eval_set", "eval_examples", "steps_total",
+               "steps_held", "steps_run", "status", "error", "inputs", "step_peaks", "peak_allocated_bytes",
+               "peak_reserved_bytes", "measured_peak_allocated_bytes", "extrapolated_steps")
+_EVAL_COUNTS = ("batch_size", "eval_accumulation_steps", "eval_examples", "steps_total", "steps_held", "steps_run",
+                "peak_allocated_bytes", "peak_reserved_bytes", "measured_peak_allocated_bytes", "extrapolated_steps")
+
+
+@dataclass(frozen=True)
 class TrialRecord:
     """What one rank of a trial child recorded: the format of its record file.
 
     ``status`` goes ``started`` -> ``training`` (-> ``evaluating``) -> ``done``, or ends ``oom`` (``phase`` says
     whether in ``train`` or ``eval``) or ``error`` (with ``error``). The CUDA fields (``device`` ...
     ``base_reserved_bytes``) are None where the child saw no CUDA device; the model's fields where the Trainer
-    handed the callback no model. ``eval`` is the evaluation pass's entry, as
-    :meth:`vramscope.tune.trial_eval.EvalPass.run` returns it (its batch, logits mode, batches run and held, peaks).
+    handed the callback no model. ``eval`` is the evaluation pass's entry (:class:`TrialEval`).
     """
 
     status: str | None = None  # None: a record without one (torn, or not the child's)
@@ -131,7 +209,7 @@ class TrialRecord:
     base_allocated_bytes: int | None = None  # before the first step: the loaded model
     base_reserved_bytes: int | None = None
     phase: str | None = None  # "eval" while (and where) the evaluation pass runs; "train" or "eval" on an OOM
-    eval: Mapping[str, Any] | None = None
+    eval: TrialEval | None = None
     error: str | None = None  # the first line of the error that ended the trial
 
     def __post_init__(self) -> None:
@@ -151,7 +229,7 @@ class TrialRecord:
                     out["request"] = self.request.to_json()
             elif name == "eval":
                 if self.eval is not None:
-                    out["eval"] = dict(self.eval)
+                    out["eval"] = self.eval.to_json()
             elif value is not None:
                 out[name] = value
         return out
@@ -171,7 +249,6 @@ class TrialRecord:
         except (KeyError, TypeError, ValueError):
             parsed = None
         steps = data.get("steps")
-        evaluation = data.get("eval")
         cuda = data.get("cuda")
         return cls(
             status=_text(data.get("status")),
@@ -183,7 +260,7 @@ class TrialRecord:
             device_name=_text(data.get("device_name")),
             **{k: _count(data.get(k)) for k in _RECORD_COUNTS},
             phase=_text(data.get("phase")),
-            eval=evaluation if isinstance(evaluation, dict) else None,
+            eval=TrialEval.from_json(data.get("eval")),
             error=_text(data.get("error")),
         )
 
