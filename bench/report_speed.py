@@ -51,6 +51,7 @@ import pyarrow
 from rich.console import Console
 
 from vramscope.analysis.columns import ANALYSED_COLUMNS
+from vramscope.logs import halves
 from vramscope.logs.csv_sink import CsvSink
 from vramscope.logs.reader import read_log
 from vramscope.logs.schema import sample_rows
@@ -144,15 +145,19 @@ class _Timed:
             self.seconds += time.perf_counter() - started
 
 
-def full_report(path: Path) -> dict[str, float]:
+def full_report(path: Path, halves_from: int | None = halves.SPLIT_FROM) -> dict[str, float]:
     """What `vramscope report LOG --html OUT` does, timed by stage (the terminal summary to nowhere).
 
     The stages are those of ``vramscope.report.load.report_file`` (read, then build), called one by one
     to time each; the garbage collector stays on (the reader makes no Python object per cell).
+    ``halves_from``: the size from which the log is read in two halves at once (``vramscope.logs.halves``,
+    where the process may use two cores); None: read as one stream, to see what the halves gain.
     """
     times: dict[str, float] = {}
     timed = _Timed(model.analyze)
     model.analyze = timed  # type: ignore[assignment]
+    split_from = halves.SPLIT_FROM
+    halves.SPLIT_FROM = halves_from if halves_from is not None else 1 << 62
     started, cpu = time.perf_counter(), time.process_time()
     try:
         table = read_log(path, only=ANALYSED_COLUMNS)  # as report_file reads it
@@ -161,6 +166,7 @@ def full_report(path: Path) -> dict[str, float]:
         report = build_report(table)
     finally:
         model.analyze = timed.func  # type: ignore[assignment]
+        halves.SPLIT_FROM = split_from
     times["analyze_and_build_s"] = time.perf_counter() - mark
     # analyze() converts the columns it reads; the report reuses them from the table's cache.
     times["analyze_s"] = timed.seconds
@@ -207,6 +213,7 @@ def measure(kind: str, rows: int, repeat: int, folder: Path) -> dict[str, Any]:
     baseline: list[float] = []
     baseline_cpu: list[float] = []
     reports: list[dict[str, float]] = []
+    one_stream: list[dict[str, float]] = []  # the same report with the log read as one stream (no halves)
     reading: list[dict[str, float]] = []
     csv_pass(path)  # warm the page cache for both arms
     for r in range(repeat):
@@ -216,6 +223,7 @@ def measure(kind: str, rows: int, repeat: int, folder: Path) -> dict[str, Any]:
         baseline.append(wall)
         baseline_cpu.append(cpu)
         reports.append(full_report(path))
+        one_stream.append(full_report(path, halves_from=None))
         reading.append(all_columns(path))
     ratios = [rep["total_s"] / base for rep, base in zip(reports, baseline, strict=True)]
     # CPU seconds, both arms: less at the mercy of the neighbours on a shared machine than the wall clock.
@@ -242,6 +250,11 @@ def measure(kind: str, rows: int, repeat: int, folder: Path) -> dict[str, Any]:
         "read_median_s": statistics.median(r["read_s"] for r in reports),
         "reading_alone": reading,
         "columns_median_s": statistics.median(r["columns_s"] for r in reading),
+        "one_stream_report": one_stream,
+        "one_stream_ratio_median": statistics.median(
+            rep["total_s"] / base for rep, base in zip(one_stream, baseline, strict=True)),
+        "one_stream_cpu_ratio_median": statistics.median(
+            rep["cpu_s"] / base for rep, base in zip(one_stream, baseline_cpu, strict=True)),
         "read_and_columns_ratio_median": statistics.median(
             (r["read_s"] + r["columns_s"]) / base for r, base in zip(reading, baseline, strict=True)),
         "html_bytes": reports[-1]["html_bytes"],
@@ -282,6 +295,7 @@ def main() -> int:
         "goal": "report of 1M rows (read, analyse, HTML) in at most 0.5x one plain csv.reader pass over the same file",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                    "cores_usable": halves.cores(),
                     "load_average_before": load_before, "load_average": os.getloadavg(),
                     "numpy": numpy.__version__, "pyarrow": pyarrow.__version__,
                     "arrow_memory_pool": pyarrow.default_memory_pool().backend_name},
@@ -305,7 +319,8 @@ def main() -> int:
               f"{r['ratio_without_analyze_median']:.2f}); read {r['read_median_s']:.2f} s, every column into "
               f"arrays {r['columns_median_s']:.2f} s more (read + columns {r['read_and_columns_ratio_median']:.2f}x "
               "the pass); "
-              f"HTML {r['html_bytes'] / 1e3:.0f} kB")
+              f"HTML {r['html_bytes'] / 1e3:.0f} kB; read as one stream: ratio {r['one_stream_ratio_median']:.2f}, "
+              f"CPU ratio {r['one_stream_cpu_ratio_median']:.2f}")
     print(f"wrote {target}")
     return 0
 

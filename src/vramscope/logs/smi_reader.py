@@ -55,25 +55,47 @@ def read(source: LogSource) -> LogTable:
             or '"' in source.header or source.size < STREAM_FROM:
         return read_nvidia_smi(source.name, source.data())
     wanted = sorted({keys.index(k) for k in _READ if k in keys})
+    stamps = keys.index("timestamp") if "timestamp" in keys else None
     streams = halves(source, source.header_end + 1)
     try:
-        tables = read_at_once([partial(_split, stream, len(header), wanted) for stream in streams])
+        parts = read_at_once([partial(_split, stream, len(header), wanted, stamps) for stream in streams])
     except pa.ArrowInvalid:  # not UTF-8, say: the bytes whole, to the csv module's rules
         return read_nvidia_smi(source.name, source.data())
     if any(stream.quoted for stream in streams):  # a quote after ", " is one to the csv module
         return read_nvidia_smi(source.name, source.data())  # (skipinitialspace), not to pyarrow
+    tables = [table for table, _ in parts]
+    millis = [m for _, m in parts if m is not None]
     columns: list[pa.Array | None] = [None] * len(header)
     for j in wanted:  # one piece each, made as the pieces are let go (a copy of each column at a time)
+        if j == stamps:
+            continue  # read into milliseconds already, each part's where it was split
         chunks = [chunk for table in tables for chunk in table.column(f"c{j}").chunks]
         tables = [table.drop_columns([f"c{j}"]) for table in tables]
         columns[j] = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
         del chunks
-    del tables
-    return _smi_table(source.name, header, columns)
+    del tables, parts
+    joined = None
+    if millis:
+        joined = millis[0] if len(millis) == 1 else Column(np.concatenate([m.values for m in millis]),
+                                                            np.concatenate([m.known for m in millis]))
+    return _smi_table(source.name, header, columns, joined)
 
 
-def _split(stream: LineStream, width: int, wanted: list[int]) -> pa.Table:
-    """The stream's lines split into the wanted columns' text, by pyarrow."""
+def _split(stream: LineStream, width: int, wanted: list[int], stamps: int | None) -> tuple[pa.Table, Column | None]:
+    """The stream's lines split into the wanted columns' text, by pyarrow, and the stamps of column ``stamps``
+    (if any) read into milliseconds there and then (:func:`_stamps` is cell by cell: a part's stamps are
+    the whole column's, on the part's own core), their text let go."""
+    table = _text_columns(stream, width, wanted)
+    if stamps is None:
+        return table, None
+    text = table.column(f"c{stamps}")
+    cells = text.chunks[0] if text.num_chunks == 1 else pa.concat_arrays(text.chunks) if text.num_chunks \
+        else pa.array([], type=pa.string())
+    millis = _stamps(cells)
+    return table.drop_columns([f"c{stamps}"]), millis
+
+
+def _text_columns(stream: LineStream, width: int, wanted: list[int]) -> pa.Table:
     return pacsv.read_csv(
         stream,
         # One of pyarrow's threads (csv_reader.THREADS): its pool cost a third more CPU here and, on 2 cores
@@ -111,8 +133,10 @@ def read_nvidia_smi(name: str, data: bytes) -> LogTable:
     return _smi_table(name, header, list(columns))
 
 
-def _smi_table(name: str, header: list[str], columns: list[pa.Array | None]) -> LogTable:
-    """The table of nvidia-smi's columns (text, each; None for a column not read)."""
+def _smi_table(name: str, header: list[str], columns: list[pa.Array | None], millis: Column | None = None
+               ) -> LogTable:
+    """The table of nvidia-smi's columns (text, each; None for a column not read); ``millis``: the stamps already
+    read (:func:`_stamps`), their text left out of ``columns``."""
     keys = [h.split(" [")[0] for h in header]
 
     def col(key: str) -> pa.Array | None:  # the first of a repeated name, its cells as read (" 20000 MiB")
@@ -126,7 +150,8 @@ def _smi_table(name: str, header: list[str], columns: list[pa.Array | None]) -> 
     assert used is not None
     n = len(used)
     stamps, index, total, util = col("timestamp"), col("index"), col("memory.total"), col("utilization.gpu")
-    millis = _stamps(stamps) if stamps is not None else Column(np.zeros(n), np.zeros(n, dtype=bool))
+    if millis is None:
+        millis = _stamps(stamps) if stamps is not None else Column(np.zeros(n), np.zeros(n, dtype=bool))
     known_at = np.flatnonzero(millis.known)
     start = millis.values[known_at[0]] if len(known_at) else 0.0
     elapsed = Column(np.where(millis.known, np.round(millis.values - start) / 1000, 0.0), millis.known.copy())
