@@ -144,6 +144,9 @@ def _blocks(stream: BinaryIO | LineStream, width: int, winner: dict[str, int], t
     # and the labels the analysis asks for are then made as the blocks come (vramscope.logs.label_columns).
     types = {wanted[h]: (LABEL_TYPE if h in LABEL_COLUMNS and not quotes else _kind(h)) if typed else pa.string()
              for h in wanted}
+    paced = stream if isinstance(stream, LineStream) else None
+    if paced is not None:
+        paced.pace()  # a few blocks read ahead of the batches taken, not pyarrow's 32
     try:
         reader = pacsv.open_csv(
             stream,
@@ -162,6 +165,8 @@ def _blocks(stream: BinaryIO | LineStream, width: int, winner: dict[str, int], t
         raise
     for batch in reader:
         yield {h: batch.column(wanted[h]) for h in winner}
+        if paced is not None:
+            paced.took_block()
 
 
 def _skip_row(_row: object) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Collection
 from typing import BinaryIO
 
@@ -26,6 +27,8 @@ MAX_COLUMNS = 4096
 HEAD_BYTES = 1 << 16  # what format sniffing looks at
 _SCAN_BYTES = 1 << 16
 _DELIMITERS = (b",", b"\t", b";")
+READ_AHEAD = 3  # blocks a paced stream hands out beyond those used (LineStream.pace)
+PACE_WAIT_S = 0.25  # the longest a paced read waits for the caller: a batch that needs more blocks goes on
 
 
 class LogSource:
@@ -149,6 +152,10 @@ class LineStream(io.RawIOBase):
         self._at = begin
         self._end = end
         self.length = max(0, end - begin)  # the bytes it holds
+        self._paced = False
+        self._pace = threading.Condition()
+        self._reads = 0  # blocks handed out
+        self._taken = 0  # blocks the reader's caller has used (paced streams)
         self.quoted = False
         self.hex_prefixed = False
         self._last = b""  # the byte before this block: a "0x" may straddle two
@@ -156,12 +163,29 @@ class LineStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def pace(self) -> None:
+        """Hand out at most :data:`READ_AHEAD` blocks more than the caller has used (:meth:`took_block`).
+
+        pyarrow's streaming CSV reader reads on a thread of its own, up to 32 blocks ahead of the batches taken
+        from it: 32 MiB of lines held a stream, the most of a large log's read's memory beyond its columns."""
+        self._paced = True
+
+    def took_block(self) -> None:
+        """The caller used one more block's rows (a paced stream reads one more ahead)."""
+        with self._pace:
+            self._taken += 1
+            self._pace.notify_all()
+
     def read(self, size: int = -1) -> bytes:
         """Up to ``size`` bytes (the rest when negative): what pyarrow calls, the block read into one bytes
         object (``os.pread``: one copy, no seek; RawIOBase's own ``read`` copied each block twice more)."""
         want = self._end - self._at if size is None or size < 0 else min(size, self._end - self._at)
         if want <= 0:
             return b""
+        if self._paced:
+            with self._pace:  # never for long: a line longer than the blocks ahead goes on after the wait
+                self._pace.wait_for(lambda: self._reads - self._taken < READ_AHEAD, timeout=PACE_WAIT_S)
+                self._reads += 1
         data = os.pread(self._fd, want, self._at)
         self.quoted = self.quoted or b'"' in data  # at memchr speed
         if not self.hex_prefixed and (b"x" in data or b"X" in data):  # memchr first: "0x" itself is searched
