@@ -12,7 +12,8 @@ These are the last formats of :data:`vramscope.logs.formats.FORMATS` (``read_any
 
 ``read_any_log(path, columns=parse_columns("time=0,step=1,allocated=2:GiB"))`` reads any CSV through
 a column mapping. Anything else is refused in one line that says what was expected and names
-``--columns``. These formats are small as a rule: they are read with the csv module, line by line.
+``--columns`` (:func:`vramscope.logs.formats.refusal`, from the table). These formats are small as a rule:
+they are read with the csv module, line by line.
 """
 
 from __future__ import annotations
