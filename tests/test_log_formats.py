@@ -15,6 +15,7 @@ import pytest
 
 from test_report_fixtures import Run, write_nvidia_smi_log, write_rotated_log, write_training_log
 from vramscope.cli import main
+from vramscope.logs import formats
 from vramscope.logs.formats import FORMATS, MAPPED, OWN_CSV, LogFormat
 from vramscope.logs.mapping import parse_columns
 from vramscope.logs.reader import read_any_log, read_log
@@ -136,6 +137,24 @@ def test_the_cli_json_says_the_entrys_name(tmp_path: Path, capsys: pytest.Captur
     data = json.loads(capsys.readouterr().out)
     assert data["log"]["format"] == "nvidia-smi"
     assert [d["capacity_source"] for d in data["devices"].values()] == ["GPU total, nvidia-smi memory.total"]
+
+
+def test_what_no_format_reads_is_refused_in_a_line_naming_every_format_of_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    notes = tmp_path / "notes.csv"
+    notes.write_text("name,colour\nfoo,blue\n")
+    assert all(f.called for f in FORMATS) and not MAPPED.called  # each format says how the refusal calls it
+    assert main(["report", str(notes)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == (f"vramscope: error: {notes} is not a vramscope log, an nvidia-smi --query-gpu CSV or a "
+                    "datetime,step,allocated,reserved log (its first line is 'name,colour'); read any CSV with "
+                    "--columns time=0,step=1,allocated=2:GiB,reserved=3:GiB (0-based columns or header names, a "
+                    "unit for each memory column)")
+    # A format added to the table is named with the others, no message written again (issue 23: one place).
+    added = LogFormat("fake", lambda _source: False, OWN_CSV.read, imported=True, called="a FAKELOG file")
+    monkeypatch.setattr(formats, "FORMATS", (*FORMATS, added))
+    assert main(["report", str(notes)]) == 2
+    assert "datetime,step,allocated,reserved log or a FAKELOG file (its first line" in capsys.readouterr().err
 
 
 def test_a_table_made_in_memory_is_called_what_the_report_calls_it() -> None:

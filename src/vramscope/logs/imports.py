@@ -12,7 +12,8 @@ These are the last formats of :data:`vramscope.logs.formats.FORMATS` (``read_any
 
 ``read_any_log(path, columns=parse_columns("time=0,step=1,allocated=2:GiB"))`` reads any CSV through
 a column mapping. Anything else is refused in one line that says what was expected and names
-``--columns``. These formats are small as a rule: they are read with the csv module, line by line.
+``--columns`` (:func:`vramscope.logs.formats.refusal`, from the table). These formats are small as a rule:
+they are read with the csv module, line by line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from vramscope.logs.errors import LogFormatError
 from vramscope.logs.mapping import (
     BYTE_FIELDS,
     BYTE_UNITS,
-    EXAMPLE,
     GPU_FIELDS,
     OTHER_FIELDS,
     TIME_UNITS,
@@ -75,15 +75,6 @@ def read_hand_written(source: LogSource) -> LogTable:
 def read_with_columns(source: LogSource, columns: Sequence[ColumnSpec]) -> LogTable:
     """Any CSV through a ``--columns`` mapping."""
     return read_mapped(source.name, _text(source), columns)
-
-
-def refusal(source: LogSource) -> LogFormatError:
-    """What no format read, in one line that names ``--columns``."""
-    return LogFormatError(
-        f"{source.name} is not a vramscope log, an nvidia-smi --query-gpu CSV or a datetime,step,allocated,reserved "
-        f"log (its first line is {source.header[:80]!r}); read any CSV with {EXAMPLE} (0-based columns or header "
-        "names, a unit for each memory column)"
-    )
 
 
 def _text(source: LogSource) -> str:

@@ -13,8 +13,8 @@ from collections.abc import Collection, Sequence
 
 from vramscope.logs.errors import LogFormatError, UnknownLogError
 from vramscope.logs.files import log_parts
-from vramscope.logs.formats import FORMATS, MAPPED, LogFormat, format_of
-from vramscope.logs.imports import read_with_columns, refusal
+from vramscope.logs.formats import FORMATS, MAPPED, LogFormat, format_of, refusal
+from vramscope.logs.imports import read_with_columns
 from vramscope.logs.mapping import BYTE_FIELDS, ColumnSpec
 from vramscope.logs.source import LogSource
 from vramscope.logs.table import JoinedColumn, LogTable

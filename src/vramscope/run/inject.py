@@ -93,16 +93,22 @@ def attach(trainer: Any, environ: Mapping[str, str] | None = None) -> Any | None
     """
     from vramscope.integrations.hf import MemoryMonitorCallback
 
-    env = os.environ if environ is None else environ
     handler = getattr(trainer, "callback_handler", None)
-    callbacks = getattr(handler, "callbacks", None)
+    return _added_first(getattr(handler, "callbacks", None), MemoryMonitorCallback, environ)
+
+
+def _added_first(callbacks: Any, callback_type: type, environ: Mapping[str, str] | None) -> Any | None:
+    """A ``callback_type`` made from the hook's env, put first in a trainer's ``callbacks`` list; returns it.
+
+    None when there is no list, or when the user's own ``callback_type`` is in it already: theirs stays."""
+    env = os.environ if environ is None else environ
     if not isinstance(callbacks, list):
         return None
-    theirs = [cb for cb in callbacks if isinstance(cb, MemoryMonitorCallback)]
+    theirs = [cb for cb in callbacks if isinstance(cb, callback_type)]
     if theirs:  # the user's own stays, and relays to `run --prometheus/--push` too (h25export)
         relay_into(theirs[0], env)
         return None
-    callback = MemoryMonitorCallback(**_callback_options(env))
+    callback = callback_type(**_callback_options(env))
     callbacks.insert(0, callback)
     return callback
 
@@ -133,14 +139,4 @@ def attach_lightning(trainer: Any, environ: Mapping[str, str] | None = None) -> 
     """
     from vramscope.integrations.lightning import MemoryMonitorCallback
 
-    callbacks = getattr(trainer, "callbacks", None)
-    env = os.environ if environ is None else environ
-    if not isinstance(callbacks, list):
-        return None
-    theirs = [cb for cb in callbacks if isinstance(cb, MemoryMonitorCallback)]
-    if theirs:  # the user's own stays, and relays to `run --prometheus/--push` too (h25export)
-        relay_into(theirs[0], env)
-        return None
-    callback = MemoryMonitorCallback(**_callback_options(env))
-    callbacks.insert(0, callback)
-    return callback
+    return _added_first(getattr(trainer, "callbacks", None), MemoryMonitorCallback, environ)
