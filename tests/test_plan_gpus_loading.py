@@ -52,6 +52,8 @@ def test_mixtral_offload_no_longer_fits_one_gpu_because_every_rank_loads_the_who
     assert gib(offload["step_device_bytes"]) in line
     assert (f"FSDP + params offload does not fit at micro-batch 1: it needs GPUs of "
             f"{offload['device_bytes'] / GIB:.1f} GiB at 2 GPUs to load the model") in text
+    # the loader planned is said, and the one that is not
+    assert "is not modelled" in text and doc["gpus"]["table"]["notes"] == [text.split("  note: ")[-1].strip()]
     # a data-parallel rank loads what one GPU loads: the one-GPU plan's load phase, to the byte
     one_gpu_load = doc["phases"]["load"]["process_bytes"]
     assert rows[("zero3", "none")]["load_device_bytes"] == one_gpu_load

@@ -161,6 +161,7 @@ def _format_table(t: FitTable) -> list[str]:
         lines.append(row)
     if t.recommendations:
         lines += ["", "  which way:"] + [f"    - {rec}" for rec in t.recommendations]
+    lines += [f"  note: {n}" for n in t.notes]
     if cap is None:
         lines.append("  add --gpu NAME or --gpu-memory SIZE for the GPU counts that fit")
     return lines

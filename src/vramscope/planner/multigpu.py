@@ -32,6 +32,10 @@ TABLE = (("ddp", "none"), ("zero2", "none"), ("zero3", "none"), ("fsdp", "none")
 # GPU counts the search tries: every count to 16, then the usual node sizes.
 COUNTS = (*range(1, 17), 24, 32, 48, 64)
 SPLIT_MAX = 16  # a split over more GPUs is slower than anything else here; the search stops there
+# Said where loading sets a sharded strategy's peak: the loader planned is transformers 5's (parallel_loading.py).
+LOADER_NOTE = ("loading is planned as transformers 5 loads: the whole quantized model on every rank's GPU before "
+               "FSDP or ZeRO-3 shards it; a loader that quantizes onto the host and shards from there (transformers "
+               "4.39+ under fsdp_cpu_ram_efficient_loading or ZeRO-3, Answer.AI's fsdp_qlora train.py) is not modelled")
 
 
 @dataclass(frozen=True)
@@ -169,8 +173,10 @@ def fit_table(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, gpus: in
             row = _with_capacity(pl, row, capacity, batch, target_batch)
         out.append(row)
     recs = recommendations(out, capacity, batch) if capacity is not None else ()
+    sharded_loads = any(r.loading_sets_peak and r.strategy in ("fsdp", "zero3") for r in out)
+    notes = (LOADER_NOTE,) if sharded_loads and spec.bits in (4, 8) else ()
     return FitTable(gpus=gpus, batch_size=batch, seq_len=seq, capacity_bytes=capacity, rows=tuple(out),
-                    recommendations=tuple(recs), target_batch=target_batch)
+                    recommendations=tuple(recs), target_batch=target_batch, notes=notes)
 
 
 def _with_capacity(pl: _Planner, row: StrategyFit, capacity: int, batch: int, target: int | None) -> StrategyFit:
