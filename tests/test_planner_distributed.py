@@ -387,3 +387,21 @@ def test_fsdp1_offload_copies_the_next_units_shard_to_the_gpu_for_its_all_gather
     unit = estimate(s, RECIPE, 1, 3072).breakdown.quantized_weights // s.layers
     extra = one.parts["gathered_params"] - two.parts["gathered_params"]
     assert unit // 4 <= extra <= unit // 4 + 2 * 2**20
+
+
+def test_the_librarys_launch_plan_is_the_document_plan_json_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    # LaunchPlan.to_dict wrote a multi-GPU object of its own beside PlanDocument; now it is PlanDocument's
+    from vramscope.planner.document import PlanDocument
+    from vramscope.planner.launch import plan_launch
+
+    lp = plan_launch("Llama-2-7B", 2, 1024, world_size=2, strategy="fsdp", gpu="RTX-4090", target_batch=8)
+    code, out, _ = run(capsys, "--model", "Llama-2-7B", "--batch-size", "2", "--seq-len", "1024", "--gpus", "2",
+                       "--strategy", "fsdp", "--gpu", "RTX-4090", "--target-batch", "8", "--json")
+    printed = json.loads(out)
+    assert code == 0 and json.loads(json.dumps(lp.to_dict())) == printed
+    # the keys read off it: the per-GPU plan, the table, the largest GPU at the top, the one GPU under one_gpu
+    assert printed["gpus"]["plan"]["per_gpu"][0]["load_device_bytes"] > 0
+    assert printed["per_gpu"] is True and printed["one_gpu"]["peak_allocated_bytes"] == lp.single.peak_allocated_bytes
+    assert printed["micro_batch_size"] == lp.single.micro_batch_size  # the one-GPU plan's target split, as the CLI's
+    planned = PlanDocument.from_json(printed).planned()
+    assert planned is not None and planned.strategy == "fsdp" and planned.world_size == 2
