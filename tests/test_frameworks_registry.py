@@ -57,7 +57,7 @@ def _plan_json(capsys: pytest.CaptureFixture[str], framework: str) -> dict[str, 
 
 def test_the_built_in_frameworks_are_the_table() -> None:
     assert tuple(FRAMEWORKS) == ("hf", "trl", "qlora", "unsloth", "loop", "loop-loss")
-    assert tuple(STYLES) == ("hf", "trl", "loop", "axolotl")
+    assert tuple(STYLES) == ("hf", "trl", "qlora", "loop", "axolotl")
     assert traced() == ("hf", "trl", "loop", "loop-loss")
     assert all(FRAMEWORK_TABLE[name].name == name for name in FRAMEWORKS)
 

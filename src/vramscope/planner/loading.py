@@ -40,7 +40,8 @@ def load_moments(shape: ModelShape, spec: QLoraSpec, fw: Framework, step: Estima
             weights, unquantized_params=4 * kept, temporaries=upcast_transient_bytes(shape))
     if quantized and fw.build.casts_back:
         # qlora.py's cast loop after get_peft_model walks named_modules(): its first hit, embed_tokens, gets its
-        # bf16 copy while the fp32 original, every other fp32 tensor and the fp32 adapters are alive
+        # bf16 copy while the fp32 original, every other fp32 tensor and the fp32 adapters are alive (only under
+        # --bf16: memory.validate_spec refuses such a framework with another compute dtype)
         moments["cast back to bf16"] = replace(weights, unquantized_params=4 * kept,
                                                lora_weights=4 * step.trainable_params,
                                                temporaries=2 * shape.embedding_params)
