@@ -477,8 +477,6 @@ def _data_parallel_loading(shape: ModelShape, spec: QLoraSpec, est: Estimate, pa
 
 def loading_of(par: Parallelism, spec: QLoraSpec) -> str:
     """How ``par`` loads the model, in words (:mod:`vramscope.planner.parallel_loading`)."""
-    if par.strategy == "split":
-        return "each GPU loads its own layers (device_map=auto), as one GPU loads a model that size"
     return parallel_loading.how(spec, par.strategy, STRATEGY_NAMES[par.strategy])
 
 

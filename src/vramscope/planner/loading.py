@@ -20,13 +20,18 @@ from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
 
+def kept_params(shape: ModelShape) -> int:
+    """The parameters bitsandbytes leaves unquantized: embeddings, lm_head, norms, biases and fused experts."""
+    return shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params + shape.expert_params
+
+
 def load_moments(shape: ModelShape, spec: QLoraSpec, fw: Framework, step: Estimate) -> dict[str, Breakdown]:
     """The loading's moments, each with what is alive then (``step``: the training step's estimate, whose
     optimizer-step breakdown holds the weights and adapters as training has them)."""
     final = step.phase_breakdowns["optimizer step"]
     weights = Breakdown(quantized_weights=final.quantized_weights,
                         quantization_constants=final.quantization_constants)
-    kept = shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params + shape.expert_params
+    kept = kept_params(shape)
     load_dtype = 4 if spec.compute_dtype == "fp32" else 2  # TRL's --dtype, the recipe's torch_dtype
     moments = {
         # the loader's worst target, every earlier one loaded (memory.loading_transient_bytes)

@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass, replace
 
 from vramscope.planner.frameworks import Framework
-from vramscope.planner.loading import load_moments
+from vramscope.planner.loading import kept_params, load_moments
 from vramscope.planner.memory import Breakdown, Estimate
 from vramscope.planner.phases import load_phase
 from vramscope.planner.shapes import ModelShape
@@ -64,11 +64,6 @@ class RankLoading:
 
     device_bytes: int
     moment: str
-
-
-def _kept_params(shape: ModelShape) -> int:
-    """The parameters bitsandbytes leaves unquantized (as :func:`~vramscope.planner.loading.load_moments` counts)."""
-    return shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params + shape.expert_params
 
 
 def _most(moments: dict[str, Breakdown], context: int) -> tuple[int, str]:
@@ -105,7 +100,7 @@ def split_share(sub: ModelShape, spec: QLoraSpec, est: Estimate, fw: Framework, 
     vocabulary on the last GPU only), with the embeddings moved to the first GPU, as the step's split moves them:
     each moment's unquantized bytes per parameter carry them at that moment's dtype (bf16 as loaded, fp32 once
     ``prepare_model_for_kbit_training`` upcast them)."""
-    kept = _kept_params(sub)
+    kept = kept_params(sub)
     moments = {}
     for name, bd in load_moments(sub, spec, fw, est).items():
         per_param = bd.unquantized_params / kept if kept else 0.0
@@ -116,17 +111,15 @@ def split_share(sub: ModelShape, spec: QLoraSpec, est: Estimate, fw: Framework, 
     return RankLoading(device, moment)
 
 
-
-
-
-
 def _from_host(spec: QLoraSpec, strategy: str) -> bool:
     """Whether ``strategy`` loads a model of ``spec``'s bits on the host and shards it from there."""
     return spec.bits not in (4, 8) and strategy in ("fsdp", "zero3")
 
 
 def how(spec: QLoraSpec, strategy: str, name: str) -> str:
-    """How a data-parallel ``strategy`` (called ``name``) loads a model of ``spec``'s bits, in words."""
+    """How ``strategy`` (called ``name``) loads a model of ``spec``'s bits, in words."""
+    if strategy == "split":
+        return "each GPU loads its own layers (device_map=auto), as one GPU loads a model that size"
     if _from_host(spec, strategy):
         where = "zero.Init partitions it as it is built" if strategy == "zero3" else "no device_map"
         return f"loads on the host ({where}), then {name} brings it to the GPU unit by unit and shards it"
