@@ -65,6 +65,19 @@ def test_mixtral_offload_no_longer_fits_one_gpu_because_every_rank_loads_the_who
     assert 0 < rows[("split", "none")]["load_device_bytes"] < one_gpu_load
 
 
+def test_one_gpus_ways_out_offer_a_split_not_fsdp_whose_ranks_each_load_the_whole_model(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: "use 3 GPUs with FSDP ... up to micro-batch 7 each" and "offload the parameters ... on this GPU"
+    code, text = run(capsys, *MIXTRAL[:6], "--gpu", "H100")
+    assert code == 0
+    ways = text.split("what would fit:")[1]
+    assert "with FSDP" not in ways and "offload the parameters" not in ways
+    code, out = run(capsys, *MIXTRAL, "--strategy", "split", "--json")
+    table = rows_of(json.loads(out))[("split", "none")]
+    assert (f"split the layers over {table['min_gpus']} GPUs" in ways
+            and f"up to micro-batch {table['max_batch_size_at_min_gpus']}" in ways)
+
+
 def test_the_per_gpu_plan_says_loading_sets_its_peak_and_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     flags = (*MIXTRAL, "--strategy", "fsdp", "--offload", "params")
     code, text = run(capsys, *flags)

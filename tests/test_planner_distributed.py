@@ -185,13 +185,15 @@ def test_a_model_whose_weights_outgrow_the_gpu_says_why_and_what_would() -> None
     more = next(r for r in p.recommendations if r.name == "more_gpus")
     assert more.change["strategy"] == "fsdp" and more.change["gpus"] >= 2
     # On a 24 GB card the weights alone overflow, and so does loading them on every rank of FSDP (transformers 5
-    # loads the whole quantized model onto each rank's GPU): no GPU count is offered, a smaller model is
+    # loads the whole quantized model onto each rank's GPU): no FSDP count nor offload is offered, a split (each
+    # GPU loads its own layers) and a smaller model are
     p = plan("LLaMA-65B", 1, 512, gpu="RTX-4090")
     assert p.fits is False and p.cannot_fit_reason is not None
     assert "4-bit weights alone need 33.1 GiB" in p.cannot_fit_reason
     names = [r.name for r in p.recommendations]
-    assert "lora_rank" not in names and "micro_batch" not in names
-    assert "more_gpus" not in names and "cpu_offload" not in names
+    assert "lora_rank" not in names and "micro_batch" not in names and "cpu_offload" not in names
+    more = next(r for r in p.recommendations if r.name == "more_gpus")
+    assert more.change == {"gpus": 2, "strategy": "split"} and "--strategy split" in more.text
     assert "a smaller model: LLaMA-33B" in next(r.text for r in p.recommendations if r.name == "smaller_model")
 
 

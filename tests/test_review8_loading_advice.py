@@ -116,6 +116,8 @@ def test_a_command_whose_loading_sets_the_peak_keeps_its_ways_out() -> None:
     assert "  what would fit:" in done.stdout and "lower the LoRA rank from 64 to 16" in done.stdout
     doc = _json("--model", "Llama-2-7B", "--gpu-memory", "5.5GiB", "--", *shlex.split(GUANACO))
     assert doc["peak_phase"] == "load" and doc["fits"] is False
-    names = {r["name"] for r in doc["recommendations"]}
-    # no GPU count: every FSDP rank loads the whole 4-bit model first, as this one GPU does (parallel_loading)
-    assert {"lora_rank", "framework"} <= names and "more_gpus" not in names
+    assert {"lora_rank", "framework", "more_gpus"} <= {r["name"] for r in doc["recommendations"]}
+    # more GPUs as a split: every FSDP rank would load the whole 4-bit model first, as this one GPU does
+    # (parallel_loading), where a split loads each GPU's own layers
+    more = next(r for r in doc["recommendations"] if r["name"] == "more_gpus")
+    assert more["change"]["strategy"] == "split"
