@@ -26,8 +26,11 @@ from vramscope.planner.frameworks import (
     registered,
     traced,
 )
-from vramscope.planner.frameworks.registry import framework_of_program
+from vramscope.planner.frameworks.registry import TRL_TRAINERS, framework_of_program
+from vramscope.planner.phases import RunPhases, plan_run
+from vramscope.planner.registry import get_config
 from vramscope.planner.settings import style_of, written_as
+from vramscope.planner.shapes import shape_from_config
 from vramscope.recipe import QLoraSpec
 from vramscope.units import MIB
 
@@ -54,7 +57,7 @@ def _plan_json(capsys: pytest.CaptureFixture[str], framework: str) -> dict[str, 
 
 def test_the_built_in_frameworks_are_the_table() -> None:
     assert tuple(FRAMEWORKS) == ("hf", "trl", "qlora", "unsloth", "loop", "loop-loss")
-    assert tuple(STYLES) == ("hf", "trl", "loop", "axolotl")
+    assert tuple(STYLES) == ("hf", "trl", "qlora", "loop", "axolotl")
     assert traced() == ("hf", "trl", "loop", "loop-loss")
     assert all(FRAMEWORK_TABLE[name].name == name for name in FRAMEWORKS)
 
@@ -245,3 +248,22 @@ def test_no_module_outside_the_frameworks_compares_a_framework_name_with_a_strin
         if checks:
             found[str(path.relative_to(SRC))] = checks
     assert not found, f"framework names compared with strings (read an attribute of the framework instead): {found}"
+
+
+@pytest.mark.parametrize("run", [RunPhases(), RunPhases(eval_batch=2), RunPhases(trainer="dpo"),
+                                 RunPhases(trainer="grpo", eval_batch=2)])
+def test_every_phase_refuses_a_framework_the_table_does_not_have(run: RunPhases) -> None:
+    # planner/phases.py read FRAMEWORK_TABLE["hf"] for a name it did not know: the run was planned as hf in silence
+    shape = shape_from_config(get_config("Llama-2-7B"))
+    with pytest.raises(PlanInputError) as refused:
+        plan_run(shape, QLoraSpec(framework="my-unregistered-loop"), 8, 256, run=run)
+    assert str(refused.value) == f"unknown framework 'my-unregistered-loop'; choose one of {', '.join(FRAMEWORKS)}"
+
+
+def test_the_trl_trainers_plan_with_the_registrys_trl_framework() -> None:
+    # DPO's step is TRL's whatever framework the recipe names: the same as naming trl outright
+    shape = shape_from_config(get_config("Llama-2-7B"))
+    dpo = RunPhases(trainer="dpo")
+    as_hf = plan_run(shape, QLoraSpec(framework="hf"), 1, 256, run=dpo)
+    as_trl = plan_run(shape, QLoraSpec(framework=TRL_TRAINERS.name), 1, 256, run=dpo)
+    assert as_hf.phases["train"] == as_trl.phases["train"]

@@ -149,19 +149,20 @@ def test_zero_without_deepspeed_in_the_command_and_a_split_over_too_many_gpus_ar
 
 
 def test_the_table_finds_the_fewest_gpus_and_the_largest_batch_there() -> None:
+    # 44 GiB: every rank can load the whole 4-bit 65B (36.8 GiB, parallel_loading), a DDP step cannot run
     s = shape("LLaMA-65B")
-    cap = int(23.99 * GIB)
+    cap = int(44 * GIB)
     t = fit_table(s, SPEC, 1, 512, 2, cap, target_batch=16)
     rows = {(r.strategy, r.offload): r for r in t.rows}
     ddp, fsdp = rows[("ddp", "none")], rows[("fsdp", "none")]
-    assert ddp.min_gpus is None and ddp.fits is False  # a full replica never fits a 24 GB card
+    assert ddp.min_gpus is None and ddp.fits is False  # a full replica's step never fits this card
     assert fsdp.min_gpus is not None and fsdp.min_gpus >= 2 and fsdp.max_batch_at_min
     at_min = estimate_distributed(s, SPEC, fsdp.max_batch_at_min, 512, Parallelism(fsdp.min_gpus, "fsdp")).worst
-    assert at_min.device_bytes <= cap
+    assert at_min.peak_device_bytes <= cap
     over = estimate_distributed(s, SPEC, fsdp.max_batch_at_min + 1, 512, Parallelism(fsdp.min_gpus, "fsdp")).worst
-    assert over.device_bytes > cap
+    assert over.peak_device_bytes > cap
     fewer = estimate_distributed(s, SPEC, 1, 512, Parallelism(fsdp.min_gpus - 1, "fsdp")).worst
-    assert fewer.device_bytes > cap
+    assert fewer.peak_device_bytes > cap
     assert any("DDP does not fit" in rec and "needs GPUs of" in rec for rec in t.recommendations)
     offload = rows[("fsdp", "params")]
     if offload.micro_batch is not None:  # target 16 = micro x accumulation x 2 GPUs
@@ -177,14 +178,22 @@ def test_target_batch_across_gpus_must_divide_by_the_ranks() -> None:
 
 
 def test_a_model_whose_weights_outgrow_the_gpu_says_why_and_what_would() -> None:
+    # A40 (44.4 GiB): the whole 4-bit 65B loads on each rank, its step needs more than one card
+    p = plan("LLaMA-65B", 1, 2048, gpu="A40")
+    assert p.fits is False and p.cannot_fit_reason is not None
+    assert "4-bit weights alone need 33.1 GiB" not in p.cannot_fit_reason
+    more = next(r for r in p.recommendations if r.name == "more_gpus")
+    assert more.change["strategy"] == "fsdp" and more.change["gpus"] >= 2
+    # On a 24 GB card the weights alone overflow, and so does loading them on every rank of FSDP (transformers 5
+    # loads the whole quantized model onto each rank's GPU): no FSDP count nor offload is offered, a split (each
+    # GPU loads its own layers) and a smaller model are
     p = plan("LLaMA-65B", 1, 512, gpu="RTX-4090")
     assert p.fits is False and p.cannot_fit_reason is not None
     assert "4-bit weights alone need 33.1 GiB" in p.cannot_fit_reason
     names = [r.name for r in p.recommendations]
-    assert "lora_rank" not in names and "micro_batch" not in names
-    assert names[:2] == ["more_gpus", "cpu_offload"] and "smaller_model" in names
+    assert "lora_rank" not in names and "micro_batch" not in names and "cpu_offload" not in names
     more = next(r for r in p.recommendations if r.name == "more_gpus")
-    assert more.change["strategy"] == "fsdp" and more.change["gpus"] >= 2
+    assert more.change == {"gpus": 2, "strategy": "split"} and "--strategy split" in more.text
     assert "a smaller model: LLaMA-33B" in next(r.text for r in p.recommendations if r.name == "smaller_model")
 
 
@@ -380,3 +389,21 @@ def test_fsdp1_offload_copies_the_next_units_shard_to_the_gpu_for_its_all_gather
     unit = estimate(s, RECIPE, 1, 3072).breakdown.quantized_weights // s.layers
     extra = one.parts["gathered_params"] - two.parts["gathered_params"]
     assert unit // 4 <= extra <= unit // 4 + 2 * 2**20
+
+
+def test_the_librarys_launch_plan_is_the_document_plan_json_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    # LaunchPlan.to_dict wrote a multi-GPU object of its own beside PlanDocument; now it is PlanDocument's
+    from vramscope.planner.document import PlanDocument
+    from vramscope.planner.launch import plan_launch
+
+    lp = plan_launch("Llama-2-7B", 2, 1024, world_size=2, strategy="fsdp", gpu="RTX-4090", target_batch=8)
+    code, out, _ = run(capsys, "--model", "Llama-2-7B", "--batch-size", "2", "--seq-len", "1024", "--gpus", "2",
+                       "--strategy", "fsdp", "--gpu", "RTX-4090", "--target-batch", "8", "--json")
+    printed = json.loads(out)
+    assert code == 0 and json.loads(json.dumps(lp.to_dict())) == printed
+    # the keys read off it: the per-GPU plan, the table, the largest GPU at the top, the one GPU under one_gpu
+    assert printed["gpus"]["plan"]["per_gpu"][0]["load_device_bytes"] > 0
+    assert printed["per_gpu"] is True and printed["one_gpu"]["peak_allocated_bytes"] == lp.single.peak_allocated_bytes
+    assert printed["micro_batch_size"] == lp.single.micro_batch_size  # the one-GPU plan's target split, as the CLI's
+    planned = PlanDocument.from_json(printed).planned()
+    assert planned is not None and planned.strategy == "fsdp" and planned.world_size == 2

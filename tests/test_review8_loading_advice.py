@@ -117,3 +117,7 @@ def test_a_command_whose_loading_sets_the_peak_keeps_its_ways_out() -> None:
     doc = _json("--model", "Llama-2-7B", "--gpu-memory", "5.5GiB", "--", *shlex.split(GUANACO))
     assert doc["peak_phase"] == "load" and doc["fits"] is False
     assert {"lora_rank", "framework", "more_gpus"} <= {r["name"] for r in doc["recommendations"]}
+    # more GPUs as a split: every FSDP rank would load the whole 4-bit model first, as this one GPU does
+    # (parallel_loading), where a split loads each GPU's own layers
+    more = next(r for r in doc["recommendations"] if r["name"] == "more_gpus")
+    assert more["change"]["strategy"] == "split"

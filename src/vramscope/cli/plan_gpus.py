@@ -123,8 +123,13 @@ def _format_dist(d: DistributedEstimate, capacity: int | None, labels: dict[str,
     if d.host_bytes:
         lines.append(f"  host memory for the offload: {gib(w.host_bytes)} per rank, "
                      f"{gib(d.host_bytes)} for the machine")
+    if w.loading_sets_peak:
+        # said only where loading holds more than the step: elsewhere the step's figures above are the peak
+        where = "each GPU" if len(d.ranks) == 1 else f"GPU {w.gpu}"
+        lines.append(f"  loading the model holds more: {gib(w.load_device_bytes)} on {where} at {w.load_moment}, "
+                     f"before the first step: {d.loading}")
     if capacity is not None:
-        verdict = "fits" if w.device_bytes <= capacity else "does NOT fit"
+        verdict = "fits" if w.peak_device_bytes <= capacity else "does NOT fit"
         lines.append(f"  {verdict} in {gib(capacity)} per GPU")
     return lines
 
@@ -151,9 +156,12 @@ def _format_table(t: FitTable) -> list[str]:
                         if r.micro_batch is not None else "   -")
         if r.note and (r.device_bytes is None or (r.max_batch and r.micro_batch is None)):
             row += f"  ({r.note})"
+        if r.loading_sets_peak:
+            row += f"  (loading sets it, at {r.load_moment}; the step: {gib(r.step_bytes or 0)})"
         lines.append(row)
     if t.recommendations:
         lines += ["", "  which way:"] + [f"    - {rec}" for rec in t.recommendations]
+    lines += [f"  note: {n}" for n in t.notes]
     if cap is None:
         lines.append("  add --gpu NAME or --gpu-memory SIZE for the GPU counts that fit")
     return lines

@@ -47,7 +47,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vramscope.planner import parallel_loading
 from vramscope.planner.errors import PlanInputError
+from vramscope.planner.frameworks import framework_for
 from vramscope.planner.layer import lora_tensors
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate
 from vramscope.planner.shapes import ModelShape
@@ -187,6 +189,8 @@ class RankEstimate:
     ``parts`` holds bytes per component at this GPU's peak: the single-GPU names (sharded or not) and
     ``gathered_params`` (units gathered whole for compute), ``comm_buffers`` (gradient buckets, reduce
     buffers), ``nccl_buffers`` (outside the allocator). ``host_bytes`` is what this rank keeps in host memory.
+    ``load_device_bytes`` is the most this GPU holds while the model loads, at ``load_moment``
+    (:mod:`vramscope.planner.parallel_loading`); the GPU's peak is the larger of it and the step's ``device_bytes``.
     """
 
     gpu: int
@@ -200,29 +204,44 @@ class RankEstimate:
     device_bytes: int
     host_bytes: int = 0
     host_parts: dict[str, int] = field(default_factory=dict)
+    load_device_bytes: int = 0
+    load_moment: str = ""
+
+    @property
+    def peak_device_bytes(self) -> int:
+        """What this GPU must hold: the step's peak or the loading's, whichever is larger."""
+        return max(self.device_bytes, self.load_device_bytes)
+
+    @property
+    def loading_sets_peak(self) -> bool:
+        return self.load_device_bytes > self.device_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "layers": self.layers, "holds": self.holds, "peak_phase": self.peak_phase,
                 "breakdown": dict(self.parts), "peak_allocated_bytes": self.peak_allocated_bytes,
                 "peak_reserved_bytes": self.peak_reserved_bytes, "process_bytes": self.process_bytes,
                 "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
-                "host_breakdown": dict(self.host_parts)}
+                "host_breakdown": dict(self.host_parts), "load_device_bytes": self.load_device_bytes,
+                "load_moment": self.load_moment, "peak_device_bytes": self.peak_device_bytes,
+                "loading_sets_peak": self.loading_sets_peak}
 
 
 @dataclass(frozen=True)
 class DistributedEstimate:
-    """Every GPU of one run: ``ranks`` (one entry for data-parallel strategies, one per GPU for a split)."""
+    """Every GPU of one run: ``ranks`` (one entry for data-parallel strategies, one per GPU for a split), and how
+    the strategy loads the model (``loading``, in words)."""
 
     parallelism: Parallelism
     batch_size: int
     seq_len: int
     ranks: tuple[RankEstimate, ...]
     sharding: dict[str, str]
+    loading: str = ""
 
     @property
     def worst(self) -> RankEstimate:
-        """The GPU that runs out first: the job fails on its largest rank."""
-        return max(self.ranks, key=lambda r: r.device_bytes)
+        """The GPU that runs out first: the job fails on its largest rank, loading or stepping."""
+        return max(self.ranks, key=lambda r: r.peak_device_bytes)
 
     @property
     def host_bytes(self) -> int:
@@ -233,7 +252,9 @@ class DistributedEstimate:
     def to_dict(self) -> dict[str, Any]:
         return {**self.parallelism.to_dict(), "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "per_gpu": [r.to_dict() for r in self.ranks], "sharding": dict(self.sharding),
-                "worst_device_bytes": self.worst.device_bytes, "host_bytes": self.host_bytes}
+                "worst_device_bytes": self.worst.device_bytes, "host_bytes": self.host_bytes,
+                "loading": self.loading, "worst_load_device_bytes": self.worst.load_device_bytes,
+                "worst_peak_device_bytes": self.worst.peak_device_bytes}
 
 
 @dataclass(frozen=True)
@@ -430,9 +451,33 @@ def _data_parallel(shape: ModelShape, spec: QLoraSpec, est: Estimate, par: Paral
     allocated, reserved, process, device = _totals(parts, overhead, context, nccl, int(paged))
     parts.update(allocator_overhead=overhead, cuda_context=context, nccl_buffers=nccl)
     host_total = sum(host.values())
+    load = _data_parallel_loading(shape, spec, est, par, sz, bytes_per_grad)
     return RankEstimate(gpu=0, layers=shape.layers, holds="every rank alike", peak_phase=phase, parts=parts,
                         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, process_bytes=process,
-                        device_bytes=device, host_bytes=host_total, host_parts=host)
+                        device_bytes=device, host_bytes=host_total, host_parts=host,
+                        load_device_bytes=load.device_bytes if load else 0, load_moment=load.moment if load else "")
+
+
+# The parameters a rank keeps once wrapped (what it holds of them when a 16-bit model is sharded from the host).
+_PARAMS = ("quantized_weights", "quantization_constants", "unquantized_params", "lora_weights")
+
+
+def _data_parallel_loading(shape: ModelShape, spec: QLoraSpec, est: Estimate, par: Parallelism, sz: _Sizes,
+                           bytes_per_grad: float) -> parallel_loading.RankLoading | None:
+    """One rank's loading (:mod:`vramscope.planner.parallel_loading`); None where the single-GPU model gave no
+    optimizer step to load from (loading is then not planned, as on one GPU)."""
+    phases = _phase_breakdowns(est)
+    if OPTIMIZER_PHASE not in phases:
+        return None
+    kept, _ = _shard_phase(par, shape, phases[OPTIMIZER_PHASE], OPTIMIZER_PHASE, sz, bytes_per_grad)
+    return parallel_loading.data_parallel(shape, spec, est, framework_for(spec), strategy=par.strategy,
+                                          fsdp_version=par.fsdp_version, unit=sz.unit,
+                                          sharded_params=sum(kept.get(k, 0) for k in _PARAMS))
+
+
+def loading_of(par: Parallelism, spec: QLoraSpec) -> str:
+    """How ``par`` loads the model, in words (:mod:`vramscope.planner.parallel_loading`)."""
+    return parallel_loading.how(spec, par.strategy, STRATEGY_NAMES[par.strategy])
 
 
 def split_layers(layers: int, gpus: int) -> list[int]:
@@ -446,6 +491,7 @@ def _split(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, par: Parall
            full: Estimate) -> tuple[RankEstimate, ...]:
     counts = split_layers(shape.layers, par.world_size)
     sz = _sizes(shape, full.breakdown)
+    fw = framework_for(spec)
     out: list[RankEstimate] = []
     for k, n_layers in enumerate(counts):
         first, last = k == 0, k == len(counts) - 1
@@ -464,9 +510,11 @@ def _split(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, par: Parall
         parts.update(gathered_params=0, comm_buffers=0, nccl_buffers=0)
         allocated, reserved, process, device = _totals(parts, e.breakdown.allocator_overhead, e.breakdown.cuda_context,
                                                        0, e.paged_in_process_bytes)
+        load = parallel_loading.split_share(sub, spec, e, fw, embedding_params=shape.embedding_params, first=first,
+                                            last=last, tied=shape.tied_embeddings)
         out.append(RankEstimate(gpu=k, layers=n_layers, holds=holds, peak_phase=e.peak_phase, parts=parts,
                                 peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, process_bytes=process,
-                                device_bytes=device))
+                                device_bytes=device, load_device_bytes=load.device_bytes, load_moment=load.moment))
     return tuple(out)
 
 
@@ -526,8 +574,8 @@ def estimate_distributed(shape: ModelShape, spec: QLoraSpec, batch: int, seq: in
     else:
         ranks = (_data_parallel(shape, spec, est, par, hw),)
     return DistributedEstimate(parallelism=par, batch_size=batch, seq_len=seq, ranks=ranks,
-                               sharding=sharding(par, spec.bits))
+                               sharding=sharding(par, spec.bits), loading=loading_of(par, spec))
 
 
 __all__ = ["ALLOCATED", "OFFLOADS", "STRATEGIES", "DistributedEstimate", "Parallelism", "RankEstimate",
-           "estimate_distributed", "parallelism", "sharding", "split_layers"]
+           "estimate_distributed", "loading_of", "parallelism", "sharding", "split_layers"]

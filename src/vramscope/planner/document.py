@@ -43,7 +43,8 @@ PER_GPU_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "process_bytes", 
 _COMMAND_KEYS = ("command", "assumed", "unsupported", "alternatives")
 # The keys this document adds around the one-GPU plan; every other top-level key is the plan's own.
 _DOCUMENT_KEYS = frozenset({"schema_version", "gpus", "one_gpu", "per_gpu", "world_size", "strategy", "offload",
-                            "device_bytes", "host_bytes", "host_bytes_machine", "dataset", *_COMMAND_KEYS})
+                            "device_bytes", "host_bytes", "host_bytes_machine", "load_device_bytes",
+                            "loading_sets_peak", "dataset", *_COMMAND_KEYS})
 
 
 class PlanDocumentError(ValueError):
@@ -103,15 +104,22 @@ class LargestGpu:
     host_bytes_machine: int  # every rank of the machine
     fits: bool | None
     max_batch_size: int | None
+    load_device_bytes: int = 0  # what this GPU holds while the model loads (0 in a file from before it was planned)
+
+    @property
+    def loading_sets_peak(self) -> bool:
+        return self.load_device_bytes > self.device_bytes
 
     @classmethod
     def of(cls, dist: DistributedEstimate, table: FitTable) -> LargestGpu:
         w, par = dist.worst, dist.parallelism
         row = next((r for r in table.rows if r.strategy == par.strategy and r.offload == par.offload), None)
         capacity = table.capacity_bytes
+        # the GPU must hold its loading as well as its step: the verdict is on the larger (the terminal's)
         return cls(par.world_size, par.strategy, par.offload, w.peak_allocated_bytes, w.peak_reserved_bytes,
                    w.process_bytes, w.device_bytes, w.peak_phase, dict(w.parts), w.host_bytes, dist.host_bytes,
-                   None if capacity is None else w.device_bytes <= capacity, None if row is None else row.max_batch)
+                   None if capacity is None else w.peak_device_bytes <= capacity,
+                   None if row is None else row.max_batch, w.load_device_bytes)
 
     def to_json(self) -> JsonObject:
         """The top-level keys, in the order they have always been written (``update`` keeps a present key's place)."""
@@ -122,7 +130,8 @@ class LargestGpu:
                 "host_bytes_machine": self.host_bytes_machine, "fits": self.fits,
                 "max_batch_size": self.max_batch_size,
                 # the per-GPU plan gives no reason and no changes of its own: the one-GPU plan's are under one_gpu
-                "cannot_fit_reason": None, "recommendations": []}
+                "cannot_fit_reason": None, "recommendations": [],
+                "load_device_bytes": self.load_device_bytes, "loading_sets_peak": self.loading_sets_peak}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> LargestGpu | None:
@@ -138,7 +147,7 @@ class LargestGpu:
         world, allocated, reserved, process, device, host, machine = (int(c) for c in counts if c is not None)
         strategy, offload, phase = (str(w) for w in words)
         return cls(world, strategy, offload, allocated, reserved, process, device, phase, dict(breakdown), host,
-                   machine, fits, max_batch)
+                   machine, fits, max_batch, _whole(data.get("load_device_bytes")) or 0)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from vramscope.planner.api import ModelRef, Plan, capacity_of, plan, resolve_model
 from vramscope.planner.distributed import DistributedEstimate, Parallelism, estimate_distributed, parallelism
+from vramscope.planner.document import PlanDocument, plan_document
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.memory import Hardware
 from vramscope.planner.multigpu import FitTable, fit_table
@@ -27,8 +28,14 @@ class LaunchPlan:
     distributed: DistributedEstimate
     table: FitTable
 
+    def document(self) -> PlanDocument:
+        """The ``plan --json`` document of this launch (:mod:`vramscope.planner.document` owns its layout)."""
+        return plan_document(self.single, distributed=self.distributed, table=self.table)
+
     def to_dict(self) -> dict[str, Any]:
-        return {**self.single.to_dict(), "gpus": {"plan": self.distributed.to_dict(), "table": self.table.to_dict()}}
+        """What ``plan --gpus N --strategy S --json`` prints for the same launch: the largest GPU at the top level,
+        the one-GPU plan under ``one_gpu``, every GPU under ``gpus.plan`` and every strategy under ``gpus.table``."""
+        return self.document().to_json()
 
 
 def parallelism_of(command: Any, layers: int | None = None, gpus: int | None = None) -> Parallelism:
@@ -76,7 +83,8 @@ def plan_launch(model: ModelRef, batch_size: int, seq_len: int, spec: QLoraSpec 
         hw = hardware
     if target_batch is not None and cap is None:
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
-    single = plan(model, batch_size, seq_len, spec, gpu_memory=gpu_memory, gpu=gpu, hardware=hardware)
+    single = plan(model, batch_size, seq_len, spec, gpu_memory=gpu_memory, gpu=gpu, hardware=hardware,
+                  target_batch=target_batch)  # as plan --target-batch plans the one GPU too
     dist = estimate_distributed(shape, spec, batch_size, seq_len, par, hw)
     table = fit_table(shape, spec, batch_size, seq_len, world_size, cap, hw, target_batch=target_batch)
     return LaunchPlan(single, dist, table)

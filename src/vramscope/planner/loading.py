@@ -20,13 +20,18 @@ from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
 
+def kept_params(shape: ModelShape) -> int:
+    """The parameters bitsandbytes leaves unquantized: embeddings, lm_head, norms, biases and fused experts."""
+    return shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params + shape.expert_params
+
+
 def load_moments(shape: ModelShape, spec: QLoraSpec, fw: Framework, step: Estimate) -> dict[str, Breakdown]:
     """The loading's moments, each with what is alive then (``step``: the training step's estimate, whose
     optimizer-step breakdown holds the weights and adapters as training has them)."""
     final = step.phase_breakdowns["optimizer step"]
     weights = Breakdown(quantized_weights=final.quantized_weights,
                         quantization_constants=final.quantization_constants)
-    kept = shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params + shape.expert_params
+    kept = kept_params(shape)
     load_dtype = 4 if spec.compute_dtype == "fp32" else 2  # TRL's --dtype, the recipe's torch_dtype
     moments = {
         # the loader's worst target, every earlier one loaded (memory.loading_transient_bytes)
@@ -40,7 +45,8 @@ def load_moments(shape: ModelShape, spec: QLoraSpec, fw: Framework, step: Estima
             weights, unquantized_params=4 * kept, temporaries=upcast_transient_bytes(shape))
     if quantized and fw.build.casts_back:
         # qlora.py's cast loop after get_peft_model walks named_modules(): its first hit, embed_tokens, gets its
-        # bf16 copy while the fp32 original, every other fp32 tensor and the fp32 adapters are alive
+        # bf16 copy while the fp32 original, every other fp32 tensor and the fp32 adapters are alive (only under
+        # --bf16: memory.validate_spec refuses such a framework with another compute dtype)
         moments["cast back to bf16"] = replace(weights, unquantized_params=4 * kept,
                                                lora_weights=4 * step.trainable_params,
                                                temporaries=2 * shape.embedding_params)

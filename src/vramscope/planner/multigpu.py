@@ -25,12 +25,17 @@ from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB
 
 MAX_BATCH = 1 << 12
-# The rows of the table: every strategy, and FSDP with its parameters on the host (Answer.AI's 70B on 2 x 24 GB).
+# The rows of the table: every strategy, and FSDP with its parameters on the host (Answer.AI's 70B on 2 x 24 GB,
+# with their own loader: transformers 5's loads the whole 4-bit model on each rank first, parallel_loading.py).
 TABLE = (("ddp", "none"), ("zero2", "none"), ("zero3", "none"), ("fsdp", "none"), ("fsdp", "params"),
          ("split", "none"))
 # GPU counts the search tries: every count to 16, then the usual node sizes.
 COUNTS = (*range(1, 17), 24, 32, 48, 64)
 SPLIT_MAX = 16  # a split over more GPUs is slower than anything else here; the search stops there
+# Said where loading sets a sharded strategy's peak: the loader planned is transformers 5's (parallel_loading.py).
+LOADER_NOTE = ("loading is planned as transformers 5 loads: the whole quantized model on every rank's GPU before "
+               "FSDP or ZeRO-3 shards it; a loader that quantizes onto the host and shards from there (transformers "
+               "4.39+ under fsdp_cpu_ram_efficient_loading or ZeRO-3, Answer.AI's fsdp_qlora train.py) is not modelled")
 
 
 @dataclass(frozen=True)
@@ -40,14 +45,16 @@ class StrategyFit:
     Attributes:
         strategy, offload: the way the run is spread.
         gpus: the GPU count asked for (``--gpus``).
-        device_bytes: the largest GPU's memory at ``gpus`` and the plan's micro-batch (None: cannot run there,
-            e.g. a split over more GPUs than layers).
+        device_bytes: the largest GPU's memory at ``gpus`` and the plan's micro-batch, the larger of its step and
+            its loading (None: cannot run there, e.g. a split over more GPUs than layers).
         fits: at ``gpus``, given a capacity.
         max_batch: the largest micro-batch at ``gpus`` (0: none fits).
         min_gpus: the smallest GPU count that fits the plan's micro-batch (None: none up to the search's end).
         max_batch_at_min: the largest micro-batch at ``min_gpus``.
         micro_batch, grad_accum: reaching ``target_batch`` = micro x accumulation x data-parallel ranks at ``gpus``.
         host_bytes: host memory the offload needs at ``gpus``.
+        step_bytes, load_bytes: the largest GPU's step and loading, the two ``device_bytes`` is the larger of;
+            ``load_moment`` the loading's largest moment.
     """
 
     strategy: str
@@ -63,6 +70,14 @@ class StrategyFit:
     host_bytes: int = 0
     host_bytes_at_min: int = 0
     note: str | None = None
+    step_bytes: int | None = None
+    load_bytes: int | None = None
+    load_moment: str | None = None
+
+    @property
+    def loading_sets_peak(self) -> bool:
+        """Whether loading the model, not the step, is what this row's GPU must hold."""
+        return self.load_bytes is not None and self.step_bytes is not None and self.load_bytes > self.step_bytes
 
     @property
     def label(self) -> str:
@@ -73,7 +88,9 @@ class StrategyFit:
                 "device_bytes": self.device_bytes, "fits": self.fits, "max_batch_size": self.max_batch,
                 "min_gpus": self.min_gpus, "max_batch_size_at_min_gpus": self.max_batch_at_min,
                 "micro_batch_size": self.micro_batch, "grad_accum_steps": self.grad_accum,
-                "host_bytes": self.host_bytes, "host_bytes_at_min_gpus": self.host_bytes_at_min, "note": self.note}
+                "host_bytes": self.host_bytes, "host_bytes_at_min_gpus": self.host_bytes_at_min, "note": self.note,
+                "step_device_bytes": self.step_bytes, "load_device_bytes": self.load_bytes,
+                "load_moment": self.load_moment, "loading_sets_peak": self.loading_sets_peak}
 
 
 @dataclass(frozen=True)
@@ -108,7 +125,8 @@ class _Planner:
         return estimate_distributed(self.shape, self.spec, batch, self.seq, par, self.hw, single=self.single(batch))
 
     def device(self, par: Parallelism, batch: int) -> int:
-        return self.run(par, batch).worst.device_bytes
+        """The largest GPU's peak: its step or its loading, whichever holds more."""
+        return self.run(par, batch).worst.peak_device_bytes
 
     def max_batch(self, par: Parallelism, capacity: int) -> int:
         """Largest micro-batch whose worst GPU fits (memory grows with the batch), 0 if none."""
@@ -148,13 +166,17 @@ def fit_table(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, gpus: in
             row = StrategyFit(strategy, offload, gpus, None, note=note)
         else:
             dist = pl.run(par, batch)
-            row = StrategyFit(strategy, offload, gpus, dist.worst.device_bytes, host_bytes=dist.host_bytes)
+            w = dist.worst
+            row = StrategyFit(strategy, offload, gpus, w.peak_device_bytes, host_bytes=dist.host_bytes,
+                              step_bytes=w.device_bytes, load_bytes=w.load_device_bytes, load_moment=w.load_moment)
         if capacity is not None:
             row = _with_capacity(pl, row, capacity, batch, target_batch)
         out.append(row)
     recs = recommendations(out, capacity, batch) if capacity is not None else ()
+    sharded_loads = any(r.loading_sets_peak and r.strategy in ("fsdp", "zero3") for r in out)
+    notes = (LOADER_NOTE,) if sharded_loads and spec.bits in (4, 8) else ()
     return FitTable(gpus=gpus, batch_size=batch, seq_len=seq, capacity_bytes=capacity, rows=tuple(out),
-                    recommendations=tuple(recs), target_batch=target_batch)
+                    recommendations=tuple(recs), target_batch=target_batch, notes=notes)
 
 
 def _with_capacity(pl: _Planner, row: StrategyFit, capacity: int, batch: int, target: int | None) -> StrategyFit:
@@ -172,7 +194,7 @@ def _with_capacity(pl: _Planner, row: StrategyFit, capacity: int, batch: int, ta
             continue
         par = Parallelism(world_size=n, strategy=row.strategy, offload=row.offload)
         dist = pl.run(par, batch)
-        if dist.worst.device_bytes <= capacity:
+        if dist.worst.peak_device_bytes <= capacity:
             fields_.update(min_gpus=n, max_batch_at_min=pl.max_batch(par, capacity), host_bytes_at_min=dist.host_bytes)
             break
     return StrategyFit(**{**row.__dict__, **fields_})
@@ -193,8 +215,12 @@ def recommendations(rows: list[StrategyFit], capacity: int, batch: int) -> list[
         out.append(f"{r.label} {where} fits, up to micro-batch {r.max_batch_at_min}{host}")
     for r in rows:
         if r.min_gpus is None and r.device_bytes is not None:
+            # loading's peak is its own, at any micro-batch: say so, with the moment that sets it
+            step = (r.step_bytes or 0) / GIB
+            why = (f" to load the model (its most at {r.load_moment}; its step needs {step:.1f} GiB)"
+                   if r.loading_sets_peak else "")
             out.append(f"{r.label} does not fit at micro-batch {batch}: it needs GPUs of "
-                       f"{r.device_bytes / GIB:.1f} GiB at {r.gpus} GPUs (these have {capacity / GIB:.1f} GiB)")
+                       f"{r.device_bytes / GIB:.1f} GiB at {r.gpus} GPUs{why} (these have {capacity / GIB:.1f} GiB)")
     return out
 
 

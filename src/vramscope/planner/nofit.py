@@ -73,6 +73,10 @@ def explain(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardwa
         out.append(quantize)
     gpus = _more_gpus(shape, spec, batch, seq, hw, capacity, fsdp.min_gpus, fsdp.max_batch_at_min,
                       one_gpu_way=offload.min_gpus == 1 or bool(out), grad_accum=grad_accum)
+    if gpus is None and fsdp.min_gpus is None and (fsdp.load_bytes or 0) > capacity:
+        # every FSDP rank loads the whole model first (parallel_loading), at any count: a split loads each GPU's
+        # layers only
+        gpus = _split_gpus(shape, spec, batch, seq, hw, capacity)
     if gpus is not None:
         out.append(gpus)
     if offload.min_gpus is not None:
@@ -121,6 +125,19 @@ def _more_gpus(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Har
         change = {"gpus": min_gpus, "strategy": "fsdp"}
     return Recommendation("more_gpus", 0, f"use {min_gpus} GPUs with FSDP{how}: {size} "
                           f"(plan --gpus {min_gpus} --strategy fsdp)", change, True)
+
+
+def _split_gpus(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware,
+                capacity: int) -> Recommendation | None:
+    """The layers split over the fewest GPUs that fit (``device_map="auto"``, one process), within a node; None
+    when no such count fits."""
+    split = fit_table(shape, spec, batch, seq, 2, capacity, hw, rows=(("split", "none"),)).rows[0]
+    if split.min_gpus is None or split.min_gpus > NODE_GPUS:
+        return None
+    return Recommendation("more_gpus", 0, f"split the layers over {split.min_gpus} GPUs (device_map=\"auto\", one "
+                          f"process; FSDP's ranks would each load the whole model first): up to micro-batch "
+                          f"{split.max_batch_at_min} (plan --gpus {split.min_gpus} --strategy split)",
+                          {"gpus": split.min_gpus, "strategy": "split"}, True)
 
 
 def _unquantized_experts(shape: ModelShape, spec: QLoraSpec, bd: Breakdown) -> str:

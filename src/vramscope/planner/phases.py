@@ -238,11 +238,6 @@ def returned_logit_bytes(fw: Framework, pr: Precision) -> int:
 
 # --- phases -----------------------------------------------------------------------------------------------
 
-def _trl() -> Framework:
-    """TRL's trainers (DPO, GRPO, KTO, reward) all cast the adapters to bf16 and run the fused LM head."""
-    return TRL_TRAINERS
-
-
 def _resident(train: Estimate, tokens: int) -> Breakdown:
     """What stays on the GPU between steps: weights, adapters, optimizer states, workspaces (and the batch)."""
     bd = train.phase_breakdowns["optimizer step"]
@@ -306,7 +301,7 @@ def train_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Ha
     if t == "sft":
         est = estimate(shape, spec, batch, seq, hw, framework=framework)
         return _from_estimate("train", batch, seq, est, grad_accum=run.grad_accum), est
-    fw = _trl()
+    fw = TRL_TRAINERS
     if t == "reward":
         rows = 2 * batch
         est = estimate(shape, spec, rows, seq, hw, framework=replace(fw, logits="score"))
@@ -406,7 +401,7 @@ def eval_phase(shape: ModelShape, spec: QLoraSpec, train: Estimate, hw: Hardware
     b = run.eval_batch
     rows = 2 * b if run.trainer in ("dpo", "reward") else b
     T = rows * seq
-    fw = framework if run.trainer == "sft" else _trl()
+    fw = framework if run.trainer == "sft" else TRL_TRAINERS
     if run.trainer == "reward":
         fw = replace(fw, logits="score")
     pr = precision(spec, fw)
@@ -518,7 +513,7 @@ def generation_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, t
     """GRPO's generation without vLLM: ``model.generate`` on every row of the generation batch at once, with a
     DynamicCache, gradient checkpointing off and no grad; then the no-grad scoring passes. ``framework``
     overrides TRL's dtypes (a CPU replay without autocast)."""
-    fw = framework or _trl()
+    fw = framework or TRL_TRAINERS
     pr = precision(spec, fw)
     steps = run.steps_per_generation or run.grad_accum
     rows = batch * steps
@@ -567,7 +562,7 @@ def precompute_phase(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, t
                      run: RunPhases) -> PhasePeak:
     """DPO/KTO ``precompute_ref_log_probs``: the reference over the dataset before training, no grad, before
     any optimizer state exists."""
-    fw = _trl()
+    fw = TRL_TRAINERS
     pr = precision(spec, fw)
     b = run.precompute_batch or batch
     rows = 2 * b if run.trainer == "dpo" else b
@@ -628,7 +623,7 @@ def plan_run(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardw
     elif run.eval_batch is not None:
         fw = framework or framework_for(spec)  # an unknown framework is the recipe's error, not planned as hf
         ev = eval_phase(shape, spec, est, hw, run, fw, run.eval_seq or train.seq)
-        ev_fw = fw if run.trainer == "sft" else _trl()
+        ev_fw = fw if run.trainer == "sft" else TRL_TRAINERS
         phases["eval"] = _beside_training_pool(ev, train, _eval_segments(shape, spec, ev_fw, run, ev, train))
     peak = max(phases, key=lambda k: phases[k].device_bytes)
     return RunPlan(trainer=run.trainer, phases=phases, peak_phase=peak, events=_events(shape, spec, est, run),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramscope.planner.frameworks.record import Style
 from vramscope.planner.frameworks.registry import (
     FRAMEWORK_TABLE,
     STYLES,
@@ -84,7 +85,10 @@ def written_as(change: dict[str, Any], style: str, run_trainer: str = "sft") -> 
             target = FRAMEWORK_TABLE.get(str(value))
             parts.append(target.switch_line if target is not None and target.switch_line else f"use {value}")
         elif key == "dtype":
-            parts.append(f"--dtype {value}" if how.dtype_flag else f"from_pretrained(..., dtype={value!r})")
+            if how.form == "flags" and value == "bfloat16":
+                parts.append("--bf16 True")  # HfArgumentParser's bf16: the script loads and computes in it
+            else:
+                parts.append(f"--dtype {value}" if how.dtype_flag else f"from_pretrained(..., dtype={value!r})")
         elif key == "keep_output":
             parts.append(_loop_line("keep_output", value))
         elif key == "use_cache":
@@ -95,6 +99,8 @@ def written_as(change: dict[str, Any], style: str, run_trainer: str = "sft") -> 
     if how.form == "yaml":
         names = dict(how.renamed)
         parts += [f"{names.get(k, k)}: {_yaml(v)}" for k, v in (*trainer.items(), *lora.items())]
+    elif how.form == "flags":
+        parts += _flags(how, trainer, lora)
     elif how.form == "code":
         parts += [_loop_line(k, v) for k, v in trainer.items()]
         if lora:
@@ -108,6 +114,22 @@ def written_as(change: dict[str, Any], style: str, run_trainer: str = "sft") -> 
         if lora:
             parts.append("LoraConfig(" + ", ".join(f"{k}={_py(v)}" for k, v in lora.items()) + ")")
     return "; ".join(parts)
+
+
+def _flags(how: Style, trainer: dict[str, Any], lora: dict[str, Any]) -> list[str]:
+    """A script's flags for the trainer's and LoRA's keys (HfArgumentParser: ``--key value``, booleans as True or
+    False); a length over two flags is said as their sum, a key without a flag as the config the script builds."""
+    names = dict(how.renamed)
+    flags: list[str] = []
+    out: list[str] = []
+    for key, value in (*trainer.items(), *lora.items()):
+        if key == "max_length" and how.split_length:
+            out.append(f"{' + '.join(how.split_length)} = {value} (the input's and the output's cut)")
+        elif key in how.no_flag:
+            out.append(f"LoraConfig({key}={_py(value)}) where the script builds it (no flag for it)")
+        else:
+            flags.append(f"--{names.get(key, key)} {value}")
+    return ([" ".join(flags)] if flags else []) + out
 
 
 def _loop_line(key: str, value: Any) -> str:

@@ -8,8 +8,15 @@ flags).
 
 from __future__ import annotations
 
-from vramscope.planner.frameworks import hf, trl
-from vramscope.planner.frameworks.record import Build, Framework
+from vramscope.planner.frameworks import trl
+from vramscope.planner.frameworks.record import Build, Framework, Style
+
+# qlora.py's own flags (HfArgumentParser over its ModelArguments, DataArguments and TrainingArguments): the
+# trainer's fields under their names, --lora_r for the rank; its length is two flags (the input's and the output's
+# cut); it has no flag for the LoRA targets (find_all_linear_names picks every linear layer but lm_head).
+STYLE = Style(name="qlora", form="flags", renamed=(("r", "lora_r"),),
+              split_length=("--source_max_len", "--target_max_len"), no_flag=("target_modules",),
+              programs=("qlora",))
 
 FRAMEWORK = Framework(
     name="qlora", title="qlora.py --bf16 (HF Trainer; LoRA, embeddings and lm_head cast back to bf16 after "
@@ -17,6 +24,6 @@ FRAMEWORK = Framework(
     logits="dropped", keeps_kv_cache=False, reentrant=False, fragmentation=(1.718, 0.442, 1.907, 0.468),
     cuda_context_bytes=758 * 1024**2,
     build=Build(peft_kbit=True, trainer=True, casts_back=True),
-    style=hf.STYLE.name, summary="qlora.py --bf16: LoRA, embeddings and lm_head back in bf16",
+    style=STYLE.name, summary="qlora.py --bf16: LoRA, embeddings and lm_head back in bf16",
     switch_to=trl.FRAMEWORK.name,
 )  # no programs: qlora.py reads as hf; its reader plans with this one under --bf16

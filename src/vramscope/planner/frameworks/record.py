@@ -135,8 +135,8 @@ class Style:
 
     Attributes:
         name: the name ``--settings-style`` takes (``hf``, ``trl``, ``loop``, ``axolotl``).
-        form: ``arguments`` (a config dataclass's fields: ``config(k=v, ...)``), ``yaml`` (a YAML file's keys) or
-            ``code`` (lines of a hand-written loop).
+        form: ``arguments`` (a config dataclass's fields: ``config(k=v, ...)``), ``yaml`` (a YAML file's keys),
+            ``flags`` (a script's command-line flags: ``--k v``) or ``code`` (lines of a hand-written loop).
         config: the config dataclass of the ``arguments`` form (``TrainingArguments``, ``SFTConfig``).
         length_field: the config has a field for the maximum length (``max_length``); without one the
             tokenizer's truncation decides it (HF Trainer).
@@ -145,6 +145,9 @@ class Style:
         renamed: (a neutral trainer or LoRA key, this style's name for it) pairs (axolotl's YAML).
         not_offered: neutral keys of changes this style has no setting for (such a change is not advice there).
         programs: the command readers whose users write in this style whatever the framework (axolotl's YAML).
+        split_length: the ``flags`` form's two flags whose sum is the maximum length (qlora.py's source and target
+            cuts); empty: one ``--max_length``.
+        no_flag: keys the ``flags`` form has no flag for: said as the code the script builds them in.
     """
 
     name: str
@@ -155,3 +158,5 @@ class Style:
     renamed: tuple[tuple[str, str], ...] = ()
     not_offered: frozenset[str] = frozenset()
     programs: tuple[str, ...] = ()
+    split_length: tuple[str, ...] = ()
+    no_flag: tuple[str, ...] = ()
