@@ -204,3 +204,27 @@ def test_cores_is_what_the_process_may_use() -> None:
         assert halves.cores() == len(os.sched_getaffinity(0))  # a taskset's or a container's, not the machine's
     else:
         assert halves.cores() == (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("late", ["45.5 %", "[N/A]", "[Not Supported]"])
+def test_nvidia_smi_percentages_of_a_fraction_in_one_half_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               late: str) -> None:
+    # Each half parses its own cells; a fraction past the middle makes the whole column floats, as it does read
+    # as one column (a whole number is exact either way), and "[N/A]" there is unknown in either.
+    header = ["timestamp", "index", "name", "memory.used [MiB]", "memory.total [MiB]", "utilization.gpu [%]"]
+    lines = [", ".join(header)]
+    for t in range(20_000):
+        util = late if t == 15_000 else f"{t % 101} %"
+        used = "[N/A]" if t == 3 else f"{20_000 + t % 977} MiB"
+        lines.append(f"2026/11/29 10:{t // 600 % 60:02d}:{t // 10 % 60:02d}.{t % 10}00, {t % 2}, NVIDIA H200, "
+                     f"{used}, 143771 MiB, {util}")
+    path = tmp_path / "smi.csv"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr("vramscope.logs.smi_reader.STREAM_FROM", 1)
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole)
+    util_column = split.column_data("utilization_pct")
+    assert util_column is not None
+    assert util_column.floats().values[15_000] == (45.5 if late == "45.5 %" else 0.0)
+    assert not split.int_column("device_used_bytes").known[3]
+    same_smi(path)

@@ -55,44 +55,54 @@ def read(source: LogSource) -> LogTable:
             or '"' in source.header or source.size < STREAM_FROM:
         return read_nvidia_smi(source.name, source.data())
     wanted = sorted({keys.index(k) for k in _READ if k in keys})
-    stamps = keys.index("timestamp") if "timestamp" in keys else None
+    # The columns read cell by cell (their texts parsed where each part was split, on its own core), by place.
+    per_cell = {keys.index(k): k for k in _PER_CELL if k in keys}
     streams = halves(source, source.header_end + 1)
     try:
-        parts = read_at_once([partial(_split, stream, len(header), wanted, stamps) for stream in streams])
+        parts = read_at_once([partial(_split, stream, len(header), wanted, per_cell) for stream in streams])
     except pa.ArrowInvalid:  # not UTF-8, say: the bytes whole, to the csv module's rules
         return read_nvidia_smi(source.name, source.data())
     if any(stream.quoted for stream in streams):  # a quote after ", " is one to the csv module
         return read_nvidia_smi(source.name, source.data())  # (skipinitialspace), not to pyarrow
     tables = [table for table, _ in parts]
-    millis = [m for _, m in parts if m is not None]
+    parsed = {key: _joined([numbers[key] for _, numbers in parts]) for key in per_cell.values()}
     columns: list[pa.Array | None] = [None] * len(header)
     for j in wanted:  # one piece each, made as the pieces are let go (a copy of each column at a time)
-        if j == stamps:
-            continue  # read into milliseconds already, each part's where it was split
+        if j in per_cell:
+            continue  # parsed already
         chunks = [chunk for table in tables for chunk in table.column(f"c{j}").chunks]
         tables = [table.drop_columns([f"c{j}"]) for table in tables]
         columns[j] = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
         del chunks
     del tables, parts
-    joined = None
-    if millis:
-        joined = millis[0] if len(millis) == 1 else Column(np.concatenate([m.values for m in millis]),
-                                                            np.concatenate([m.known for m in millis]))
-    return _smi_table(source.name, header, columns, joined)
+    return _smi_table(source.name, header, columns, parsed)
 
 
-def _split(stream: LineStream, width: int, wanted: list[int], stamps: int | None) -> tuple[pa.Table, Column | None]:
-    """The stream's lines split into the wanted columns' text, by pyarrow, and the stamps of column ``stamps``
-    (if any) read into milliseconds there and then (:func:`_stamps` is cell by cell: a part's stamps are
-    the whole column's, on the part's own core), their text let go."""
+def _split(stream: LineStream, width: int, wanted: list[int], per_cell: dict[int, str]
+           ) -> tuple[pa.Table, dict[str, Column]]:
+    """The stream's lines split into the wanted columns' text, by pyarrow, the columns of ``per_cell`` (place ->
+    field) parsed there and then by :data:`_PER_CELL`'s rules, their text let go: each rule reads a cell alone,
+    so a part's cells are what the whole column's would be (:func:`_joined` puts them end to end)."""
     table = _text_columns(stream, width, wanted)
-    if stamps is None:
-        return table, None
-    text = table.column(f"c{stamps}")
-    cells = text.chunks[0] if text.num_chunks == 1 else pa.concat_arrays(text.chunks) if text.num_chunks \
-        else pa.array([], type=pa.string())
-    millis = _stamps(cells)
-    return table.drop_columns([f"c{stamps}"]), millis
+    numbers: dict[str, Column] = {}
+    for j, key in per_cell.items():
+        text = table.column(f"c{j}")
+        cells = text.chunks[0] if text.num_chunks == 1 else pa.concat_arrays(text.chunks) if text.num_chunks \
+            else pa.array([], type=pa.string())
+        table = table.drop_columns([f"c{j}"])
+        numbers[key] = _PER_CELL[key](cells)
+        del text, cells
+    return table, numbers
+
+
+def _joined(parts: list[Column]) -> Column:
+    """Parts' columns end to end: whole numbers (int64) when every part's are, else floats (a percentage of a
+    fraction makes its whole column floats, as :func:`_whole_if_can` does; a whole number is exact either way)."""
+    if len(parts) == 1:
+        return parts[0]
+    kind = np.int64 if all(p.values.dtype == np.int64 for p in parts) else np.float64
+    return Column(np.concatenate([p.values.astype(kind, copy=False) for p in parts]),
+                  np.concatenate([p.known for p in parts]))
 
 
 def _text_columns(stream: LineStream, width: int, wanted: list[int]) -> pa.Table:
@@ -133,25 +143,33 @@ def read_nvidia_smi(name: str, data: bytes) -> LogTable:
     return _smi_table(name, header, list(columns))
 
 
-def _smi_table(name: str, header: list[str], columns: list[pa.Array | None], millis: Column | None = None
-               ) -> LogTable:
-    """The table of nvidia-smi's columns (text, each; None for a column not read); ``millis``: the stamps already
-    read (:func:`_stamps`), their text left out of ``columns``."""
+def _smi_table(name: str, header: list[str], columns: list[pa.Array | None],
+               parsed: dict[str, Column] | None = None) -> LogTable:
+    """The table of nvidia-smi's columns (text, each; None for a column not read); ``parsed``: the fields of
+    :data:`_PER_CELL` already parsed (:func:`_split`), their text left out of ``columns``."""
     keys = [h.split(" [")[0] for h in header]
+    done = parsed or {}
 
     def col(key: str) -> pa.Array | None:  # the first of a repeated name, its cells as read (" 20000 MiB")
         return columns[keys.index(key)] if key in keys else None
+
+    def numbers(key: str) -> Column | None:  # the field's cells parsed by its rule
+        if key in done:
+            return done[key]
+        cells = col(key)
+        return _PER_CELL[key](cells) if cells is not None else None
 
     if "memory.used" not in keys:
         raise LogFormatError(
             f"{name}: nvidia-smi CSV without memory.used; log it with --query-gpu=timestamp,memory.used,..."
         )
-    used = col("memory.used")
+    used = numbers("memory.used")
     assert used is not None
     n = len(used)
-    stamps, index, total, util = col("timestamp"), col("index"), col("memory.total"), col("utilization.gpu")
+    index = col("index")
+    millis, total, util = numbers("timestamp"), numbers("memory.total"), numbers("utilization.gpu")
     if millis is None:
-        millis = _stamps(stamps) if stamps is not None else Column(np.zeros(n), np.zeros(n, dtype=bool))
+        millis = Column(np.zeros(n), np.zeros(n, dtype=bool))
     known_at = np.flatnonzero(millis.known)
     start = millis.values[known_at[0]] if len(known_at) else 0.0
     elapsed = Column(np.where(millis.known, np.round(millis.values - start) / 1000, 0.0), millis.known.copy())
@@ -160,11 +178,9 @@ def _smi_table(name: str, header: list[str], columns: list[pa.Array | None], mil
         "elapsed_s": NumberColumn(elapsed),
         "gpu": (ArrowColumn([_trimmed(index)], pa.string()) if index is not None
                 else NumberColumn(Column(tick_positions(millis), np.ones(n, dtype=bool)))),
-        "device_used_bytes": NumberColumn(by_distinct(_mib_bytes, used)),
-        "device_total_bytes": NumberColumn(by_distinct(_mib_bytes, total) if total is not None
-                                           else cellparse.unknown_column(n, np.int64)),
-        "utilization_pct": NumberColumn(by_distinct(_percent, util) if util is not None
-                                        else cellparse.unknown_column(n, np.int64)),
+        "device_used_bytes": NumberColumn(used),
+        "device_total_bytes": NumberColumn(total if total is not None else cellparse.unknown_column(n, np.int64)),
+        "utilization_pct": NumberColumn(util if util is not None else cellparse.unknown_column(n, np.int64)),
     }
     return LogTable(name, out, rows=n)
 
@@ -433,3 +449,14 @@ def _sample_sizes(new: np.ndarray) -> dict[int, int]:
     begins = np.flatnonzero(new)
     sizes, counts = np.unique(np.diff(np.append(begins, len(new))), return_counts=True)
     return dict(zip(sizes.tolist(), counts.tolist(), strict=True))
+
+
+# The fields parsed cell by cell, each by its rule: the stamps into Unix milliseconds, the MiB cells into bytes and
+# the percentages, each distinct text once (by_distinct). A rule reads each cell alone, so a file's parts can be
+# parsed apart (_split) and put end to end (_joined).
+_PER_CELL: dict[str, Callable[[pa.Array], Column]] = {
+    "timestamp": lambda cells: _stamps(cells),
+    "memory.used": lambda cells: by_distinct(_mib_bytes, cells),
+    "memory.total": lambda cells: by_distinct(_mib_bytes, cells),
+    "utilization.gpu": lambda cells: by_distinct(_percent, cells),
+}
