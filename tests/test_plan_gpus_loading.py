@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from vramscope.cli import main
+from vramscope.planner.loading import at_moment
 from vramscope.units import gib
 
 GIB = 1024**3
@@ -91,7 +92,8 @@ def test_the_per_gpu_plan_says_loading_sets_its_peak_and_does_not_fit(capsys: py
     # the top level (the largest GPU, as the terminal prints it) fits on the peak, loading included
     assert doc["fits"] is False and doc["load_device_bytes"] == gpu["load_device_bytes"]
     assert doc["loading_sets_peak"] is True and doc["device_bytes"] == gpu["device_bytes"]
-    assert f"loading the model holds more: {gib(gpu['load_device_bytes'])} on each GPU at {gpu['load_moment']}" in text
+    held = f"loading the model holds more: {gib(gpu['load_device_bytes'])} on each GPU {at_moment(gpu['load_moment'])}"
+    assert held in text
     assert "  does NOT fit in 79.65 GiB per GPU" in text
 
 

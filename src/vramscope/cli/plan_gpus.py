@@ -21,6 +21,7 @@ from vramscope.planner.distributed import (
     estimate_distributed,
     parallelism,
 )
+from vramscope.planner.loading import at_moment
 from vramscope.planner.memory import Hardware
 from vramscope.planner.multigpu import FitTable, fit_table
 from vramscope.recipe import QLoraSpec
@@ -126,8 +127,8 @@ def _format_dist(d: DistributedEstimate, capacity: int | None, labels: dict[str,
     if w.loading_sets_peak:
         # said only where loading holds more than the step: elsewhere the step's figures above are the peak
         where = "each GPU" if len(d.ranks) == 1 else f"GPU {w.gpu}"
-        lines.append(f"  loading the model holds more: {gib(w.load_device_bytes)} on {where} at {w.load_moment}, "
-                     f"before the first step: {d.loading}")
+        lines.append(f"  loading the model holds more: {gib(w.load_device_bytes)} on {where} "
+                     f"{at_moment(w.load_moment or '')}, before the first step: {d.loading}")
     if capacity is not None:
         verdict = "fits" if w.peak_device_bytes <= capacity else "does NOT fit"
         lines.append(f"  {verdict} in {gib(capacity)} per GPU")
@@ -157,7 +158,7 @@ def _format_table(t: FitTable) -> list[str]:
         if r.note and (r.device_bytes is None or (r.max_batch and r.micro_batch is None)):
             row += f"  ({r.note})"
         if r.loading_sets_peak:
-            row += f"  (loading sets it, at {r.load_moment}; the step: {gib(r.step_bytes or 0)})"
+            row += f"  (loading sets it, {at_moment(r.load_moment or '')}; the step: {gib(r.step_bytes or 0)})"
         lines.append(row)
     if t.recommendations:
         lines += ["", "  which way:"] + [f"    - {rec}" for rec in t.recommendations]

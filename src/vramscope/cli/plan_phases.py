@@ -12,6 +12,7 @@ import dataclasses
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.planner.api import Plan
+from vramscope.planner.loading import at_moment
 from vramscope.planner.phases import EVAL_LOGITS, TRAINERS, RunPhases
 from vramscope.units import gib
 
@@ -118,7 +119,7 @@ def format_lines(p: Plan) -> list[str]:
     for name, ph in run.phases.items():
         mark = "  <- peak" if name == run.peak_phase else ""
         shape = f"{ph.rows:>5} x {ph.seq:<6}" if ph.rows else f"{'weights':>14}"  # loading has no batch
-        lines.append(f"    {name:15} {shape} {gib(ph.peak_allocated_bytes):>11}  (at {ph.moment}){mark}")
+        lines.append(f"    {name:15} {shape} {gib(ph.peak_allocated_bytes):>11}  ({at_moment(ph.moment)}){mark}")
         extras = [(k, v) for k, v in ph.breakdown.to_dict().items() if k in ("kv_cache", "eval_predictions") and v]
         for key, value in extras:
             lines.append(f"      {BREAKDOWN_LABELS.get(key, key):40} {gib(value):>11}")

@@ -19,6 +19,17 @@ from vramscope.planner.memory import Breakdown, Estimate, loading_transient_byte
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
+# Loading's moments as a sentence says them ("loading sets it, once the adapters are added"); the moment itself,
+# as plan --json gives it, stays its name. Any other moment reads "at <moment>".
+FLATTEN_MOMENT = "FSDP flattens a unit"  # FSDP1's wrapping of a rank that loaded the whole model
+_MOMENT_WORDS = {"adapters": "once the adapters are added", FLATTEN_MOMENT: "as FSDP flattens a unit"}
+
+
+def at_moment(moment: str) -> str:
+    """``moment`` (a phase's, loading's included) as the end of a sentence: "at from_pretrained", "once the adapters
+    are added"."""
+    return _MOMENT_WORDS.get(moment, f"at {moment}")
+
 
 def kept_params(shape: ModelShape) -> int:
     """The parameters bitsandbytes leaves unquantized: embeddings, lm_head, norms, biases and fused experts."""

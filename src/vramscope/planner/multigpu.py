@@ -18,6 +18,7 @@ from vramscope.planner.distributed import (
     Parallelism,
     estimate_distributed,
 )
+from vramscope.planner.loading import at_moment
 from vramscope.planner.memory import Estimate, Hardware, estimate
 from vramscope.planner.search import largest_fitting
 from vramscope.planner.shapes import ModelShape
@@ -217,7 +218,7 @@ def recommendations(rows: list[StrategyFit], capacity: int, batch: int) -> list[
         if r.min_gpus is None and r.device_bytes is not None:
             # loading's peak is its own, at any micro-batch: say so, with the moment that sets it
             step = (r.step_bytes or 0) / GIB
-            why = (f" to load the model (its most at {r.load_moment}; its step needs {step:.1f} GiB)"
+            why = (f" to load the model (its most {at_moment(r.load_moment or '')}; its step needs {step:.1f} GiB)"
                    if r.loading_sets_peak else "")
             out.append(f"{r.label} does not fit at micro-batch {batch}: it needs GPUs of "
                        f"{r.device_bytes / GIB:.1f} GiB at {r.gpus} GPUs{why} (these have {capacity / GIB:.1f} GiB)")

@@ -46,14 +46,13 @@ import math
 from dataclasses import dataclass, replace
 
 from vramscope.planner.frameworks import Framework
-from vramscope.planner.loading import kept_params, load_moments
+from vramscope.planner.loading import FLATTEN_MOMENT, kept_params, load_moments
 from vramscope.planner.memory import Breakdown, Estimate
 from vramscope.planner.phases import load_phase
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 
 # The moment FSDP1's wrapping adds to a rank that loaded the whole model: one unit flattened beside itself.
-FLATTEN_MOMENT = "FSDP flattens a unit"
 WRAP_MOMENT = "wrapping, unit by unit"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from vramscope.planner.loading import at_moment
 from vramscope.planner.memory import Hardware
 from vramscope.planner.phases import RunPhases, RunPlan, plan_run
 from vramscope.planner.recommendation import Recommendation
@@ -91,7 +92,7 @@ def phase_reason(whole: RunPlan, capacity: int) -> str | None:
              (bd.temporaries, "no-grad forward and transients")]
     what = ", ".join(f"{v / GIB:.1f} GiB of {name}" for v, name in parts if v)
     return (f"the training step fits ({train.device_bytes / GIB:.1f} GiB) but the {whole.peak_phase} phase needs "
-            f"{top.device_bytes / GIB:.1f} GiB at {top.moment}: {what}")
+            f"{top.device_bytes / GIB:.1f} GiB {at_moment(top.moment)}: {what}")
 
 
 def load_reason(whole: RunPlan, capacity: int) -> str | None:
@@ -106,5 +107,5 @@ def load_reason(whole: RunPlan, capacity: int) -> str | None:
              (bd.unquantized_params, "weights left unquantized"), (bd.lora_weights, "adapters"),
              (bd.temporaries, "the loader's copies in flight")]
     what = ", ".join(f"{v / GIB:.1f} GiB of {name}" for v, name in parts if v)
-    return (f"loading the model needs {load.device_bytes / GIB:.1f} GiB at {load.moment}, before the first step "
-            f"({what}), at any batch and length")
+    return (f"loading the model needs {load.device_bytes / GIB:.1f} GiB {at_moment(load.moment)}, before the first "
+            f"step ({what}), at any batch and length")
