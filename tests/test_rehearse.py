@@ -162,12 +162,15 @@ def test_the_result_names_rank_0s_peaks_nccl_the_plan_and_what_it_cannot_see(tmp
     assert "+ NCCL 0.64 GiB (modelled) = process 7.64 GiB" in text
 
 
+@pytest.mark.parametrize("fsdp_version", [1, 2])
 @pytest.mark.parametrize(("batch", "seq", "loading_sets_it"), [(1, 128, True), (3, 2048, False)])
 def test_the_rehearsals_plan_is_the_planners_with_the_runs_peak_and_what_set_it(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], batch: int, seq: int, loading_sets_it: bool) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], batch: int, seq: int, loading_sets_it: bool,
+        fsdp_version: int) -> None:
     """A 4-bit base under FSDP: every rank loads the whole quantized model before it is sharded, which at a small
     step holds more than the step. The step's figures stay what they were (a trial's peaks are its steps'); the
-    run's peak and what set it are beside them, each the same as ``vramscope plan --gpus 4 --json -- CMD``'s."""
+    run's peak and what set it are beside them, each the same as ``vramscope plan --gpus 4 --json -- CMD``'s for
+    the launch's FSDP version (FSDP1 flattens a unit beside the loaded model; FSDP2 does not)."""
     from vramscope.commands import parse_command
     from vramscope.tune.rehearse import plan_for, worker_of
 
@@ -175,7 +178,8 @@ def test_the_rehearsals_plan_is_the_planners_with_the_runs_peak_and_what_set_it(
     model.mkdir()
     (model / "config.json").write_text(json.dumps(LLAMA_7B), encoding="utf-8")
     config = tmp_path / "fsdp.yaml"
-    config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 1\nnum_processes: 4\n", encoding="utf-8")
+    config.write_text(f"distributed_type: FSDP\nfsdp_config:\n  fsdp_version: {fsdp_version}\nnum_processes: 4\n",
+                      encoding="utf-8")
     argv = ["accelerate", "launch", "--config_file", str(config), str(EXAMPLE), "--model_name_or_path", str(model),
             "--output_dir", "o", "--max_seq_length", str(seq), "--per_device_train_batch_size", str(batch),
             "--load_in_4bit", "--bf16", "--gradient_checkpointing"]

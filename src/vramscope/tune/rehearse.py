@@ -151,7 +151,8 @@ def plan_for(parsed: ParsedCommand, launch: WorkerLaunch, batch: int, seq: int |
         strategy = launch.strategy if launch.strategy in ("ddp", "fsdp", "zero2", "zero3") else "ddp"
         offload = "params" if launch.offload and strategy == "fsdp" else "none"
         dist = estimate_distributed(shape, parsed.spec, batch, seq,
-                                    Parallelism(world_size=launch.world_size, strategy=strategy, offload=offload))
+                                    Parallelism(world_size=launch.world_size, strategy=strategy, offload=offload,
+                                                fsdp_version=launch.fsdp_version or 1))  # the launch's, as plan's
     except (PlanInputError, ValueError, KeyError):
         return None
     w = dist.worst
