@@ -11,8 +11,9 @@ A reader does not name its format: :meth:`LogFormat.load` sets the table's
 of rotated parts) reads the entry's fields, never its ``kind`` as a string.
 
 The readers load numpy and pyarrow; this module does not, so that ``--help`` can name the formats without them
-(every command builds every command's parser: tests/test_import.py). A reader module is imported the first time
-its format is tried.
+(every command builds every command's parser: tests/test_import.py). A line's sniff and read are its module's
+functions through :func:`_later` (a new module takes a loader beside ``_csv_reader``): the module is imported the
+first time its format is tried.
 """
 
 from __future__ import annotations
