@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from test_report_fixtures import Run, write_nvidia_smi_log, write_rotated_log, write_training_log
 from vramscope.cli import main
 from vramscope.logs import formats
+from vramscope.logs.errors import UnknownLogError
 from vramscope.logs.formats import FORMATS, MAPPED, OWN_CSV, LogFormat
 from vramscope.logs.mapping import parse_columns
 from vramscope.logs.reader import read_any_log, read_log
@@ -155,6 +158,65 @@ def test_what_no_format_reads_is_refused_in_a_line_naming_every_format_of_the_ta
     monkeypatch.setattr(formats, "FORMATS", (*FORMATS, added))
     assert main(["report", str(notes)]) == 2
     assert "datetime,step,allocated,reserved log or a FAKELOG file (its first line" in capsys.readouterr().err
+
+
+def _report_help(capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as done:
+        main(["report", "--help"])
+    assert done.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_report_help_and_read_logs_refusal_name_the_formats_of_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``report --help`` and ``read_log``'s refusal say what they said in words of their own (save read_log's
+    "nvidia-smi --query-gpu CSV", the table's ``called``), now from the table; a format added to it is named in
+    both, nothing else written again (issue 23)."""
+    monkeypatch.setenv("COLUMNS", "2000")  # one line an option: argparse wraps at hyphens ("nvidia-" "smi")
+    notes = tmp_path / "notes.csv"
+    notes.write_text("name,colour\nfoo,blue\n")
+    made_by = ("use a file from 'vramscope run --log' or "
+               "'nvidia-smi --query-gpu=timestamp,name,memory.used,memory.total ")
+    with pytest.raises(UnknownLogError) as refused:
+        read_log(notes)
+    assert str(refused.value) == (f"{notes} is not a vramscope log or an nvidia-smi --query-gpu CSV (its header is "
+                                  f"'name,colour'); {made_by}--format=csv'")
+    assert refused.value.first_line == "name,colour"
+    usage = _report_help(capsys)
+    assert "LOG memory logs (vramscope .csv/.jsonl or nvidia-smi CSV); two or more are compared" in usage
+    assert ("Without it: vramscope .csv/.jsonl, nvidia-smi CSV, headerless nvidia-smi CSV (noheader, nounits) and "
+            "datetime,step,allocated GiB,reserved GiB lines are read as they are") in usage
+
+    added = LogFormat("fake", lambda source: source.header.startswith("FAKELOG"), OWN_CSV.read, called="a FAKELOG file",
+                      made_by="'fakelog --out'", listed="FAKELOG files")
+    monkeypatch.setattr(formats, "FORMATS", (*FORMATS, added))
+    with pytest.raises(UnknownLogError) as refused:
+        read_log(notes)
+    assert str(refused.value) == (f"{notes} is not a vramscope log, an nvidia-smi --query-gpu CSV or a FAKELOG file "
+                                  f"(its header is 'name,colour'); {made_by}--format=csv' or 'fakelog --out'")
+    usage = _report_help(capsys)
+    assert "memory logs (vramscope .csv/.jsonl, nvidia-smi CSV or FAKELOG files); two or more are compared" in usage
+    assert ("headerless nvidia-smi CSV (noheader, nounits), datetime,step,allocated GiB,reserved GiB lines and "
+            "FAKELOG files are read as they are") in usage
+    # An imported format (read only by read_any_log, the report's reader) is named where the report's help lists
+    # every format, not among read_log's.
+    imported = LogFormat("fake2", lambda _source: False, OWN_CSV.read, imported=True, called="a FAKE2 file",
+                         listed="FAKE2 files")
+    monkeypatch.setattr(formats, "FORMATS", (*FORMATS, imported))
+    usage = _report_help(capsys)
+    assert "memory logs (vramscope .csv/.jsonl or nvidia-smi CSV); two" in usage and "lines and FAKE2 files" in usage
+    with pytest.raises(UnknownLogError) as refused:
+        read_log(notes)
+    assert "FAKE2" not in str(refused.value)
+
+
+def test_reading_the_words_of_the_table_loads_no_reader() -> None:
+    """Every command builds ``report``'s parser, whose help names the formats: the table imports its readers (numpy,
+    pyarrow) only when a log is read."""
+    code = ("import sys; from vramscope.logs import formats; from vramscope.cli import build_parser; build_parser()\n"
+            "print(formats.listed(imported=False), sorted(m for m in ('numpy', 'pyarrow') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "vramscope .csv/.jsonl or nvidia-smi CSV []"
 
 
 def test_a_table_made_in_memory_is_called_what_the_report_calls_it() -> None:

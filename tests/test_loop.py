@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import fake_nvml
+from vramscope.analysis.alerts import read_warnings
 from vramscope.analysis.summary import analyze
 from vramscope.integrations.loop import MemoryMonitor, batch_tokens, rank_path
 from vramscope.logs.files import LogPathError
@@ -103,15 +104,15 @@ def test_a_planted_leak_is_warned_once_saved_beside_the_log_and_analysed(tmp_pat
                     leak(2 * MIB)
                 mon.step(step)
             live = mon.analysis()
-            first_warning_step = mon.alerts.history[0]["step"] if mon.alerts and mon.alerts.history else None
+            first_warning_step = mon.alerts.history[0].step if mon.alerts and mon.alerts.history else None
     finally:
         leak.close()
     assert first_warning_step is not None and 30 < first_warning_step < 120  # while training, not at the end
     printed = [line for line in stream.getvalue().splitlines() if "leak:" in line]
     assert len(printed) == 1, stream.getvalue()  # throttled: one line, not one per analysis
     assert printed[0].startswith("vramscope: step ")
-    saved = [json.loads(line) for line in (tmp_path / "mem.warnings.jsonl").read_text().splitlines()]
-    assert saved[0]["kind"] == "leak" and saved[0]["step"] >= 30
+    saved = read_warnings(tmp_path / "mem.warnings.jsonl")
+    assert saved[0].kind == "leak" and saved[0].step is not None and saved[0].step >= 30
     assert live["leak"]["detected"] is True
     assert live["leak"]["slope_bytes_per_step"] == pytest.approx(2 * MIB, rel=0.25)
     assert abs(live["leak"]["start_step"] - 30) <= 15
@@ -305,9 +306,9 @@ def test_warnings_are_throttled_per_kind_repeated_when_worse_and_saved(tmp_path:
     assert alerts.suppressed == 1
     lines = stream.getvalue().splitlines()
     assert lines[0] == "vramscope: step 10: out of memory in ~1000 steps" and len(lines) == 5
-    saved = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    saved = read_warnings(path)
     expected = [("oom", 10), ("leak", 20), ("oom", 30), ("leak", 40), ("oom", 41)]
-    assert [(r["kind"], r["step"]) for r in saved] == expected
+    assert [(r.kind, r.step) for r in saved] == expected and saved == alerts.history
     assert path == str(tmp_path / "mem.warnings.jsonl")
 
 

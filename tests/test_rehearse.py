@@ -160,3 +160,38 @@ def test_the_result_names_rank_0s_peaks_nccl_the_plan_and_what_it_cannot_see(tmp
                  "a rehearsal cannot see:", "NCCL's own buffers", "note: a note"):
         assert line in text, line
     assert "+ NCCL 0.64 GiB (modelled) = process 7.64 GiB" in text
+
+
+@pytest.mark.parametrize("fsdp_version", [1, 2])
+@pytest.mark.parametrize(("batch", "seq", "loading_sets_it"), [(1, 128, True), (3, 2048, False)])
+def test_the_rehearsals_plan_is_the_planners_with_the_runs_peak_and_what_set_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], batch: int, seq: int, loading_sets_it: bool,
+        fsdp_version: int) -> None:
+    """A 4-bit base under FSDP: every rank loads the whole quantized model before it is sharded, which at a small
+    step holds more than the step. The step's figures stay what they were (a trial's peaks are its steps'); the
+    run's peak and what set it are beside them, each the same as ``vramscope plan --gpus 4 --json -- CMD``'s for
+    the launch's FSDP version (FSDP1 flattens a unit beside the loaded model; FSDP2 does not)."""
+    from vramscope.commands import parse_command
+    from vramscope.tune.rehearse import plan_for, worker_of
+
+    model = tmp_path / "llama7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_7B), encoding="utf-8")
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(f"distributed_type: FSDP\nfsdp_config:\n  fsdp_version: {fsdp_version}\nnum_processes: 4\n",
+                      encoding="utf-8")
+    argv = ["accelerate", "launch", "--config_file", str(config), str(EXAMPLE), "--model_name_or_path", str(model),
+            "--output_dir", "o", "--max_seq_length", str(seq), "--per_device_train_batch_size", str(batch),
+            "--load_in_4bit", "--bf16", "--gradient_checkpointing"]
+    parsed = parse_command(argv, cwd=tmp_path)
+    planned = plan_for(parsed, worker_of(parsed, 4, environ={}, cwd=str(tmp_path)), batch, seq)
+    assert planned is not None
+    assert main(["plan", "--gpus", "4", "--strategy", "fsdp", "--json", "--", *argv]) == 0
+    document = json.loads(capsys.readouterr().out)
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_bytes", "device_bytes", "host_bytes",
+                "load_device_bytes", "loading_sets_peak"):
+        assert planned[key] == document[key], key
+    assert planned["loading_sets_peak"] is loading_sets_it
+    assert planned["peak_device_bytes"] == max(planned["device_bytes"], planned["load_device_bytes"])
+    assert (planned["peak_device_bytes"] > planned["device_bytes"]) is loading_sets_it
+    assert planned["load_moment"] == document["gpus"]["plan"]["per_gpu"][0]["load_moment"] != ""

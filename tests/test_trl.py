@@ -30,6 +30,7 @@ datasets = pytest.importorskip("datasets", reason="datasets is not installed: pi
 pytest.importorskip("peft", reason="peft is not installed: pip install 'vramscope[hf]'")
 tokenizers = pytest.importorskip("tokenizers")
 
+from vramscope.analysis.alerts import read_warnings  # noqa: E402
 from vramscope.integrations.hf import MemoryMonitorCallback  # noqa: E402
 from vramscope.logs.reader import read_log  # noqa: E402
 
@@ -174,9 +175,9 @@ def test_a_word_level_qwen2_tokenizer_gives_one_token_sequences_and_a_warning(tm
     trainer = sft(model_dir, data_dir, tmp_path / "out", MemoryMonitorCallback(log=log, warn=False))
     assert train_tokens(log) == [(1, BATCH), (2, BATCH), (3, BATCH)]
     assert trl_tokens_per_step(trainer) == [BATCH] * 3  # TRL counts the same 4 x 1
-    warnings = [json.loads(line) for line in (tmp_path / "mem.warnings.jsonl").read_text().splitlines()]
-    assert [(w["kind"], w["step"]) for w in warnings] == [("short_sequences", 1)]
-    assert "batch is 4 x 1 tokens" in warnings[0]["message"] and "tokenizer" in warnings[0]["message"]
+    warnings = read_warnings(tmp_path / "mem.warnings.jsonl")
+    assert [(w.kind, w.step) for w in warnings] == [("short_sequences", 1)]
+    assert "batch is 4 x 1 tokens" in warnings[0].message and "tokenizer" in warnings[0].message
 
 
 def test_the_train_summary_carries_the_runs_peak(tmp_path: Path, data_dir: Path) -> None:

@@ -1,7 +1,7 @@
 """``vramscope report LOG [LOG2 ...] [--html OUT] [--png OUT] [--json] [--gpu-memory SIZE]``
 
-Reads each log (vramscope CSV or JSON Lines, or nvidia-smi's CSV), prints a summary (or JSON), and
-writes the HTML page and the PNG. Output paths are checked before any work, and each file is written
+Reads each log (any format of :data:`vramscope.logs.formats.FORMATS`, which ``--help`` names), prints a summary
+(or JSON), and writes the HTML page and the PNG. Output paths are checked before any work, and each file is written
 to a temporary name beside it and renamed into place, so a failure never leaves half a file.
 """
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from vramscope.cli.common import UsageError, add_renamed, positive_int, set_examples
 from vramscope.cli.recipe import add_framework_argument
+from vramscope.logs import formats  # light: its readers are imported when a log is read
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.files import log_parts
 from vramscope.logs.mapping import ColumnsError, ColumnSpec, parse_columns
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", nargs="+", metavar="LOG",
-                        help="memory logs (vramscope .csv/.jsonl or nvidia-smi CSV); two or more are compared")
+                        help=f"memory logs ({formats.listed(imported=False)}); two or more are compared")
     parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML page with the charts here")
     parser.add_argument("--png", metavar="OUT", help="write the charts as a PNG here (needs vramscope[plot])")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
@@ -48,8 +49,8 @@ def register(parser: argparse.ArgumentParser) -> None:
              "0-based index or a header name; fields: time, elapsed, step, gpu, phase, tokens, rank and the "
              "memory columns allocated, reserved, peak (peak allocated), used and total (the device's), process, "
              "rss (host); memory units B, KB, KiB, MB, MiB, GB, GiB (default B); a number as time is Unix "
-             "seconds (time=0:ms for milliseconds). Without it: vramscope's logs, nvidia-smi's CSV "
-             "(also noheader, nounits) and datetime,step,allocated GiB,reserved GiB lines are read as they are")
+             f"seconds (time=0:ms for milliseconds). Without it: {formats.listed(imported=True, last=' and ')} "
+             "are read as they are")
     planner = parser.add_argument_group(
         "what ran (optional)", "with --model and --batch-size, the planner adds its ranked changes with predicted "
         "savings, judged against the measured peak")

@@ -11,9 +11,10 @@ import os
 import re
 from collections.abc import Collection, Sequence
 
-from vramscope.logs.errors import LogFormatError, UnknownLogError
+from vramscope.logs import formats
+from vramscope.logs.errors import LogFormatError
 from vramscope.logs.files import log_parts
-from vramscope.logs.formats import FORMATS, MAPPED, LogFormat, format_of, refusal
+from vramscope.logs.formats import MAPPED, LogFormat, format_of, own_refusal, refusal
 from vramscope.logs.imports import read_with_columns
 from vramscope.logs.mapping import BYTE_FIELDS, ColumnSpec
 from vramscope.logs.source import LogSource
@@ -33,18 +34,15 @@ def read_log(path: str | os.PathLike[str], only: Collection[str] | None = None) 
     ``mem.csv.1``, ``mem.csv.2``, ... after it (up to the first missing one, or one with another header).
 
     Raises:
-        LogFormatError: missing file, empty file, or a header that no reader knows, with what to do.
+        LogFormatError: missing file, empty file, or (:class:`~vramscope.logs.errors.UnknownLogError`) a header that
+            none of vramscope's own formats knows, naming each of :data:`~vramscope.logs.formats.FORMATS` and what
+            writes it (:func:`~vramscope.logs.formats.own_refusal`).
     """
     name = os.fspath(path)
     with LogSource(name, _OWN, only) as source:
         found = _format(source, imported=False)
         if found is None:
-            raise UnknownLogError(
-                f"{name} is not a vramscope log or an nvidia-smi CSV (its header is {source.header[:80]!r}); "
-                "use a file from 'vramscope run --log' or "
-                "'nvidia-smi --query-gpu=timestamp,name,memory.used,memory.total --format=csv'",
-                source.header,
-            )
+            raise own_refusal(source)
         table = found.load(source)
         header = source.header
     return _with_parts(table, found, header, only)
@@ -68,7 +66,7 @@ def read_any_log(path: str | os.PathLike[str], columns: Sequence[ColumnSpec] | N
             # else's CSV, for the imported formats.
             if not found.memory_column_needed or any(c in BYTE_FIELDS.values() for c in table.columns):
                 return _with_parts(table, found, source.header, only)
-        found = next((f for f in FORMATS if f.imported and f.sniff(source)), None)
+        found = next((f for f in formats.FORMATS if f.imported and f.sniff(source)), None)
         if found is None:
             raise refusal(source)
         return found.load(source)

@@ -135,7 +135,15 @@ def _rank_peak(trial: CommandTrial | None, nccl: int) -> RankPeak:
 
 
 def plan_for(parsed: ParsedCommand, launch: WorkerLaunch, batch: int, seq: int | None) -> dict[str, Any] | None:
-    """The planner's per-GPU figures for the rehearsed run, when the command names a model it can read."""
+    """The planner's per-GPU figures for the rehearsed run, when the command names a model it can read.
+
+    ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``process_bytes`` and ``device_bytes`` are the training
+    step's: a trial's peaks are its steps' (the trial child resets torch's peaks and empties the cache once the
+    model is loaded, at ``on_train_begin``), so these are what the rank's measured peaks compare with.
+    ``peak_device_bytes`` is the run's peak on the GPU, the larger of the step's ``device_bytes`` and the model's
+    loading (``load_device_bytes``, at ``load_moment``); ``loading_sets_peak`` says which set it, as the
+    planner's own documents do (:class:`~vramscope.planner.distributed.RankEstimate`).
+    """
     if not parsed.model_config or seq is None:
         return None
     try:
@@ -143,13 +151,17 @@ def plan_for(parsed: ParsedCommand, launch: WorkerLaunch, batch: int, seq: int |
         strategy = launch.strategy if launch.strategy in ("ddp", "fsdp", "zero2", "zero3") else "ddp"
         offload = "params" if launch.offload and strategy == "fsdp" else "none"
         dist = estimate_distributed(shape, parsed.spec, batch, seq,
-                                    Parallelism(world_size=launch.world_size, strategy=strategy, offload=offload))
+                                    Parallelism(world_size=launch.world_size, strategy=strategy, offload=offload,
+                                                fsdp_version=launch.fsdp_version or 1))  # the launch's, as plan's
     except (PlanInputError, ValueError, KeyError):
         return None
     w = dist.worst
     return {"strategy": strategy, "offload": offload, "batch_size": batch, "seq_len": seq,
             "peak_allocated_bytes": w.peak_allocated_bytes, "peak_reserved_bytes": w.peak_reserved_bytes,
-            "process_bytes": w.process_bytes, "host_bytes": w.host_bytes}
+            "process_bytes": w.process_bytes, "host_bytes": w.host_bytes,
+            # the run's peak: what the GPU must hold, loading the model or stepping (the planner's fit is on it)
+            "device_bytes": w.device_bytes, "load_device_bytes": w.load_device_bytes, "load_moment": w.load_moment,
+            "peak_device_bytes": w.peak_device_bytes, "loading_sets_peak": w.loading_sets_peak}
 
 
 def rehearse(
