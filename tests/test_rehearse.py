@@ -68,6 +68,30 @@ def test_deepspeed_is_planned_not_rehearsed_in_one_line(tmp_path: Path, capsys: 
     assert data["peak_allocated_bytes"] == data["plan"]["per_gpu"][0]["peak_allocated_bytes"]
 
 
+def test_a_deepspeed_plan_fits_only_where_its_loading_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Under transformers 5 each ZeRO-3 rank loads the whole 4-bit 70B (about 36 GiB) onto its own GPU before it is
+    # partitioned: the step, a quarter of the model a rank, fits 24 GiB; the run does not. The verdict was the step's.
+    model = tmp_path / "llama70b"
+    model.mkdir()
+    config = {**LLAMA_7B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+              "num_attention_heads": 64, "num_key_value_heads": 8}
+    (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"stage": 3}}', encoding="utf-8")
+    argv = ["deepspeed", "--num_gpus", "4", str(EXAMPLE), "--model_name_or_path", str(model), "--deepspeed", str(ds),
+            "--output_dir", str(tmp_path / "o"), "--per_device_train_batch_size", "1", "--max_seq_length", "128",
+            "--load_in_4bit", "--bf16", "--gradient_checkpointing"]
+    assert main(["tune", "--gpus", "4", "--gpu-memory", "24GiB", "--json", "--", *argv]) == 0
+    data = json.loads(capsys.readouterr().out)
+    worst = data["plan"]["per_gpu"][0]
+    assert data["loading_sets_peak"] is True and data["fits"] is False
+    assert data["peak_device_bytes"] == data["load_device_bytes"] == worst["load_device_bytes"] > 24 * 2**30
+    assert worst["device_bytes"] < 24 * 2**30  # the step alone would have fitted
+    assert main(["tune", "--gpus", "4", "--gpu-memory", "24GiB", "--", *argv]) == 0
+    text = capsys.readouterr().out
+    assert "; loading the model holds more: " in text and "does NOT fit in 24.00 GiB per GPU" in text
+
+
 def test_what_is_refused_and_the_nccl_share(tmp_path: Path) -> None:
     launch = worker_launch(["torchrun", "--nproc_per_node", "8", "t.py"], 8, environ={}, cwd=tmp_path)
     assert nccl_share(launch) == 688 * 1000**2  # the planner's figure for more than two ranks

@@ -14,6 +14,7 @@ from typing import Any
 from vramscope.cli.command import SPEC_FIELDS, explicit, read_command
 from vramscope.cli.common import TUNE_SCHEMA_VERSION, CommandError, UsageError
 from vramscope.commands import CommandReadError
+from vramscope.planner.loading import at_moment
 from vramscope.units import gib
 
 _NOT_WITH_A_COMMAND = ("model_dir", "target_batch", "device", *SPEC_FIELDS)
@@ -122,6 +123,9 @@ def format_rehearsal(out: dict[str, Any]) -> str:
         lines.append(f"  planned (vramscope plan, {plan['strategy']} over {n}, batch {plan['batch_size']} x "
                      f"{plan['seq_len']}): allocated {_g(plan['peak_allocated_bytes'])}, process "
                      f"{_g(plan['process_bytes'])}{host}")
+        if plan.get("loading_sets_peak"):  # the rehearsal measures the steps only (its peaks reset after loading)
+            lines.append(f"  planned loading holds more than the step: {_g(plan['load_device_bytes'])} "
+                         f"{at_moment(plan['load_moment'])}, before the first step (not rehearsed)")
     lines.append("  a rehearsal cannot see:")
     lines += [f"    - {text}" for text in r["cannot_see"]]
     lines += [f"  note: {text}" for text in r["notes"]]
@@ -157,13 +161,18 @@ def _plan_only(args: argparse.Namespace, parsed: Any, launch: Any, why: str) -> 
     out = {"schema_version": TUNE_SCHEMA_VERSION, "rehearsed": False, "why": why,
            "plan": dist.to_dict(), "peak_allocated_bytes": w.peak_allocated_bytes,
            "process_bytes": w.process_bytes,
-           "fits": None if args.gpu_memory is None else w.device_bytes <= args.gpu_memory}
+           "load_device_bytes": w.load_device_bytes, "load_moment": w.load_moment,
+           "peak_device_bytes": w.peak_device_bytes, "loading_sets_peak": w.loading_sets_peak,
+           # the run's peak on the GPU: loading, where it holds more than the step, must fit too
+           "fits": None if args.gpu_memory is None else w.peak_device_bytes <= args.gpu_memory}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         verdict = "" if out["fits"] is None else ("; fits" if out["fits"] else "; does NOT fit") + \
             f" in {gib(args.gpu_memory)} per GPU"
+        loading = (f"; loading the model holds more: {gib(w.load_device_bytes)} {at_moment(w.load_moment)}"
+                   if w.loading_sets_peak else "")
         print(f"planned per GPU of {args.gpus} ({strategy}{' + optimizer offload' if launch.offload else ''}, "
               f"batch {batch} x {seq}): peak allocated {gib(w.peak_allocated_bytes)}, process "
-              f"{gib(w.process_bytes)}{verdict}")
+              f"{gib(w.process_bytes)}{loading}{verdict}")
     return 0
