@@ -228,3 +228,34 @@ def test_nvidia_smi_percentages_of_a_fraction_in_one_half_only(tmp_path: Path, m
     assert util_column.floats().values[15_000] == (45.5 if late == "45.5 %" else 0.0)
     assert not split.int_column("device_used_bytes").known[3]
     same_smi(path)
+
+
+def _bom_after_the_middle(header: bytes, lines: list[bytes]) -> bytes:
+    """The log with a UTF-8 BOM at the start of the three lines after its middle (logs put end to end by cat, the
+    second written by a Windows editor): the split's line, wherever the BOMs move the middle to, begins with one."""
+    body = b"".join(lines)
+    cut = body.find(b"\n", len(body) // 2) + 1
+    after = body[cut:].split(b"\n")
+    after[:3] = [b"\xef\xbb\xbf" + line for line in after[:3]]
+    return header + body[:cut] + b"\n".join(after)
+
+
+@pytest.mark.parametrize("kind", ["vramscope", "nvidia-smi"])
+def test_a_bom_at_the_middle_stays_in_its_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    # pyarrow drops a BOM at a stream's start: the second half must not start at a line that begins with one.
+    path = tmp_path / "log.csv"
+    if kind == "vramscope":
+        path.write_bytes(_bom_after_the_middle(b"time,gpu,allocated_bytes\n", [
+            b"2026-11-29T10:%02d:%02d.000+00:00,0,%d\n" % (i // 60 % 60, i % 60, 10**9 + i) for i in range(4000)]))
+    else:
+        monkeypatch.setattr("vramscope.logs.smi_reader.STREAM_FROM", 1)
+        path.write_bytes(_bom_after_the_middle(b"timestamp, index, memory.used [MiB]\n", [
+            b"2026/11/29 10:%02d:%02d.000, 0, %d MiB\n" % (i // 60 % 60, i % 60, i) for i in range(4000)]))
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole)
+    time = split.column_data("time")
+    assert time is not None and len(split) == 4000
+    if kind == "vramscope":
+        assert sum(text.startswith("\ufeff") for text in time.texts() if text) == 3  # kept in the cells
+    else:
+        assert sum(text is None for text in time.texts()) == 3  # no stamp nvidia-smi writes: unknown

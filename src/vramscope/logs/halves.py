@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
-from vramscope.logs.source import LineStream, LogSource
+from vramscope.logs.source import BOM, LineStream, LogSource
 
 # Lines past this size are read in two halves: below it the second thread's start is no longer small beside
 # the parse (a 4 MiB log's read takes about 10 ms).
@@ -38,6 +38,10 @@ def halves(source: LogSource, start: int) -> list[LineStream]:
     if body < SPLIT_FROM or cores() < 2:
         return [source.lines(start)]
     middle = source.line_start_after(start + body // 2)
+    # pyarrow drops a UTF-8 BOM at a stream's start: a line there that begins with one (a log put after another
+    # by cat) would lose it from its first cell, which the one stream keeps. The next line is the middle then.
+    while middle < source.last_line_end and source.begins_with(middle, BOM):
+        middle = source.line_start_after(middle)
     if middle >= source.last_line_end:
         return [source.lines(start)]
     return [source.lines(start, middle), source.lines(middle)]

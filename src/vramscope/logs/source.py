@@ -84,6 +84,10 @@ class LogSource:
             at += len(chunk)
         return self.last_line_end
 
+    def begins_with(self, at: int, prefix: bytes) -> bool:
+        """Whether the bytes at offset ``at`` are ``prefix``."""
+        return os.pread(self._handle.fileno(), len(prefix), at) == prefix
+
     def _first_line_end(self) -> int:
         """Find the first line end, counting cells as it goes: refused past :data:`MAX_COLUMNS`."""
         counts = dict.fromkeys(_DELIMITERS, 0)
