@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from test_log_cells import same_smi, same_table, smi_text
-from vramscope.logs import halves
+from vramscope.logs import csv_reader, halves, source
 from vramscope.logs.reader import read_log
 from vramscope.logs.source import LogSource
 from vramscope.logs.table import LogTable
@@ -259,3 +260,39 @@ def test_a_bom_at_the_middle_stays_in_its_cell(tmp_path: Path, monkeypatch: pyte
         assert sum(text.startswith("\ufeff") for text in time.texts() if text) == 3  # kept in the cells
     else:
         assert sum(text is None for text in time.texts()) == 3  # no stamp nvidia-smi writes: unknown
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_blank_mebibytes_where_a_stream_starts_cost_no_paced_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  split: bool) -> None:
+    # pyarrow reads a stream's first blocks in open_csv, before any batch can be taken: a paced read there waited
+    # its whole timeout for nothing (0.25 s a blank MiB). Here a wait would take the test past its bound.
+    monkeypatch.setattr(source, "PACE_WAIT_S", 30.0)
+    rows = b"".join(b"2026-11-29T10:00:00.000+00:00,%d,0,%d\n" % (i, 10**9 + i) for i in range(20_000))
+    path = tmp_path / "mem.csv"
+    # One stream starts on 6 MiB of blank lines; split, the second half on 5 MiB (the middle of 10 MiB of them).
+    path.write_bytes(b"time,step,gpu,allocated_bytes\n" + (rows + b"\n" * (10 << 20) if split else
+                                                          b"\n" * (6 << 20) + rows) + rows)
+    _split_on(monkeypatch, split)
+    began = time.monotonic()
+    table = read_log(path)
+    assert time.monotonic() - began < 20
+    assert len(table) == 40_000
+    assert table.int_column("step").values[-1] == 19_999
+
+
+def test_rows_of_another_width_end_the_pacing(tmp_path: Path) -> None:
+    # Each such row is skipped by a call into Python, ten times as dear on pyarrow's reading thread, where a paced
+    # read moves the parse (a torn MiB 0.18 s against 0.015 s): the stream hands blocks out unpaced after one.
+    good = b"".join(b"2026-11-29T10:00:00.000+00:00,%d,0\n" % i for i in range(30_000))
+    path = tmp_path / "mem.csv"
+    torn = b"2026-11-29T10:00:00.000+00:00,7\n" * 100_000
+    for body, paced in ((good * 4, True), (good + torn + good, False), (torn + good * 4, False)):
+        path.write_bytes(b"time,step,gpu\n" + body)
+        with LogSource(str(path), "a log") as log:
+            stream = log.lines(log.header_end + 1)
+            blocks = list(csv_reader._blocks(stream, 3, {"time": 0, "step": 1, "gpu": 2}, typed=True, threads=False,
+                                             quotes=False))
+            assert sum(len(block["step"]) for block in blocks) == len(body.split(b"\n")) - 1 - (0 if paced else
+                                                                                                 100_000)
+            assert stream.paced is paced

@@ -157,6 +157,7 @@ class LineStream(io.RawIOBase):
         self._end = end
         self.length = max(0, end - begin)  # the bytes it holds
         self._paced = False
+        self._unpaced = False  # for good (unpace)
         self._pace = threading.Condition()
         self._reads = 0  # blocks handed out
         self._taken = 0  # blocks the reader's caller has used (paced streams)
@@ -172,7 +173,20 @@ class LineStream(io.RawIOBase):
 
         pyarrow's streaming CSV reader reads on a thread of its own, up to 32 blocks ahead of the batches taken
         from it: 32 MiB of lines held a stream, the most of a large log's read's memory beyond its columns."""
-        self._paced = True
+        with self._pace:
+            self._paced = not self._unpaced
+
+    def unpace(self) -> None:
+        """Hand out blocks as they are asked for again, from now on (a waiting read goes on at once; a later
+        :meth:`pace` is none)."""
+        with self._pace:
+            self._paced = False
+            self._unpaced = True
+            self._pace.notify_all()
+
+    @property
+    def paced(self) -> bool:
+        return self._paced
 
     def took_block(self) -> None:
         """The caller used one more block's rows (a paced stream reads one more ahead)."""
