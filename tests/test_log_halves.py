@@ -296,3 +296,21 @@ def test_rows_of_another_width_end_the_pacing(tmp_path: Path) -> None:
             assert sum(len(block["step"]) for block in blocks) == len(body.split(b"\n")) - 1 - (0 if paced else
                                                                                                  100_000)
             assert stream.paced is paced
+
+
+def test_a_log_whose_every_line_begins_with_a_bom_is_one_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    # The middle passes over a few lines that begin with a BOM, not every line of the log (a read of 64 KiB each).
+    path = tmp_path / "mem.csv"
+    path.write_bytes(b"time,gpu,allocated_bytes\n" + b"".join(
+        b"\xef\xbb\xbf2026-11-29T10:00:%02d.000+00:00,0,%d\n" % (i % 60, i) for i in range(4000)))
+    _split_on(monkeypatch, True)
+    looked: list[int] = []
+    begins_with = LogSource.begins_with
+    monkeypatch.setattr(LogSource, "begins_with", lambda self, at, prefix: looked.append(at) or begins_with(self, at,
+                                                                                                        prefix))
+    with LogSource(str(path), "a log") as log:
+        assert len(halves.halves(log, log.header_end + 1)) == 1
+    assert len(looked) <= 65  # 2000 lines lie past the middle
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole) and len(split) == 4000

@@ -19,6 +19,7 @@ from vramscope.logs.source import BOM, LineStream, LogSource
 # Lines past this size are read in two halves: below it the second thread's start is no longer small beside
 # the parse (a 4 MiB log's read takes about 10 ms).
 SPLIT_FROM = 4 << 20
+_BOM_LINES = 64  # the most lines that begin with a BOM passed over to find the middle (halves)
 
 T = TypeVar("T")
 
@@ -39,10 +40,13 @@ def halves(source: LogSource, start: int) -> list[LineStream]:
         return [source.lines(start)]
     middle = source.line_start_after(start + body // 2)
     # pyarrow drops a UTF-8 BOM at a stream's start: a line there that begins with one (a log put after another
-    # by cat) would lose it from its first cell, which the one stream keeps. The next line is the middle then.
-    while middle < source.last_line_end and source.begins_with(middle, BOM):
+    # by cat) would lose it from its first cell, which the one stream keeps. The next line is the middle then; a
+    # log of such lines (a read of 64 KiB each) is read as one stream.
+    for _ in range(_BOM_LINES):
+        if middle >= source.last_line_end or not source.begins_with(middle, BOM):
+            break
         middle = source.line_start_after(middle)
-    if middle >= source.last_line_end:
+    if middle >= source.last_line_end or source.begins_with(middle, BOM):
         return [source.lines(start)]
     return [source.lines(start, middle), source.lines(middle)]
 
