@@ -306,11 +306,31 @@ def test_a_log_whose_every_line_begins_with_a_bom_is_one_stream(tmp_path: Path, 
         b"\xef\xbb\xbf2026-11-29T10:00:%02d.000+00:00,0,%d\n" % (i % 60, i) for i in range(4000)))
     _split_on(monkeypatch, True)
     looked: list[int] = []
-    begins_with = LogSource.begins_with
-    monkeypatch.setattr(LogSource, "begins_with", lambda self, at, prefix: looked.append(at) or begins_with(self, at,
-                                                                                                        prefix))
+    line_at = LogSource.line_at
+    monkeypatch.setattr(LogSource, "line_at", lambda self, at: looked.append(at) or line_at(self, at))
     with LogSource(str(path), "a log") as log:
         assert len(halves.halves(log, log.header_end + 1)) == 1
     assert len(looked) <= 65  # 2000 lines lie past the middle
     whole, split = _both(path, monkeypatch)
     assert _snapshot(split) == _snapshot(whole) and len(split) == 4000
+
+
+@pytest.mark.parametrize("torn_from", [0.1, 0.5])
+def test_the_second_half_starts_on_a_row_of_the_headers_width(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              torn_from: float) -> None:
+    # A stream that starts on rows of another width is parsed on pyarrow's own thread, where the Python call that
+    # skips each costs ten times as much: the middle moves on to a row of the header's width, or the log is one
+    # stream (its rows of another width then parsed where the good rows before them were).
+    good = [b"2026-11-29T10:00:%02d.000+00:00,%d,0,%d\n" % (i % 60, i, 10**9 + i) for i in range(40_000)]
+    torn = b"2026-11-29T10:00:00.000+00:00,7\n"
+    cut = int(len(good) * torn_from)
+    path = tmp_path / "mem.csv"
+    path.write_bytes(b"time,step,gpu,allocated_bytes\n" + b"".join(good[:cut]) + torn * 30_000 + b"".join(good[cut:]))
+    _split_on(monkeypatch, True)
+    with LogSource(str(path), "a log") as log:
+        streams = halves.halves(log, log.header_end + 1)
+        if len(streams) == 2:
+            assert streams[1].read(4096).split(b"\n")[0].count(b",") == 3
+    assert len(streams) == (2 if torn_from == 0.1 else 1)  # the middle past the rows of another width / amid them
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole) and len(split) == 40_000

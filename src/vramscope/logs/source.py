@@ -26,6 +26,7 @@ BOM = b"\xef\xbb\xbf"
 MAX_COLUMNS = 4096
 HEAD_BYTES = 1 << 16  # what format sniffing looks at
 _SCAN_BYTES = 1 << 16
+_LINE_BYTES = 1 << 12  # what line_at looks at: a log's line is a few hundred bytes
 _DELIMITERS = (b",", b"\t", b";")
 READ_AHEAD = 3  # blocks a paced stream hands out beyond those used (LineStream.pace)
 PACE_WAIT_S = 0.25  # the longest a paced read waits for the caller: a batch that needs more blocks goes on
@@ -84,9 +85,12 @@ class LogSource:
             at += len(chunk)
         return self.last_line_end
 
-    def begins_with(self, at: int, prefix: bytes) -> bool:
-        """Whether the bytes at offset ``at`` are ``prefix``."""
-        return os.pread(self._handle.fileno(), len(prefix), at) == prefix
+    def line_at(self, at: int) -> bytes:
+        """The line that starts at offset ``at``, without its line end, when its first :data:`_LINE_BYTES` hold
+        one; else those bytes."""
+        chunk = os.pread(self._handle.fileno(), min(_LINE_BYTES, max(0, self.last_line_end - at)), at)
+        cut = chunk.find(b"\n")
+        return chunk if cut < 0 else chunk[:cut]
 
     def _first_line_end(self) -> int:
         """Find the first line end, counting cells as it goes: refused past :data:`MAX_COLUMNS`."""
