@@ -6,8 +6,9 @@ two cores were there), and every column is held to be the same in every way the 
 what the second half's columns must join onto in its way: a column only one half fills, a label first seen after
 the middle, a column of one value in each half but not the same one, an odd cell only past the middle, rows of
 another width, a blank line, Windows line ends; a quote or a ``0x`` only in the second half leaves the fast
-path as the one stream does. The per-cell rules themselves are held by ``test_log_cells`` and ``test_log_blocks``
-(run in halves too).
+path as the one stream does; the second half never starts at a line that begins with a BOM (pyarrow would drop
+it) or on rows of another width (parsed on pyarrow's own thread, ten times as dear). The per-cell rules themselves
+are held by ``test_log_cells`` and ``test_log_blocks`` (run in halves too).
 """
 
 from __future__ import annotations

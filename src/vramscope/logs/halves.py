@@ -36,7 +36,8 @@ def cores() -> int:
 
 def halves(source: LogSource, start: int) -> list[LineStream]:
     """The file's complete lines from ``start``: one stream, or two split at a line's start near the middle when
-    there are :data:`SPLIT_FROM` bytes of them or more and two cores to read them."""
+    there are :data:`SPLIT_FROM` bytes of them or more and two cores to read them (the first line from the middle
+    on that the second may start at, :func:`_may_start`)."""
     body = source.last_line_end - start
     if body < SPLIT_FROM or cores() < 2:
         return [source.lines(start)]
