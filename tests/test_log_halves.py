@@ -6,8 +6,9 @@ two cores were there), and every column is held to be the same in every way the 
 what the second half's columns must join onto in its way: a column only one half fills, a label first seen after
 the middle, a column of one value in each half but not the same one, an odd cell only past the middle, rows of
 another width, a blank line, Windows line ends; a quote or a ``0x`` only in the second half leaves the fast
-path as the one stream does. The per-cell rules themselves are held by ``test_log_cells`` and ``test_log_blocks``
-(run in halves too).
+path as the one stream does; the second half never starts at a line that begins with a BOM (pyarrow would drop
+it) or on rows of another width (parsed on pyarrow's own thread, ten times as dear). The per-cell rules themselves
+are held by ``test_log_cells`` and ``test_log_blocks`` (run in halves too).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from test_log_cells import same_smi, same_table, smi_text
-from vramscope.logs import halves
+from vramscope.logs import csv_reader, halves, source
 from vramscope.logs.reader import read_log
 from vramscope.logs.source import LogSource
 from vramscope.logs.table import LogTable
@@ -228,3 +230,108 @@ def test_nvidia_smi_percentages_of_a_fraction_in_one_half_only(tmp_path: Path, m
     assert util_column.floats().values[15_000] == (45.5 if late == "45.5 %" else 0.0)
     assert not split.int_column("device_used_bytes").known[3]
     same_smi(path)
+
+
+def _bom_after_the_middle(header: bytes, lines: list[bytes]) -> bytes:
+    """The log with a UTF-8 BOM at the start of the three lines after its middle (logs put end to end by cat, the
+    second written by a Windows editor): the split's line, wherever the BOMs move the middle to, begins with one."""
+    body = b"".join(lines)
+    cut = body.find(b"\n", len(body) // 2) + 1
+    after = body[cut:].split(b"\n")
+    after[:3] = [b"\xef\xbb\xbf" + line for line in after[:3]]
+    return header + body[:cut] + b"\n".join(after)
+
+
+@pytest.mark.parametrize("kind", ["vramscope", "nvidia-smi"])
+def test_a_bom_at_the_middle_stays_in_its_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    # pyarrow drops a BOM at a stream's start: the second half must not start at a line that begins with one.
+    path = tmp_path / "log.csv"
+    if kind == "vramscope":
+        path.write_bytes(_bom_after_the_middle(b"time,gpu,allocated_bytes\n", [
+            b"2026-11-29T10:%02d:%02d.000+00:00,0,%d\n" % (i // 60 % 60, i % 60, 10**9 + i) for i in range(4000)]))
+    else:
+        monkeypatch.setattr("vramscope.logs.smi_reader.STREAM_FROM", 1)
+        path.write_bytes(_bom_after_the_middle(b"timestamp, index, memory.used [MiB]\n", [
+            b"2026/11/29 10:%02d:%02d.000, 0, %d MiB\n" % (i // 60 % 60, i % 60, i) for i in range(4000)]))
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole)
+    time = split.column_data("time")
+    assert time is not None and len(split) == 4000
+    if kind == "vramscope":
+        assert sum(text.startswith("\ufeff") for text in time.texts() if text) == 3  # kept in the cells
+    else:
+        assert sum(text is None for text in time.texts()) == 3  # no stamp nvidia-smi writes: unknown
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_blank_mebibytes_where_a_stream_starts_cost_no_paced_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  split: bool) -> None:
+    # pyarrow reads a stream's first blocks in open_csv, before any batch can be taken: a paced read there waited
+    # its whole timeout for nothing (0.25 s a blank MiB). Here a wait would take the test past its bound.
+    monkeypatch.setattr(source, "PACE_WAIT_S", 30.0)
+    rows = b"".join(b"2026-11-29T10:00:00.000+00:00,%d,0,%d\n" % (i, 10**9 + i) for i in range(20_000))
+    path = tmp_path / "mem.csv"
+    # One stream starts on 6 MiB of blank lines; split, the second half on 5 MiB (the middle of 10 MiB of them).
+    path.write_bytes(b"time,step,gpu,allocated_bytes\n" + (rows + b"\n" * (10 << 20) if split else
+                                                          b"\n" * (6 << 20) + rows) + rows)
+    _split_on(monkeypatch, split)
+    began = time.monotonic()
+    table = read_log(path)
+    assert time.monotonic() - began < 20
+    assert len(table) == 40_000
+    assert table.int_column("step").values[-1] == 19_999
+
+
+def test_rows_of_another_width_end_the_pacing(tmp_path: Path) -> None:
+    # Each such row is skipped by a call into Python, ten times as dear on pyarrow's reading thread, where a paced
+    # read moves the parse (a torn MiB 0.18 s against 0.015 s): the stream hands blocks out unpaced after one.
+    good = b"".join(b"2026-11-29T10:00:00.000+00:00,%d,0\n" % i for i in range(30_000))
+    path = tmp_path / "mem.csv"
+    torn = b"2026-11-29T10:00:00.000+00:00,7\n" * 100_000
+    for body, paced in ((good * 4, True), (good + torn + good, False), (torn + good * 4, False)):
+        path.write_bytes(b"time,step,gpu\n" + body)
+        with LogSource(str(path), "a log") as log:
+            stream = log.lines(log.header_end + 1)
+            blocks = list(csv_reader._blocks(stream, 3, {"time": 0, "step": 1, "gpu": 2}, typed=True, threads=False,
+                                             quotes=False))
+            assert sum(len(block["step"]) for block in blocks) == len(body.split(b"\n")) - 1 - (0 if paced else
+                                                                                                 100_000)
+            assert stream.paced is paced
+
+
+def test_a_log_whose_every_line_begins_with_a_bom_is_one_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    # The middle passes over a few lines that begin with a BOM, not every line of the log (a read of 64 KiB each).
+    path = tmp_path / "mem.csv"
+    path.write_bytes(b"time,gpu,allocated_bytes\n" + b"".join(
+        b"\xef\xbb\xbf2026-11-29T10:00:%02d.000+00:00,0,%d\n" % (i % 60, i) for i in range(4000)))
+    _split_on(monkeypatch, True)
+    looked: list[int] = []
+    line_at = LogSource.line_at
+    monkeypatch.setattr(LogSource, "line_at", lambda self, at: looked.append(at) or line_at(self, at))
+    with LogSource(str(path), "a log") as log:
+        assert len(halves.halves(log, log.header_end + 1)) == 1
+    assert len(looked) <= 65  # 2000 lines lie past the middle
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole) and len(split) == 4000
+
+
+@pytest.mark.parametrize("torn_from", [0.1, 0.5])
+def test_the_second_half_starts_on_a_row_of_the_headers_width(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              torn_from: float) -> None:
+    # A stream that starts on rows of another width is parsed on pyarrow's own thread, where the Python call that
+    # skips each costs ten times as much: the middle moves on to a row of the header's width, or the log is one
+    # stream (its rows of another width then parsed where the good rows before them were).
+    good = [b"2026-11-29T10:00:%02d.000+00:00,%d,0,%d\n" % (i % 60, i, 10**9 + i) for i in range(40_000)]
+    torn = b"2026-11-29T10:00:00.000+00:00,7\n"
+    cut = int(len(good) * torn_from)
+    path = tmp_path / "mem.csv"
+    path.write_bytes(b"time,step,gpu,allocated_bytes\n" + b"".join(good[:cut]) + torn * 30_000 + b"".join(good[cut:]))
+    _split_on(monkeypatch, True)
+    with LogSource(str(path), "a log") as log:
+        streams = halves.halves(log, log.header_end + 1)
+        if len(streams) == 2:
+            assert streams[1].read(4096).split(b"\n")[0].count(b",") == 3
+    assert len(streams) == (2 if torn_from == 0.1 else 1)  # the middle past the rows of another width / amid them
+    whole, split = _both(path, monkeypatch)
+    assert _snapshot(split) == _snapshot(whole) and len(split) == 40_000

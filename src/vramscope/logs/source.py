@@ -26,6 +26,7 @@ BOM = b"\xef\xbb\xbf"
 MAX_COLUMNS = 4096
 HEAD_BYTES = 1 << 16  # what format sniffing looks at
 _SCAN_BYTES = 1 << 16
+_LINE_BYTES = 1 << 12  # what line_at looks at: a log's line is a few hundred bytes
 _DELIMITERS = (b",", b"\t", b";")
 READ_AHEAD = 3  # blocks a paced stream hands out beyond those used (LineStream.pace)
 PACE_WAIT_S = 0.25  # the longest a paced read waits for the caller: a batch that needs more blocks goes on
@@ -83,6 +84,13 @@ class LogSource:
                 return min(at + cut + 1, self.last_line_end)
             at += len(chunk)
         return self.last_line_end
+
+    def line_at(self, at: int) -> bytes:
+        """The line that starts at offset ``at``, without its line end, when its first :data:`_LINE_BYTES` hold
+        one; else those bytes."""
+        chunk = os.pread(self._handle.fileno(), min(_LINE_BYTES, max(0, self.last_line_end - at)), at)
+        cut = chunk.find(b"\n")
+        return chunk if cut < 0 else chunk[:cut]
 
     def _first_line_end(self) -> int:
         """Find the first line end, counting cells as it goes: refused past :data:`MAX_COLUMNS`."""
@@ -153,6 +161,7 @@ class LineStream(io.RawIOBase):
         self._end = end
         self.length = max(0, end - begin)  # the bytes it holds
         self._paced = False
+        self._unpaced = False  # for good (unpace)
         self._pace = threading.Condition()
         self._reads = 0  # blocks handed out
         self._taken = 0  # blocks the reader's caller has used (paced streams)
@@ -168,7 +177,20 @@ class LineStream(io.RawIOBase):
 
         pyarrow's streaming CSV reader reads on a thread of its own, up to 32 blocks ahead of the batches taken
         from it: 32 MiB of lines held a stream, the most of a large log's read's memory beyond its columns."""
-        self._paced = True
+        with self._pace:
+            self._paced = not self._unpaced
+
+    def unpace(self) -> None:
+        """Hand out blocks as they are asked for again, from now on (a waiting read goes on at once; a later
+        :meth:`pace` is none)."""
+        with self._pace:
+            self._paced = False
+            self._unpaced = True
+            self._pace.notify_all()
+
+    @property
+    def paced(self) -> bool:
+        return self._paced
 
     def took_block(self) -> None:
         """The caller used one more block's rows (a paced stream reads one more ahead)."""
