@@ -46,15 +46,20 @@ def test_a_torchrun_command_rehearses_as_rank_0_of_4_on_the_fake_group(tmp_path:
     assert not list((tmp_path / "out").glob("checkpoint-*")) if (tmp_path / "out").exists() else True
 
 
-def test_deepspeed_is_planned_not_rehearsed_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    model = tmp_path / "llama7b"
+def _zero3_command(folder: Path, config: dict[str, object], batch: int, seq: int) -> list[str]:
+    """A 4-bit HF Trainer command under DeepSpeed ZeRO-3 on 4 GPUs, its model a local config.json."""
+    model = folder / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(LLAMA_7B), encoding="utf-8")
-    ds = tmp_path / "ds.json"
+    (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    ds = folder / "ds.json"
     ds.write_text('{"zero_optimization": {"stage": 3}}', encoding="utf-8")
-    argv = ["deepspeed", "--num_gpus", "4", str(EXAMPLE), "--model_name_or_path", str(model), "--deepspeed", str(ds),
-            "--output_dir", str(tmp_path / "o"), "--per_device_train_batch_size", "2", "--max_seq_length", "1024",
-            "--load_in_4bit", "--bf16", "--gradient_checkpointing"]
+    return ["deepspeed", "--num_gpus", "4", str(EXAMPLE), "--model_name_or_path", str(model), "--deepspeed", str(ds),
+            "--output_dir", str(folder / "o"), "--per_device_train_batch_size", str(batch), "--max_seq_length",
+            str(seq), "--load_in_4bit", "--bf16", "--gradient_checkpointing"]
+
+
+def test_deepspeed_is_planned_not_rehearsed_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = _zero3_command(tmp_path, LLAMA_7B, batch=2, seq=1024)
     code = main(["tune", "--gpus", "4", "--gpu-memory", "24GiB", "--", *argv])
     out = capsys.readouterr()
     assert code == 0
@@ -71,16 +76,9 @@ def test_deepspeed_is_planned_not_rehearsed_in_one_line(tmp_path: Path, capsys: 
 def test_a_deepspeed_plan_fits_only_where_its_loading_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Under transformers 5 each ZeRO-3 rank loads the whole 4-bit 70B (about 36 GiB) onto its own GPU before it is
     # partitioned: the step, a quarter of the model a rank, fits 24 GiB; the run does not. The verdict was the step's.
-    model = tmp_path / "llama70b"
-    model.mkdir()
     config = {**LLAMA_7B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
               "num_attention_heads": 64, "num_key_value_heads": 8}
-    (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    ds = tmp_path / "ds.json"
-    ds.write_text('{"zero_optimization": {"stage": 3}}', encoding="utf-8")
-    argv = ["deepspeed", "--num_gpus", "4", str(EXAMPLE), "--model_name_or_path", str(model), "--deepspeed", str(ds),
-            "--output_dir", str(tmp_path / "o"), "--per_device_train_batch_size", "1", "--max_seq_length", "128",
-            "--load_in_4bit", "--bf16", "--gradient_checkpointing"]
+    argv = _zero3_command(tmp_path, config, batch=1, seq=128)
     assert main(["tune", "--gpus", "4", "--gpu-memory", "24GiB", "--json", "--", *argv]) == 0
     data = json.loads(capsys.readouterr().out)
     worst = data["plan"]["per_gpu"][0]
