@@ -100,12 +100,14 @@ def test_accelerate_flags_win_over_the_config_file(tmp_path: Path, monkeypatch: 
         pytest.skip("trl is not installed")
     monkeypatch.chdir(tmp_path)
     flags = ["--config_file", str(TRL_CONFIGS / "fsdp2.yaml"), "--fsdp_offload_params", "true",
-             "--mixed_precision", "no", "--num_processes", "2"]
+             "--mixed_precision", "no", "--num_processes", "2", "--dynamo_use_dynamic"]
     reference = _accelerates_own([*flags, "train.py"], monkeypatch)
     launch = worker_launch(["accelerate", "launch", *flags, "train.py"], 8, environ={}, cwd=tmp_path)
     assert _accelerate_part(launch.env) == _accelerate_part(reference)
     assert launch.env["FSDP_OFFLOAD_PARAMS"] == "true" and launch.offload and launch.strategy == "fsdp"
     assert launch.fsdp_version == 2
+    # A switch with no value: accelerate writes it only when given (the configs above leave it out).
+    assert launch.env["ACCELERATE_DYNAMO_USE_DYNAMIC"] == "True"
     # --gpus wins over the command's own count, and the rehearsal says so.
     assert launch.env["WORLD_SIZE"] == "8" and any("starts 2 processes" in n for n in launch.notes)
 

@@ -196,10 +196,14 @@ def accelerate_env(config: Mapping[str, Any], options: Sequence[Option], *, cwd:
         "ACCELERATE_DYNAMO_BACKEND": str(get("dynamo_backend", "no")).upper(),
         "ACCELERATE_DYNAMO_MODE": str(get("dynamo_mode", "default")),
         "ACCELERATE_DYNAMO_USE_FULLGRAPH": str(_flag_bool(get("dynamo_use_fullgraph", False))),
-        "ACCELERATE_DYNAMO_USE_DYNAMIC": str(_flag_bool(get("dynamo_use_dynamic", False))),
         "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": str(_flag_bool(get("dynamo_use_regional_compilation", False))),
         "OMP_NUM_THREADS": str(get("num_cpu_threads_per_process", environ.get("OMP_NUM_THREADS", "1"))),
     }
+    # accelerate 1.16 sets this one only when the flag or the config gives it (left out, torch.compile picks its
+    # own default); older releases wrote "False" always, which their plugin also reads from its absence.
+    use_dynamic = get("dynamo_use_dynamic")
+    if use_dynamic is not None:
+        env["ACCELERATE_DYNAMO_USE_DYNAMIC"] = str(_flag_bool(use_dynamic))
     if "debug" in flags or to_bool(str(config.get("debug", False))):
         env["ACCELERATE_DEBUG_MODE"] = "true"
     gpu_ids = get("gpu_ids")
