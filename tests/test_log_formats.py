@@ -18,7 +18,7 @@ import pytest
 from test_report_fixtures import Run, write_nvidia_smi_log, write_rotated_log, write_training_log
 from vramscope.cli import main
 from vramscope.logs import formats
-from vramscope.logs.errors import UnknownLogError
+from vramscope.logs.errors import LogFormatError, UnknownLogError
 from vramscope.logs.formats import FORMATS, MAPPED, OWN_CSV, LogFormat
 from vramscope.logs.mapping import parse_columns
 from vramscope.logs.reader import read_any_log, read_log
@@ -194,6 +194,10 @@ def test_report_help_and_read_logs_refusal_name_the_formats_of_the_table(
         read_log(notes)
     assert str(refused.value) == (f"{notes} is not a vramscope log, an nvidia-smi --query-gpu CSV or a FAKELOG file "
                                   f"(its header is 'name,colour'); {made_by}--format=csv' or 'fakelog --out'")
+    # A folder given for the log is told to give one of the same formats.
+    with pytest.raises(LogFormatError, match=r"is a folder; give a vramscope log, an nvidia-smi --query-gpu CSV or "
+                                             r"a FAKELOG file$"):
+        read_log(tmp_path)
     usage = _report_help(capsys)
     assert "memory logs (vramscope .csv/.jsonl, nvidia-smi CSV or FAKELOG files); two or more are compared" in usage
     assert ("headerless nvidia-smi CSV (noheader, nounits), datetime,step,allocated GiB,reserved GiB lines and "
@@ -208,6 +212,9 @@ def test_report_help_and_read_logs_refusal_name_the_formats_of_the_table(
     with pytest.raises(UnknownLogError) as refused:
         read_log(notes)
     assert "FAKE2" not in str(refused.value)
+    with pytest.raises(LogFormatError) as folder:
+        read_log(tmp_path)
+    assert "FAKE2" not in str(folder.value)
 
 
 def test_reading_the_words_of_the_table_loads_no_reader() -> None:

@@ -170,6 +170,12 @@ def own_refusal(source: LogSource) -> UnknownLogError:
     )
 
 
+def own_called() -> str:
+    """What :func:`~vramscope.logs.reader.read_log` reads, by each own format's ``called``: "a vramscope log or an
+    nvidia-smi --query-gpu CSV" (what a folder given in its place is told to give instead)."""
+    return _one_of(f.called for f in FORMATS if not f.imported)
+
+
 def listed(imported: bool, last: str = " or ") -> str:
     """The formats of :data:`FORMATS` by their ``listed`` (the imported ones too when ``imported``), for ``--help``:
     "vramscope .csv/.jsonl or nvidia-smi CSV"; ``last`` joins the last two."""

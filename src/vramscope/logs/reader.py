@@ -14,14 +14,13 @@ from collections.abc import Collection, Sequence
 from vramscope.logs import formats
 from vramscope.logs.errors import LogFormatError
 from vramscope.logs.files import log_parts
-from vramscope.logs.formats import MAPPED, LogFormat, format_of, own_refusal, refusal
+from vramscope.logs.formats import MAPPED, LogFormat, format_of, own_called, own_refusal, refusal
 from vramscope.logs.imports import read_with_columns
 from vramscope.logs.mapping import BYTE_FIELDS, ColumnSpec
 from vramscope.logs.source import LogSource
 from vramscope.logs.table import JoinedColumn, LogTable
 
 _NOT_SPACE = re.compile(rb"[^ \t\n\r\x0b\x0c\x1c-\x1f]")  # what str.isspace() calls space, in ASCII
-_OWN = "a log written by vramscope or nvidia-smi"
 
 
 def read_log(path: str | os.PathLike[str], only: Collection[str] | None = None) -> LogTable:
@@ -39,7 +38,7 @@ def read_log(path: str | os.PathLike[str], only: Collection[str] | None = None) 
             writes it (:func:`~vramscope.logs.formats.own_refusal`).
     """
     name = os.fspath(path)
-    with LogSource(name, _OWN, only) as source:
+    with LogSource(name, own_called(), only) as source:
         found = _format(source, imported=False)
         if found is None:
             raise own_refusal(source)
@@ -85,7 +84,7 @@ def _with_parts(table: LogTable, found: LogFormat, header: str, only: Collection
     tables = [table]
     for part in log_parts(table.path)[1:]:
         try:
-            with LogSource(part, _OWN, only) as source:
+            with LogSource(part, own_called(), only) as source:
                 if _format(source, imported=False) is not found or (
                         found.rotated == "same-header" and source.header != header):
                     break  # not a continuation of this log
