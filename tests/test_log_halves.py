@@ -201,6 +201,30 @@ def test_jobs_run_at_once_and_a_failure_is_raised_after_all_end() -> None:
     assert halves.read_at_once([]) == []
 
 
+def test_ctrl_c_in_the_callers_half_is_raised_without_waiting_for_the_other() -> None:
+    """Python raises a Ctrl-C in the main thread, the caller's half; the report stops then, not once the other
+    half's parse has ended."""
+    released = threading.Event()
+    ended: list[str] = []
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    def other_half() -> int:
+        released.wait(timeout=10)
+        ended.append("other")
+        return 1
+
+    with pytest.raises(KeyboardInterrupt):
+        halves.read_at_once([interrupted, other_half])
+    assert ended == []  # raised while the other half was still parsing
+    released.set()
+    deadline = time.monotonic() + 10
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ended == ["other"]
+
+
 def test_cores_is_what_the_process_may_use() -> None:
     if hasattr(os, "sched_getaffinity"):
         assert halves.cores() == len(os.sched_getaffinity(0))  # a taskset's or a container's, not the machine's

@@ -76,12 +76,14 @@ def read_at_once(jobs: Sequence[Callable[[], T]]) -> list[T]:
                for k in range(1, len(jobs))]
     for worker in workers:
         worker.start()
-    try:
-        if jobs:
-            run(0)
-    finally:
-        for worker in workers:
-            worker.join()
+    if jobs:
+        run(0)
+    if jobs and isinstance(failures[0], KeyboardInterrupt):
+        # Ctrl-C in the caller's half: raised now, not after the other half's parse (a second or more of a
+        # large log); its daemon thread ends with the process, or on the closed file when the caller goes on.
+        raise failures[0]
+    for worker in workers:
+        worker.join()
     for failure in failures:
         if failure is not None:
             raise failure
