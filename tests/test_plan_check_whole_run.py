@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,13 @@ def plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, *ar
     return path, json.loads(text)
 
 
-def report(capsys: pytest.CaptureFixture[str], log: Path, plan: Path) -> tuple[Any, str]:
+def report(capsys: pytest.CaptureFixture[str], log: Path, plan: Path) -> tuple[Any, str, str]:
+    """The report's JSON, its terminal text and its HTML page, of ``log`` against ``plan``."""
     assert main(["report", str(log), "--plan", str(plan), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert main(["report", str(log), "--plan", str(plan)]) == 0
-    return data, capsys.readouterr().out
+    page = log.with_suffix(".html")
+    assert main(["report", str(log), "--plan", str(plan), "--html", str(page)]) == 0
+    return data, capsys.readouterr().out, page.read_text(encoding="utf-8")
 
 
 def error(measured: int, planned: int) -> float:
@@ -103,7 +106,7 @@ def test_a_one_gpu_run_whose_peak_is_its_evaluation_is_held_against_the_planned_
              for s in range(31, 41)]
     log = write_log(tmp_path / "mem.csv", {0: rows}, ranked=False)
 
-    data, text = report(capsys, log, plan)
+    data, text, page = report(capsys, log, plan)
     par = data["parallelism"]
     assert par["plan_strategy"] == "single" and par["plan_whole_run"] is True and par["note"] is None
     gpu0 = par["ranks"][0]
@@ -136,6 +139,12 @@ def test_a_one_gpu_run_whose_peak_is_its_evaluation_is_held_against_the_planned_
             f"{gib(ev['peak_allocated_bytes'])} at evaluation ({gpu0['allocated_error'] * 100:+.1f}%)") in text
     assert (f"GPU 0 steps vs the plan's step: peak allocated {gib(steps)}, plan {gib(train['peak_allocated_bytes'])} "
             f"({gpu0['step_allocated_error'] * 100:+.1f}%); device {gib(step_used)}") in text
+    # the page's table: the whole log's row, then the steps'
+    assert (f'<td>whole log</td><td class="n">{gib(measured["bytes"])} at eval</td><td class="n">'
+            f'{gib(ev["peak_allocated_bytes"])} at evaluation</td><td class="n">{gpu0["allocated_error"] * 100:+.1f}%'
+            "</td>") in page
+    assert (f'<td>steps</td><td class="n">{gib(steps)}</td><td class="n">{gib(train["peak_allocated_bytes"])} at '
+            f'the training step</td><td class="n">{gpu0["step_allocated_error"] * 100:+.1f}%</td>') in page
 
 
 def test_ddp_ranks_whose_peaks_are_loading_and_evaluation_are_held_against_each_gpus_plan(
@@ -155,7 +164,7 @@ def test_ddp_ranks_whose_peaks_are_loading_and_evaluation_are_held_against_each_
         {"strategy": "ddp", "implementation": "DistributedDataParallel", "world_size": 2, "backend": "nccl",
          "source": "model wrapping"}))
 
-    data, text = report(capsys, log, plan)
+    data, text, page = report(capsys, log, plan)
     par = data["parallelism"]
     assert par["plan_strategy"] == "ddp" and par["plan_whole_run"] is True
     # the per-GPU plan plans loading and the step: rank 1's evaluation is outside it, and the note says so
@@ -181,6 +190,7 @@ def test_ddp_ranks_whose_peaks_are_loading_and_evaluation_are_held_against_each_
                 f"training step ({check['allocated_error'] * 100:+.1f}%)") in text
         assert f"rank {rank} steps vs the plan's step: peak allocated {gib(step_peak)}, plan {gib(step_alloc)}" in text
     assert "note: the log's peak is in its 'eval' rows" in text
+    assert escape(par["note"]) in page and "<caption>Against the plan (ddp)</caption>" in page
 
 
 OLD_ONE_GPU_KEYS = ("max_allocated_bytes", "step_peak_phase", "phases", "step_phases", "trainer", "run", "events")
@@ -211,7 +221,7 @@ def test_a_plan_from_before_the_whole_run_reads_with_its_step_figures_and_says_s
         rows = [Row(None, "start", allocated // 2, process // 2),
                 *(Row(s, "train", scaled(allocated, 0.9 + s / 100), scaled(process, 0.9)) for s in range(1, 6))]
         log = write_log(tmp_path / f"{path.stem}.csv", {0: rows}, ranked=False)
-        data, text = report(capsys, log, path)
+        data, text, page = report(capsys, log, path)
         par = data["parallelism"]
         gpu0 = par["ranks"][0]
         assert par["plan_whole_run"] is False and "the plan gives the training step's figures only" in par["note"]
@@ -219,4 +229,4 @@ def test_a_plan_from_before_the_whole_run_reads_with_its_step_figures_and_says_s
         assert gpu0["planned_process_bytes"] == gpu0["planned_step_process_bytes"] == process
         assert gpu0["planned_peak_phase"] == "train"
         assert gpu0["allocated_error"] == error(gpu0["measured_peak_allocated_bytes"], allocated)
-        assert "note: the plan gives the training step's figures only" in text
+        assert "note: the plan gives the training step's figures only" in text and escape(par["note"]) in page
