@@ -39,7 +39,7 @@ class Row:
     """One logged reading of one GPU: its step and phase, the allocator's peak since the last row, NVML's used."""
 
     step: int | None
-    phase: str
+    phase: str | None  # None: a log without phases (vramscope run's)
     peak_allocated: int
     device_used: int
 
@@ -191,6 +191,26 @@ def test_ddp_ranks_whose_peaks_are_loading_and_evaluation_are_held_against_each_
         assert f"rank {rank} steps vs the plan's step: peak allocated {gib(step_peak)}, plan {gib(step_alloc)}" in text
     assert "note: the log's peak is in its 'eval' rows" in text
     assert escape(par["note"]) in page and "<caption>Against the plan (ddp)</caption>" in page
+
+
+def test_a_log_without_steps_is_held_whole_with_no_step_line_and_no_note(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan, doc = plan_file(tmp_path, capsys, "plan.json", *MODEL)
+    allocated, process = doc["max_allocated_bytes"], doc["process_bytes"]
+    # what `vramscope run` logs: readings without a step or a phase, the watched command's run as one stretch
+    rows = [Row(None, None, scaled(allocated, 0.5 + k / 20), scaled(process, 0.5 + k / 20)) for k in range(10)]
+    log = write_log(tmp_path / "run.csv", {0: rows}, ranked=False)
+    data, text, page = report(capsys, log, plan)
+    par = data["parallelism"]
+    gpu0 = par["ranks"][0]
+    assert par["note"] is None and gpu0["measured_peak_phase"] == "run"
+    assert gpu0["measured_peak_allocated_bytes"] == max(r.peak_allocated for r in rows)
+    assert gpu0["planned_peak_allocated_bytes"] == allocated
+    assert all(gpu0[k] is None for k in ("measured_step_peak_allocated_bytes", "planned_step_peak_allocated_bytes",
+                                          "step_allocated_error", "measured_step_device_bytes",
+                                          "planned_step_process_bytes", "step_device_error"))
+    assert "GPU 0 vs plan (single): peak allocated" in text and "steps vs the plan's step" not in text
+    assert "<td>whole log</td>" in page and "<td>steps</td>" not in page
 
 
 OLD_ONE_GPU_KEYS = ("max_allocated_bytes", "step_peak_phase", "phases", "step_phases", "trainer", "run", "events")

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vramscope.analysis.devices import TRAIN
+from vramscope.analysis.devices import RUN, TRAIN
 from vramscope.analysis.results import AnalysisResult, DeviceDetail, PeakAt
 from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
 from vramscope.output.names import STRATEGY_SUFFIX, sibling
@@ -228,11 +228,12 @@ def _phase_notes(rows: tuple[RankCheck, ...], plan: SavedPlan) -> list[str]:
         notes.append("the plan gives the training step's figures only (a file from before the planner planned "
                      "the whole run, or a traced plan): the log's whole peaks are held against the step's")
         return notes
-    planned_phases = set(plan.per_gpu[0].run_phases)
+    planned_phases = plan.per_gpu[0].run_phases
+    # a log without steps or phases (``vramscope run``'s) is one stretch, the whole run: no phase to tell apart
     unplanned = sorted({phase for r in rows for phase in (r.measured_peak_phase, r.measured_device_phase)
-                        if phase is not None and PLANNED_PHASE_OF_LOGGED.get(phase) not in planned_phases})
+                        if phase not in (None, RUN) and PLANNED_PHASE_OF_LOGGED.get(phase) not in planned_phases})
     if unplanned:
-        names = ", ".join(PHASE_WORDS.get(p, p) for p in sorted(planned_phases))
+        names = ", ".join(PHASE_WORDS.get(p, p) for p in planned_phases)
         notes.append(f"the log's peak is in its {' and '.join(repr(p) for p in unplanned)} rows, a phase the "
                      f"plan does not plan (it plans {names})")
     return notes
