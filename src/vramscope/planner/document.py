@@ -61,17 +61,87 @@ def _object(value: object) -> JsonObject | None:
 
 
 @dataclass(frozen=True)
+class PlannedPeak:
+    """One of the whole run's figures and the plan's phase that sets it (``train``, ``load``, ``eval``, ...)."""
+
+    bytes: int
+    phase: str
+
+
+def _largest(figures: dict[str, int | None]) -> PlannedPeak | None:
+    """The largest known figure and its phase; the step (the first key) keeps a tie."""
+    known = [(name, value) for name, value in figures.items() if value is not None]
+    if not known:
+        return None
+    name, value = max(known, key=lambda item: item[1])  # max keeps the first of equals
+    return PlannedPeak(value, name)
+
+
+@dataclass(frozen=True)
 class PlannedGpu:
-    """What the plan predicts for one GPU (None where the file does not say it as a whole number)."""
+    """What the plan predicts for one GPU (None where the file does not say it as a whole number).
+
+    ``peak_allocated_bytes`` and ``process_bytes`` are the training step's; ``run_allocated`` and ``run_process``
+    the whole run's (loading, evaluation, ... as the document plans them) and the phase that sets each, None in a
+    file that gives the step's alone (one written before the planner planned the run, a traced plan);
+    ``run_phases`` the phases the whole-run figures cover.
+    """
 
     peak_allocated_bytes: int | None
     process_bytes: int | None
+    run_allocated: PlannedPeak | None = None
+    run_process: PlannedPeak | None = None
+    run_phases: tuple[str, ...] = ()
+
+    @property
+    def whole_run(self) -> bool:
+        """Whether the file plans the whole run (else its step's figures stand for it)."""
+        return self.run_allocated is not None or self.run_process is not None
+
+    @property
+    def run_allocated_bytes(self) -> int | None:
+        """The whole run's peak allocated, the step's where the file has no whole-run figure."""
+        return self.peak_allocated_bytes if self.run_allocated is None else self.run_allocated.bytes
+
+    @property
+    def run_process_bytes(self) -> int | None:
+        return self.process_bytes if self.run_process is None else self.run_process.bytes
 
     @classmethod
     def from_json(cls, entry: object) -> PlannedGpu:
+        """One GPU of ``gpus.plan.per_gpu`` (:meth:`RankEstimate.to_dict
+        <vramscope.planner.distributed.RankEstimate.to_dict>`): its step, and its loading where the file has it.
+
+        The loading's ``load_device_bytes`` is allocated with the CUDA context beside it (reserved as allocated,
+        nothing paged: :mod:`vramscope.planner.parallel_loading`), so it stands for the loading's process figure,
+        and less the breakdown's ``cuda_context`` for its allocated one."""
         if not isinstance(entry, dict):
             return cls(None, None)
-        return cls(_whole(entry.get("peak_allocated_bytes")), _whole(entry.get("process_bytes")))
+        allocated, process = _whole(entry.get("peak_allocated_bytes")), _whole(entry.get("process_bytes"))
+        load = _whole(entry.get("load_device_bytes"))
+        if load is None or not load:  # a file from before loading was planned per GPU (or it wrote 0)
+            return cls(allocated, process)
+        context = _whole((_object(entry.get("breakdown")) or {}).get("cuda_context"))
+        load_allocated = None if context is None or allocated is None else load - context
+        return cls(allocated, process,
+                   _largest({"train": allocated, "load": load_allocated}) if load_allocated is not None else None,
+                   None if process is None else _largest({"train": process, "load": load}), ("load", "train"))
+
+    @classmethod
+    def of_one_gpu(cls, plan: JsonObject) -> PlannedGpu:
+        """The one-GPU plan (:meth:`Plan.to_dict <vramscope.planner.api.Plan.to_dict>`): its step is the ``train``
+        phase and its whole run every phase of ``phases``; a file without them (or a traced plan, whose
+        ``phases`` are the step's moments) gives its top-level figures, the step's, alone."""
+        top_allocated, top_process = _whole(plan.get("peak_allocated_bytes")), _whole(plan.get("process_bytes"))
+        phases = {name: entry for name, entry in (_object(plan.get("phases")) or {}).items()
+                  if isinstance(entry, dict)}
+        if "train" not in phases:
+            return cls(top_allocated, top_process)
+        ordered = {"train": phases["train"], **phases}  # the step first: it keeps a tie
+        run_allocated = _largest({k: _whole(v.get("peak_allocated_bytes")) for k, v in ordered.items()})
+        run_process = _largest({k: _whole(v.get("process_bytes")) for k, v in ordered.items()})
+        return cls(_whole(phases["train"].get("peak_allocated_bytes")), _whole(phases["train"].get("process_bytes")),
+                   run_allocated, run_process, tuple(phases))
 
 
 @dataclass(frozen=True)
@@ -300,7 +370,9 @@ class PlanDocument:
                                tuple(PlannedGpu.from_json(g) for g in per_gpu))
         top = self.to_json()  # the figures the top level carries (the largest GPU's, with --strategy)
         if isinstance(top.get("peak_allocated_bytes"), int) and isinstance(top.get("process_bytes"), int):
-            return PlannedGpus("single", 1, (PlannedGpu.from_json(top),))
+            if self.gpus is not None and self.gpus.largest is not None:  # a hand-written file: no GPU's phases
+                return PlannedGpus("single", 1, (PlannedGpu.from_json(top),))
+            return PlannedGpus("single", 1, (PlannedGpu.of_one_gpu(top),))
         return None
 
 
@@ -314,4 +386,5 @@ def plan_document(plan: Plan | TracePlan, *, distributed: DistributedEstimate | 
 
 
 __all__ = ["PER_GPU_KEYS", "PLAN_SCHEMA_VERSION", "Alternative", "CommandSection", "GpusSection", "LargestGpu",
-           "PlanDocument", "PlanDocumentError", "PlannedGpu", "PlannedGpus", "dataset_failure", "plan_document"]
+           "PlanDocument", "PlanDocumentError", "PlannedGpu", "PlannedGpus", "PlannedPeak", "dataset_failure",
+           "plan_document"]

@@ -25,6 +25,7 @@ from vramscope.report.figures import (
     seconds_shown,
 )
 from vramscope.report.model import LogReport
+from vramscope.report.plan_check import PHASE_WORDS, ParallelismCheck
 from vramscope.report.svg import chart_svg
 from vramscope.types import MemoryBreakdown
 from vramscope.units import gib
@@ -145,6 +146,8 @@ def _log_section(report: LogReport, y_max: dict[tuple[str, str], float]) -> str:
         out.append(_device_tables(detail))
     if report.breakdown is not None:
         out.append(_breakdown(report.breakdown))
+    if report.parallelism is not None and report.parallelism.plan is not None:
+        out.append(_against_plan(report.parallelism))
     out.append(_advice(report.advice))
     warnings = report.result.warnings
     if warnings:
@@ -267,6 +270,41 @@ def _breakdown(b: MemoryBreakdown) -> str:
                    for label, v in b.rows())
     return (f"<h3>What held memory on {escape(b.device)} at the run's peak</h3>"
             f"<table><tr><th>part</th><th>memory</th></tr>{rows}</table>")
+
+
+def _against_plan(check: ParallelismCheck) -> str:
+    """Each rank's (or GPU's) peaks beside the plan's, as the terminal's lines: the whole log against the plan's
+    whole run, each with the phase that sets it, and the steps against the plan's step."""
+    def cell(measured: int | None, phase: str | None) -> str:
+        at = "" if phase is None or measured is None else f" at {phase}"
+        return f'<td class="n">{escape(gib(measured, unknown="-") + at)}</td>'
+
+    def error(value: float | None) -> str:
+        return f'<td class="n">{"-" if value is None else f"{value * 100:+.1f}%"}</td>'
+
+    def planned(value: int | None, phase: str | None) -> str:
+        return cell(value, None if phase is None else PHASE_WORDS.get(phase, phase))
+
+    rows = []
+    for r in check.ranks:
+        who = escape(f"{r.kind if r.kind == 'rank' else 'GPU'} {r.index}")
+        rows.append(f"<tr><th>{who}</th><td>whole log</td>"
+                    f"{cell(r.measured_peak_allocated_bytes, r.measured_peak_phase)}"
+                    f"{planned(r.planned_peak_allocated_bytes, r.planned_peak_phase)}{error(r.allocated_error)}"
+                    f"{cell(r.measured_device_bytes, r.measured_device_phase)}"
+                    f"{planned(r.planned_process_bytes, r.planned_process_phase)}{error(r.device_error)}</tr>")
+        if r.measured_step_peak_allocated_bytes is not None or r.measured_step_device_bytes is not None:
+            rows.append(f"<tr><th>{who}</th><td>steps</td>"
+                        f"{cell(r.measured_step_peak_allocated_bytes, None)}"
+                        f"{planned(r.planned_step_peak_allocated_bytes, 'train')}{error(r.step_allocated_error)}"
+                        f"{cell(r.measured_step_device_bytes, None)}"
+                        f"{planned(r.planned_step_process_bytes, 'train')}{error(r.step_device_error)}</tr>")
+    plan = check.plan
+    strategy = "" if plan is None else f" ({plan.strategy})"
+    note = f'<p class="note"><b>Note:</b> {escape(check.note)}.</p>' if check.note else ""
+    return (f'<div class="scroll"><table><caption>Against the plan{escape(strategy)}</caption>'
+            "<tr><th></th><th>rows</th><th>peak allocated</th><th>plan</th><th>error</th><th>device</th>"
+            f"<th>plan</th><th>error</th></tr>{''.join(rows)}</table>{note}</div>")
 
 
 def _advice(advice: Sequence[Advice]) -> str:
