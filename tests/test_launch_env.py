@@ -131,6 +131,27 @@ def test_torchrun_worker_and_environment(tmp_path: Path) -> None:
     assert launch.env["NCCL_DEBUG"] == "INFO" and launch.argv[-1] == "train.py"
 
 
+@pytest.mark.parametrize("runner", [
+    ["srun", "--nodes", "1", "--gres=gpu:2"],
+    ["uv", "run", "--with", "peft"],
+    ["hf", "jobs", "uv", "run", "--flavor", "a100x2"],
+    ["poetry", "run"],
+])
+def test_a_runner_in_front_of_the_launcher_changes_nothing_the_rank_gets(runner: list[str], tmp_path: Path) -> None:
+    """The plan and the rehearsal read the command through one reader: behind srun, uv run --with or hf jobs the
+    rank got accelerate's defaults (mixed precision "no" for a bf16 run), where the plan read the flags."""
+    command = ["accelerate", "launch", "--mixed_precision", "bf16", "--num_processes", "2", "train.py", "--lr", "1"]
+    plain = worker_launch(["NCCL_DEBUG=INFO", *command], 2, environ={"PATH": ""}, cwd=tmp_path)
+    behind = worker_launch(["NCCL_DEBUG=INFO", *runner, *command], 2, environ={"PATH": ""}, cwd=tmp_path)
+    assert plain.env["ACCELERATE_MIXED_PRECISION"] == "bf16" and plain.env["NCCL_DEBUG"] == "INFO"
+    assert behind.env == plain.env and behind.argv == plain.argv
+    assert behind.argv[1:] == ("-u", "train.py", "--lr", "1")
+    # a Python behind the runner is the worker's Python
+    launch = worker_launch([*runner, "python3.11", "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                            "train.py"], 2, environ={}, cwd=tmp_path)
+    assert launch.argv == ("python3.11", "-u", "train.py") and launch.env["LOCAL_WORLD_SIZE"] == "2"
+
+
 def test_deepspeed_worker_gets_local_rank_and_its_launchers_variables(tmp_path: Path) -> None:
     ds = tmp_path / "ds.json"
     ds.write_text('{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}', encoding="utf-8")

@@ -278,6 +278,13 @@ def test_a_parsed_launch_command_feeds_the_plan() -> None:
     with pytest.raises(PlanInputError, match="--gpus N"):
         parallelism_of(every_gpu)
     assert parallelism_of(every_gpu, gpus=8).world_size == 8
+    # The reader's own Launch says whether DeepSpeed runs it (its launcher or a ZeRO stage a config gives).
+    from vramscope.commands.types import Launch
+
+    assert parallelism_of(Launch(launcher="deepspeed", world_size=2, strategy="zero3")).strategy == "zero3"
+    assert parallelism_of(Launch(launcher="accelerate", world_size=2, strategy="zero3", zero_stage=3)).world_size == 2
+    with pytest.raises(PlanInputError, match="DeepSpeed"):
+        parallelism_of(Launch(launcher="torchrun", world_size=2, strategy="zero3"))
     lp = plan_launch("Llama-2-7B", 2, 1024, world_size=2, strategy="fsdp", gpu="RTX-4090", target_batch=8)
     assert lp.distributed.parallelism.strategy == "fsdp" and lp.single.fits is not None
     data = lp.to_dict()

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from vramscope.commands.argv import Option, is_flag, normalise, to_bool
 from vramscope.commands.errors import HOW_INSTEAD, CommandReadError
@@ -51,6 +51,9 @@ _DEEPSPEED_BOOL = frozenset(normalise(f) for f in (
     "--no_python", "--module", "--no_local_rank", "--force_multi", "--save_pid", "--elastic_training",
     "--bind_cores_to_rank", "--no_ssh", "--no_ssh_check", "--autotuning",
 ))
+# The launcher whose rank environment a command's processes start in (what a rehearsal rebuilds for rank 0).
+RankLauncher = Literal["torchrun", "accelerate", "deepspeed"]
+
 _SHORT = {"m": "module", "q": "quiet", "t": "tee", "H": "hostfile", "i": "include", "e": "exclude", "r": "redirects"}
 
 
@@ -73,6 +76,14 @@ class LaunchState:
     notes: list[str] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)  # guesses about processes and strategy (see ParsedCommand)
     cwd: Path = field(default_factory=Path.cwd)  # relative config paths are read from here
+    # What a rehearsal of one rank needs beside the reading: the variables assigned in front of the command
+    # (``FOO=1 torchrun ...``), the command's first word once those and any runner (``uv run``, ``srun``) are
+    # peeled off (its Python, or the console script whose ``#!`` names one), the launcher that starts the ranks
+    # and that launcher's own flags as read.
+    assigned: dict[str, str] = field(default_factory=dict)
+    executable: str = ""
+    starts: RankLauncher | None = None
+    launch_options: list[Option] = field(default_factory=list)
 
     def deepspeed(self, config: Mapping[str, Any], source: str) -> None:
         """A DeepSpeed config (``ds.json``, or accelerate's ``deepspeed_config``)."""
@@ -137,8 +148,13 @@ class Target:
     name: str
     args: list[str]
     worker: str | None = None
-    starts: str | None = None
+    starts: RankLauncher | None = None
     launch_flags_inline: bool = False
+
+
+def _rank_launcher(name: str) -> RankLauncher | None:
+    """``name`` as a launcher that starts ranks (axolotl's ``--launcher``), None for any other (``python``)."""
+    return cast("RankLauncher", name) if name in get_args(RankLauncher) else None
 
 
 def _flag_options(tokens: Sequence[str], start: int, bools: frozenset[str],
@@ -362,10 +378,12 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
             state.read[key] = value
             env[key] = value
         tokens.pop(0)
+    state.assigned = dict(env)
     tokens = _peel_runners(tokens, state)
     _environment(state, env)
     if not tokens:
         raise CommandReadError(f"no training command after '--'; {HOW_INSTEAD}")
+    state.executable = tokens[0]
     head = os.path.basename(tokens[0])
     if _PYTHON.match(head):
         return _after_python(tokens, state, environ, cwd)
@@ -378,7 +396,8 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
         return _torchrun_target(tokens, 1, state)
     if head == "deepspeed":
         options, i = _flag_options(tokens, 1, _DEEPSPEED_BOOL)
-        state.launcher = "deepspeed"
+        state.launcher = state.starts = "deepspeed"
+        state.launch_options = options
         _deepspeed_launcher(state, options)
         return state, _program(tokens, i, any(o.name == "module" for o in options), "deepspeed")
     if head == "trl":
@@ -524,7 +543,8 @@ def _axolotl(args: list[str], state: LaunchState) -> Target:
     if state.per_node is None and state.total is None:
         state.notes.append(f"axolotl train starts {launcher}: one process per visible GPU unless told otherwise")
     state.launcher = f"axolotl ({launcher})"
-    return Target("axolotl", "axolotl.cli.train", rest, worker="axolotl.cli.train", starts=launcher)
+    return Target("axolotl", "axolotl.cli.train", rest, worker="axolotl.cli.train",
+                  starts=_rank_launcher(launcher))
 
 
 def _after_python(tokens: list[str], state: LaunchState, environ: Mapping[str, str],
@@ -555,7 +575,8 @@ def _after_python(tokens: list[str], state: LaunchState, environ: Mapping[str, s
 def _accelerate(tokens: list[str], start: int, state: LaunchState, environ: Mapping[str, str],
                 cwd: Path) -> tuple[LaunchState, Target]:
     options, i = _flag_options(tokens, start, ACCELERATE_BOOL, ACCELERATE_VALUED)
-    state.launcher = "accelerate"
+    state.launcher = state.starts = "accelerate"
+    state.launch_options = options
     rest = apply_accelerate(state, options, environ, cwd)
     for o in rest:
         state.notes.append(f"accelerate launch flag {o.written} is not one vramscope knows; ignored")
@@ -564,14 +585,7 @@ def _accelerate(tokens: list[str], start: int, state: LaunchState, environ: Mapp
 
 def _torchrun_target(tokens: list[str], start: int, state: LaunchState) -> tuple[LaunchState, Target]:
     options, i = _flag_options(tokens, start, _TORCHRUN_BOOL)
-    state.launcher = "torchrun"
+    state.launcher = state.starts = "torchrun"
+    state.launch_options = options
     _torchrun(state, options)
     return state, _program(tokens, i, any(o.name == "module" for o in options), "torchrun")
-
-
-def launcher_options(tokens: Sequence[str], start: int, launcher: str) -> tuple[list[Option], int]:
-    """The flags of ``launcher`` (``accelerate``, ``torchrun``, ``deepspeed``) in ``tokens[start:]`` and the index
-    of the program after them, read as :func:`split_launcher` reads them (the rehearsal rebuilds their
-    environment from these)."""
-    bools = {"accelerate": ACCELERATE_BOOL, "torchrun": _TORCHRUN_BOOL, "deepspeed": _DEEPSPEED_BOOL}[launcher]
-    return _flag_options(tokens, start, bools, ACCELERATE_VALUED if launcher == "accelerate" else None)

@@ -224,6 +224,12 @@ class Launch:
     nodes: int = 1
     fsdp_version: int | None = None
 
+    @property
+    def deepspeed(self) -> bool:
+        """Whether DeepSpeed runs the processes: its launcher, or a ZeRO stage a config gives (what
+        :func:`vramscope.planner.launch.parallelism_of` asks, so that it need not know the launchers' names)."""
+        return self.launcher == "deepspeed" or self.zero_stage is not None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "launcher": self.launcher,

@@ -42,13 +42,12 @@ from vramscope.commands.launchers import (
     ACCELERATE_BOOL,
     ACCELERATE_VALUED,
     LaunchState,
+    RankLauncher,
     apply_accelerate,
-    launcher_options,
     split_launcher,
 )
 
 DEFAULT_PORT = 29500
-_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
 
 # accelerate launch's defaults for the FSDP flags (accelerate 1.x `launch_command_parser`), the variable each one
@@ -97,6 +96,8 @@ class WorkerLaunch:
         strategy, offload, zero_stage: what the launch configures (``fsdp``, ``ddp``, ``zero3`` ...).
         fsdp_version: 1 or 2 for FSDP (accelerate's ``fsdp_version``), else None.
         notes: what the rebuild assumed, a sentence each.
+        starts: the launcher whose rank environment the worker got (:data:`~vramscope.commands.launchers.RankLauncher`;
+            None: no launcher, torchrun's environment given).
     """
 
     launcher: str
@@ -108,6 +109,7 @@ class WorkerLaunch:
     zero_stage: int | None
     fsdp_version: int | None
     notes: tuple[str, ...]
+    starts: RankLauncher | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"launcher": self.launcher, "worker": list(self.argv), "env": dict(self.env),
@@ -231,41 +233,6 @@ def _flag_bool(value: Any) -> bool:
     return bool(to_bool(str(value))) if not isinstance(value, bool) else value
 
 
-def _peel(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """``FOO=1 uv run torchrun ...``: the assignments in front, and the command from its launcher on."""
-    tokens = list(argv)
-    assigned: dict[str, str] = {}
-    while tokens and (_ENV_ASSIGNMENT.match(tokens[0]) or tokens[0] == "env"):
-        token = tokens.pop(0)
-        if token != "env":
-            name, value = token.split("=", 1)
-            assigned[name] = value
-    if len(tokens) > 2 and tokens[0] in ("uv", "poetry", "pipenv", "pdm") and tokens[1] == "run":
-        tokens = tokens[2:]
-    return assigned, tokens
-
-
-def _launcher_start(tokens: Sequence[str]) -> tuple[str, int, str | None]:
-    """(the Python to run the worker with, the index of the launcher's first flag, the launcher) of ``tokens``."""
-    head = os.path.basename(tokens[0])
-    if _PYTHON.match(head):
-        i = 1
-        while i < len(tokens) and tokens[i].startswith("-") and tokens[i] != "-m":
-            i += 1
-        module = tokens[i + 1] if i + 1 < len(tokens) and tokens[i] == "-m" else None
-        if module in ("torch.distributed.run", "torch.distributed.launch"):
-            return tokens[0], i + 2, "torchrun"
-        if module in ("accelerate.commands.launch", "accelerate.commands.accelerate_cli"):
-            start = i + 2 + (1 if tokens[i + 2:i + 3] == ["launch"] else 0)
-            return tokens[0], start, "accelerate"
-        return tokens[0], 0, None
-    if head == "accelerate":
-        return "", 2, "accelerate"
-    if head in ("torchrun", "deepspeed"):
-        return "", 1, head
-    return "", 0, None
-
-
 def _strip_launch_flags(args: Sequence[str]) -> list[str]:
     """``trl sft``'s argv without the flags it would hand to accelerate launch (and ``--accelerate_config``)."""
     out: list[str] = []
@@ -294,21 +261,23 @@ def worker_launch(argv: Sequence[str], world_size: int, *, environ: Mapping[str,
     """
     env_in = os.environ if environ is None else environ
     folder = Path(cwd) if cwd is not None else Path.cwd()
-    assigned, tokens = _peel(argv)
+    # The command is read once, by the launcher's reader: the assignments and runners in front (``srun``,
+    # ``uv run --with ...``, ``hf jobs uv run``) peeled off, the launcher's flags read as the plan reads them.
     state, target = split_launcher(argv, env_in, folder)
     notes: list[str] = []
     if state.nodes > 1:
         notes.append(f"the command spans {state.nodes} machines; rehearsed as {world_size} ranks of one")
-    python, start, launcher = _launcher_start(tokens)
-    launch_opts: list[Option] = []
-    if launcher is not None:
-        launch_opts, _ = launcher_options(tokens, start, launcher)
-        if not python:
-            python = interpreter_of(tokens[0], env_in)
+    launch_opts: list[Option] = list(state.launch_options)
+    if _PYTHON.match(os.path.basename(state.executable)):
+        python = state.executable  # python train.py, python -m torch.distributed.run ...
+    elif state.starts is not None or target.worker is not None:
+        python = interpreter_of(state.executable, env_in)  # a console script: the Python its #! names
+    else:
+        python = sys.executable  # ./train.py
     no_python = any(o.name == "no_python" for o in launch_opts)
-    env: dict[str, str] = dict(assigned)
+    env: dict[str, str] = dict(state.assigned)
     args = list(target.args)
-    kind = state.launcher
+    starts = state.starts or target.starts
     if target.worker is not None:
         # The program's own CLI (`trl sft`, `axolotl train`) starts its workers through a launcher: run the worker
         # module under the CLI's Python with that launcher's environment.
@@ -316,27 +285,23 @@ def worker_launch(argv: Sequence[str], world_size: int, *, environ: Mapping[str,
             launch_opts = _inline_launch_options(args)
             apply_accelerate(state, launch_opts, env_in, folder)
             args = _strip_launch_flags(args)
-        # the console script's own Python (`axolotl`, `llamafactory-cli` or its `lmf` alias, `trl`)
-        cli = os.path.basename(tokens[0])
-        python = interpreter_of(tokens[0], env_in) if cli in (target.kind, target.name.split()[0], "lmf") \
-            else sys.executable
         worker = [python, "-u", "-m", target.worker, *args]
     elif target.kind == "module":
-        worker = [python or sys.executable, "-u", "-m", target.name, *args]
+        worker = [python, "-u", "-m", target.name, *args]
     elif no_python:
         worker = [target.name, *args]
     else:
-        worker = [python or sys.executable, "-u", target.name, *args]
-    if kind == "deepspeed":
+        worker = [python, "-u", target.name, *args]
+    if starts == "deepspeed":
         env.update(deepspeed_env(world_size, port=port))
         if not any(o.name == "no_local_rank" for o in launch_opts):
             worker.append("--local_rank=0")
     else:
         env.update(torchrun_env(world_size, port=port, environ=env_in))
-    if kind == "accelerate" or target.starts == "accelerate":
+    if starts == "accelerate":
         config = _accelerate_config(state)
         env.update(accelerate_env(config, launch_opts, cwd=folder, environ=env_in))
-    if kind in ("python", "python -m"):
+    if starts is None and target.kind in ("script", "module"):
         notes.append("the command has no launcher: rehearsed with torchrun's environment")
     launch = state.freeze()
     if launch.world_size is not None and launch.world_size != world_size:
@@ -345,9 +310,10 @@ def worker_launch(argv: Sequence[str], world_size: int, *, environ: Mapping[str,
     if launch.strategy == "fsdp":
         text = env.get("FSDP_VERSION", "1")
         fsdp_version = int(text) if text.isdigit() else 1
-    return WorkerLaunch(launcher=kind, argv=tuple(worker), env=env, world_size=world_size,
+    return WorkerLaunch(launcher=state.launcher, argv=tuple(worker), env=env, world_size=world_size,
                         strategy=launch.strategy or ("ddp" if world_size > 1 else None), offload=launch.offload,
-                        zero_stage=launch.zero_stage, fsdp_version=fsdp_version, notes=tuple(notes + state.notes))
+                        zero_stage=launch.zero_stage, fsdp_version=fsdp_version, notes=tuple(notes + state.notes),
+                        starts=starts)
 
 
 def _inline_launch_options(args: Sequence[str]) -> list[Option]:

@@ -111,7 +111,7 @@ def nccl_share(launch: WorkerLaunch) -> int:
 
 def refuse(launch: WorkerLaunch) -> None:
     """Raise :class:`RehearsalRefused` for what the rehearsal does not run."""
-    if launch.launcher == "deepspeed" or launch.zero_stage is not None or launch.strategy in ("zero2", "zero3"):
+    if launch.starts == "deepspeed" or launch.zero_stage is not None or launch.strategy in ("zero2", "zero3"):
         raise RehearsalRefused(DEEPSPEED_NOT_REHEARSED)
     if launch.world_size < 2:
         raise RehearsalRefused("--gpus 1 is a run of one GPU: use vramscope tune -- CMD without --gpus")
