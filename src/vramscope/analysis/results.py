@@ -3,20 +3,38 @@ read by the report, the live monitor and the CLI; turned into a dict only at the
 
 The JSON is the one ``vramscope report --json`` prints (it carries :data:`SCHEMA_VERSION`) and the one
 ``MemoryMonitor.analysis()`` returns; docs/leak-detection.md lists its keys. Every number is bytes,
-steps or seconds; None means unknown.
+steps or seconds; None means unknown. The leak's results are in :mod:`~vramscope.analysis.results_leak`, the
+forecast's in :mod:`~vramscope.analysis.results_forecast`; both are imported from here as well.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from vramscope.analysis.results_forecast import (
+    NO_OUTLOOK,
+    DeviceForecast,
+    ForecastSummary,
+    LongestBatch,
+    OomForecast,
+    OomOutlook,
+    Severity,
+    no_batch_fit,
+)
+from vramscope.analysis.results_json import Json
+from vramscope.analysis.results_leak import Caching, DeviceLeak, LeakSummary, TrendLine
+
+__all__ = [
+    "NO_OUTLOOK", "SCHEMA_VERSION", "AnalysisResult", "AtPeakReserved", "BatchPeak", "Caching", "DeviceAnalysis",
+    "DeviceDetail", "DeviceForecast", "DeviceLeak", "DevicePeak", "ForecastSummary", "Fragmentation", "Headroom",
+    "Json", "LeakSummary", "LongestBatch", "OomForecast", "OomOutlook", "PeakAt", "PeakSummary", "PhasePeaks",
+    "PhaseStretch", "RankImbalance", "RankPeak", "Severity", "StepRange", "TrendLine", "no_batch_fit",
+]
+
 # The version of the JSON of a report (``report --json``): raised when a field changes meaning or goes.
 SCHEMA_VERSION = 1
-
-Json = dict[str, Any]
 
 
 # -- where a peak was ---------------------------------------------------------------------------------
@@ -96,276 +114,6 @@ class PeakSummary:
     def to_json(self) -> Json:
         return {"devices": {k: p.to_json() for k, p in self.devices.items()},
                 "overall": None if self.overall is None else self.overall.to_json()}
-
-
-# -- leak -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Caching:
-    """Reserved memory grows while allocated memory is flat: the allocator caches (or fragments), no leak."""
-
-    kind: str  # "caching" or "fragmentation"
-    verdict: str
-    reserved_slope_bytes_per_step: float | None
-    reserved_growth_bytes: float | None
-
-
-@dataclass(frozen=True)
-class DeviceLeak:
-    """The leak test's verdict on one device (see :mod:`vramscope.analysis.leak`)."""
-
-    key: str
-    detected: bool
-    kind: str  # "leak", "none", "plateau", "unconfirmed", "batch_growth", "insufficient"
-    verdict: str
-    signal: str | None  # the column tested
-    unit: str  # "step", or "s" for a log without steps
-    slope_per_x: float | None
-    start_x: float | None
-    growth_bytes: float | None
-    z: float | None
-    points: int
-    caching: Caching | None = None  # reserved grows while allocated does not
-    trend: TrendLine | None = None  # a leak over steps: its trend line on the signal's readings
-
-    @property
-    def gpu(self) -> int | None:
-        return None if self.key == "host" else int(self.key)
-
-    @property
-    def slope_bytes_per_step(self) -> float | None:
-        return self.slope_per_x if self.unit == "step" else None
-
-    @property
-    def slope_bytes_per_second(self) -> float | None:
-        return None if self.unit == "step" else self.slope_per_x
-
-    @property
-    def start_step(self) -> int | None:
-        return round(self.start_x) if self.unit == "step" and self.start_x is not None else None
-
-    @property
-    def shown_kind(self) -> str:
-        """The kind people read: caching or fragmentation over the test's own "none"."""
-        return self.caching.kind if self.caching is not None else self.kind
-
-    @property
-    def shown_verdict(self) -> str:
-        return self.caching.verdict if self.caching is not None else self.verdict
-
-    def to_json(self) -> Json:
-        out: Json = {
-            "detected": self.detected,
-            "kind": self.shown_kind,
-            "verdict": self.shown_verdict,
-            "slope_bytes_per_step": self.slope_bytes_per_step,
-            "slope_bytes_per_second": self.slope_bytes_per_second,
-            "start_step": self.start_step,
-            "start_elapsed_s": None if self.unit == "step" else self.start_x,
-            "growth_bytes": self.growth_bytes,
-            "z": self.z,
-            "points": self.points,
-            "signal": self.signal,
-            "key": self.key,
-            "gpu": self.gpu,
-        }
-        if self.caching is not None:
-            out["reserved_slope_bytes_per_step"] = self.caching.reserved_slope_bytes_per_step
-            out["reserved_growth_bytes"] = self.caching.reserved_growth_bytes
-        return out
-
-
-@dataclass(frozen=True)
-class LeakSummary:
-    """The most telling device's verdict (the steepest leak, else the most telling kind), and each device's."""
-
-    worst: DeviceLeak | None  # None: the log has no rows
-    devices: dict[str, DeviceLeak]
-
-    @property
-    def detected(self) -> bool:
-        return self.worst is not None and self.worst.detected
-
-    def to_json(self) -> Json:
-        if self.worst is None:
-            out: Json = {"detected": False, "kind": "insufficient", "verdict": "the log has no rows",
-                         "slope_bytes_per_step": None, "start_step": None}
-        else:
-            out = self.worst.to_json()
-        out["devices"] = {k: lk.to_json() for k, lk in self.devices.items()}
-        return out
-
-
-@dataclass(frozen=True)
-class TrendLine:
-    """The leak's trend over the steps it grew, placed on the signal's readings (what a chart draws dashed): from
-    ``(x0, y0)`` to ``(x1, y1)``, steps against bytes."""
-
-    signal: str  # the column tested, ``allocated_bytes`` say
-    x0: float
-    x1: float
-    y0: float
-    y1: float
-
-
-# -- forecast -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Severity:
-    """How urgent an OOM forecast is: ``level`` is one of ``high``, ``medium``, ``low``; ``why`` says it for people
-    (:func:`vramscope.analysis.verdicts.forecast_severity`)."""
-
-    level: str
-    why: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"level": self.level, "why": self.why}
-
-
-@dataclass(frozen=True)
-class OomForecast:
-    """Steps and seconds until the leak takes the peak to the capacity; None where not predictable."""
-
-    steps_to_oom: float | None
-    seconds_to_oom: float | None
-    capacity_bytes: int | None
-    current_peak_bytes: int | None
-    headroom_bytes: int | None
-    slope_bytes_per_step: float | None
-    seconds_per_step: float | None
-    reason: str
-    slope_bytes_per_second: float | None = None  # a log without steps: the leak's growth per second
-
-    def to_json(self) -> Json:
-        return {
-            "steps_to_oom": self.steps_to_oom,
-            "seconds_to_oom": self.seconds_to_oom,
-            "capacity_bytes": self.capacity_bytes,
-            "current_peak_bytes": self.current_peak_bytes,
-            "headroom_bytes": self.headroom_bytes,
-            "slope_bytes_per_step": self.slope_bytes_per_step,
-            "seconds_per_step": self.seconds_per_step,
-            "slope_bytes_per_second": self.slope_bytes_per_second,
-            "reason": self.reason,
-        }
-
-    def to_dict(self) -> Json:
-        return self.to_json()
-
-
-@dataclass(frozen=True)
-class LongestBatch:
-    """Peak against batch tokens, and what the longest batch will need (a fit, or why there is none)."""
-
-    available: bool
-    reason: str
-    points: int = 0
-    bytes_per_token: float | None = None
-    base_bytes: float | None = None  # the fitted peak at zero tokens (weights, optimizer, ...)
-    tokens_seen_max: int | None = None
-    peak_at_seen_max_bytes: int | None = None  # the measured peak of the longest batch seen so far
-    max_tokens: int | None = None  # the longest batch the run can see (given, or the longest seen)
-    predicted_peak_bytes: float | None = None
-    capacity_bytes: int | None = None
-    max_tokens_that_fit: int | None = None
-    at_risk: bool = False
-    warning: str | None = None
-    brief: bool = False  # nothing to fit at all (no counts, no peaks): only available/reason/at_risk/warning
-
-    def to_json(self) -> Json:
-        if self.brief:
-            return {"available": self.available, "reason": self.reason, "at_risk": self.at_risk,
-                    "warning": self.warning}
-        return {
-            "available": self.available,
-            "reason": self.reason,
-            "points": self.points,
-            "bytes_per_token": self.bytes_per_token,
-            "base_bytes": self.base_bytes,
-            "tokens_seen_max": self.tokens_seen_max,
-            "peak_at_seen_max_bytes": self.peak_at_seen_max_bytes,
-            "max_tokens": self.max_tokens,
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "capacity_bytes": self.capacity_bytes,
-            "max_tokens_that_fit": self.max_tokens_that_fit,
-            "at_risk": self.at_risk,
-            "warning": self.warning,
-        }
-
-    def to_dict(self) -> Json:
-        return self.to_json()
-
-
-def no_batch_fit(reason: str) -> LongestBatch:
-    """A longest-batch forecast that has nothing to fit, for ``reason``."""
-    return LongestBatch(available=False, reason=reason, brief=True)
-
-
-@dataclass(frozen=True)
-class OomOutlook:
-    """What the log says of running out of memory, in words every renderer shows as they are (the page's card,
-    the terminal's line, ``--json``'s ``forecast.outlook``): judged once, by
-    :func:`vramscope.analysis.verdicts.oom_outlook`.
-
-    ``kind`` is ``over_capacity`` (the log already holds more than the capacity given), ``at_capacity`` (the
-    peak is within the allocator's margin of it), ``leak`` (the leak reaches the capacity: ``headline`` says in
-    how many steps or how long), ``longest_batch`` (the longest batch the run can see will not fit), ``none``
-    (nothing ahead) or ``unknown`` (no capacity or no reading to tell). ``level`` is the severity's level
-    (``high``, ``medium``, ``low``), or None.
-    """
-
-    kind: str
-    headline: str  # "out of memory in about 4 min", "no OOM ahead", ...
-    detail: str  # why, with the numbers
-    level: str | None = None
-    key: str | None = None  # the device it is about
-
-    @property
-    def ahead(self) -> bool:
-        """An OOM is ahead, or already here."""
-        return self.kind in ("over_capacity", "at_capacity", "leak", "longest_batch")
-
-    def to_json(self) -> Json:
-        return {"kind": self.kind, "headline": self.headline, "detail": self.detail, "level": self.level,
-                "key": self.key}
-
-
-NO_OUTLOOK = OomOutlook("unknown", "no forecast", "the log has no rows")
-
-
-@dataclass(frozen=True)
-class DeviceForecast:
-    key: str
-    oom: OomForecast
-    longest_batch: LongestBatch
-    severity: Severity | None = None  # how urgent ``oom`` is; None without a time to OOM
-    outlook: OomOutlook = NO_OUTLOOK  # what to say of it
-
-    def to_json(self) -> Json:
-        return {**self.oom.to_json(), "key": self.key, "longest_batch": self.longest_batch.to_json(),
-                "outlook": self.outlook.to_json()}
-
-
-@dataclass(frozen=True)
-class ForecastSummary:
-    """The device that runs out first, the most telling longest-batch forecast, and each device's."""
-
-    soonest: DeviceForecast | None  # None: the log has no rows
-    longest_batch: LongestBatch
-    devices: dict[str, DeviceForecast]
-    outlook: OomOutlook = NO_OUTLOOK  # the one the report leads with: the soonest OOM, else a batch at risk
-
-    def to_json(self) -> Json:
-        if self.soonest is None:
-            out: Json = {"steps_to_oom": None, "seconds_to_oom": None}
-        else:
-            out = {**self.soonest.oom.to_json(), "key": self.soonest.key}
-        out["outlook"] = self.outlook.to_json()
-        out["longest_batch"] = self.longest_batch.to_json()
-        out["devices"] = {k: f.to_json() for k, f in self.devices.items()}
-        return out
 
 
 # -- what a report reads of each device -----------------------------------------------------------------
