@@ -1,12 +1,14 @@
 """The OOM forecast as typed results (:mod:`vramscope.analysis.results` imports them for its readers): each
-device's time to the capacity, its longest batch, what to say of it, and the log's soonest.
+device's time to the capacity, its longest batch, what to say of it, and the log's soonest; each with its
+``to_json`` and ``from_json`` (read back from ``<log stem>.analysis.json``; :mod:`vramscope.analysis.results_json`
+reads the fields).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from vramscope.analysis.results_json import Json
+from vramscope.analysis.results_json import Fields, Json, not_an_analysis
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,12 @@ class Severity:
 
     def to_json(self) -> dict[str, str]:
         return {"level": self.level, "why": self.why}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "oom_severity") -> Severity:
+        """Raises: AnalysisFileError: not a severity."""
+        f = Fields(data, where)
+        return cls(f.text("level"), f.text("why"))
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,22 @@ class OomForecast:
 
     def to_dict(self) -> Json:
         return self.to_json()
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "forecast") -> OomForecast:
+        """The forecast's keys of ``data`` (a device's forecast holds more, which it passes over).
+
+        Raises:
+            AnalysisFileError: not a forecast.
+        """
+        f = Fields(data, where)
+        return cls(steps_to_oom=f.number_or_none("steps_to_oom"), seconds_to_oom=f.number_or_none("seconds_to_oom"),
+                   capacity_bytes=f.whole_or_none("capacity_bytes"),
+                   current_peak_bytes=f.whole_or_none("current_peak_bytes"),
+                   headroom_bytes=f.whole_or_none("headroom_bytes"),
+                   slope_bytes_per_step=f.number_or_none("slope_bytes_per_step"),
+                   seconds_per_step=f.number_or_none("seconds_per_step"), reason=f.text("reason"),
+                   slope_bytes_per_second=f.number_or_none("slope_bytes_per_second"))
 
 
 @dataclass(frozen=True)
@@ -94,6 +118,27 @@ class LongestBatch:
     def to_dict(self) -> Json:
         return self.to_json()
 
+    @classmethod
+    def from_json(cls, data: object, where: str = "forecast.longest_batch") -> LongestBatch:
+        """A forecast without ``points`` is a brief one (nothing was fitted).
+
+        Raises:
+            AnalysisFileError: not a longest-batch forecast.
+        """
+        f = Fields(data, where)
+        brief = cls(available=f.flag("available"), reason=f.text("reason"), at_risk=f.flag("at_risk"),
+                    warning=f.text_or_none("warning"), brief=True)
+        if not f.has("points"):
+            return brief
+        return replace(brief, brief=False, points=f.whole("points"),
+                       bytes_per_token=f.number_or_none("bytes_per_token"), base_bytes=f.number_or_none("base_bytes"),
+                       tokens_seen_max=f.whole_or_none("tokens_seen_max"),
+                       peak_at_seen_max_bytes=f.whole_or_none("peak_at_seen_max_bytes"),
+                       max_tokens=f.whole_or_none("max_tokens"),
+                       predicted_peak_bytes=f.number_or_none("predicted_peak_bytes"),
+                       capacity_bytes=f.whole_or_none("capacity_bytes"),
+                       max_tokens_that_fit=f.whole_or_none("max_tokens_that_fit"))
+
 
 def no_batch_fit(reason: str) -> LongestBatch:
     """A longest-batch forecast that has nothing to fit, for ``reason``."""
@@ -128,6 +173,13 @@ class OomOutlook:
         return {"kind": self.kind, "headline": self.headline, "detail": self.detail, "level": self.level,
                 "key": self.key}
 
+    @classmethod
+    def from_json(cls, data: object, where: str = "forecast.outlook") -> OomOutlook:
+        """Raises: AnalysisFileError: not an outlook."""
+        f = Fields(data, where)
+        return cls(f.text("kind"), f.text("headline"), f.text("detail"), f.text_or_none("level"),
+                   f.text_or_none("key"))
+
 
 NO_OUTLOOK = OomOutlook("unknown", "no forecast", "the log has no rows")
 
@@ -143,6 +195,19 @@ class DeviceForecast:
     def to_json(self) -> Json:
         return {**self.oom.to_json(), "key": self.key, "longest_batch": self.longest_batch.to_json(),
                 "outlook": self.outlook.to_json()}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "forecast.devices") -> DeviceForecast:
+        """One device's forecast as ``to_json`` wrote it. The file does not keep its severity (None): the
+        outlook's ``level`` says it.
+
+        Raises:
+            AnalysisFileError: not a device's forecast.
+        """
+        f = Fields(data, where)
+        return cls(key=f.text("key"), oom=OomForecast.from_json(data, where),
+                   longest_batch=LongestBatch.from_json(f.raw("longest_batch"), f.at("longest_batch")),
+                   outlook=OomOutlook.from_json(f.raw("outlook"), f.at("outlook")))
 
 
 @dataclass(frozen=True)
@@ -163,3 +228,24 @@ class ForecastSummary:
         out["longest_batch"] = self.longest_batch.to_json()
         out["devices"] = {k: f.to_json() for k, f in self.devices.items()}
         return out
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "forecast") -> ForecastSummary:
+        """The summary as ``to_json`` wrote it: its soonest device is that device's forecast (the file keeps
+        the soonest's own forecast and key, and the device's batch and outlook under ``devices``).
+
+        Raises:
+            AnalysisFileError: not a forecast summary, or its soonest device is not among its devices.
+        """
+        f = Fields(data, where)
+        devices = {k: DeviceForecast.from_json(v, f"{f.at('devices')}.{k}") for k, v in f.entries("devices").items()}
+        outlook = OomOutlook.from_json(f.raw("outlook"), f.at("outlook"))
+        batch = LongestBatch.from_json(f.raw("longest_batch"), f.at("longest_batch"))
+        if not f.has("key"):
+            for fixed in ("steps_to_oom", "seconds_to_oom"):
+                f.raw(fixed)  # a log without rows: its lines are always these
+            return cls(None, batch, devices, outlook)
+        key = f.text("key")
+        if key not in devices:
+            raise not_an_analysis(f.at("key"), f"is {key!r}, a device that {f.at('devices')} has not")
+        return cls(replace(devices[key], oom=OomForecast.from_json(data, where)), batch, devices, outlook)
