@@ -4,19 +4,51 @@ read by the report, the live monitor and the CLI; turned into a dict only at the
 The JSON is the one ``vramscope report --json`` prints (it carries :data:`SCHEMA_VERSION`) and the one
 ``MemoryMonitor.analysis()`` returns; docs/leak-detection.md lists its keys. Every number is bytes,
 steps or seconds; None means unknown.
+
+This module owns the format of ``<log stem>.analysis.json`` (``MemoryMonitor.save_analysis`` writes
+``AnalysisResult.to_json``): :meth:`AnalysisResult.from_json` reads the dict back, :func:`read_analysis` the file.
+The leak's results are in :mod:`~vramscope.analysis.results_leak`, the forecast's in
+:mod:`~vramscope.analysis.results_forecast` (both imported from here as well); the fields are read through
+:mod:`~vramscope.analysis.results_json`, whose :class:`AnalysisFileError` every bad file raises.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from vramscope.analysis.results_forecast import (
+    NO_OUTLOOK,
+    DeviceForecast,
+    ForecastSummary,
+    LongestBatch,
+    OomForecast,
+    OomOutlook,
+    Severity,
+    no_batch_fit,
+)
+from vramscope.analysis.results_json import REDO, AnalysisFileError, Fields, Json, device_key, not_an_analysis
+from vramscope.analysis.results_leak import Caching, DeviceLeak, LeakSummary, TrendLine
+from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
+
+__all__ = [
+    "ANALYSIS_FILE_LIMIT", "NOT_KEPT_ROW", "NO_OUTLOOK", "SCHEMA_VERSION", "AnalysisFileError", "AnalysisResult",
+    "AtPeakReserved", "BatchPeak", "Caching", "DeviceAnalysis", "DeviceDetail", "DeviceForecast", "DeviceLeak",
+    "DevicePeak", "ForecastSummary", "Fragmentation", "Headroom", "Json", "LeakSummary", "LongestBatch",
+    "OomForecast", "OomOutlook", "PeakAt", "PeakSummary", "PhasePeaks", "PhaseStretch", "RankImbalance", "RankPeak",
+    "Severity", "StepRange", "TrendLine", "no_batch_fit", "read_analysis",
+]
 
 # The version of the JSON of a report (``report --json``): raised when a field changes meaning or goes.
 SCHEMA_VERSION = 1
 
-Json = dict[str, Any]
+# The row of a peak read back from a file, which does not keep rows (they are the log's, not the analysis').
+NOT_KEPT_ROW = -1
+# An analysis file is a few kB a device; a file of 16 MiB is something else, not read into memory whole.
+ANALYSIS_FILE_LIMIT = 16 << 20
 
 
 # -- where a peak was ---------------------------------------------------------------------------------
@@ -41,6 +73,18 @@ class PeakAt:
     def to_json(self) -> Json:
         """The analysis' form (``peak.devices.<key>.phases.<phase>``)."""
         return {"bytes": self.bytes, "step": self.step, "time": self.time, "elapsed_s": self.elapsed_s}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "peak.devices.phases", *, phase: str) -> PeakAt:
+        """A phase's peak as ``to_json`` wrote it, under the name of its ``phase``. The file keeps neither its
+        row (:data:`NOT_KEPT_ROW`) nor its seconds since the start (None).
+
+        Raises:
+            AnalysisFileError: not a peak.
+        """
+        f = Fields(data, where)
+        return cls(row=NOT_KEPT_ROW, bytes=f.whole("bytes"), step=f.whole_or_none("step"), phase=phase,
+                   time=f.text_or_none("time"), elapsed_s=f.number_or_none("elapsed_s"))
 
     def report_json(self) -> Json:
         """The report's form (``devices.<key>.peaks.<metric>``): with the phase, seconds since the start."""
@@ -87,6 +131,30 @@ class DevicePeak:
             "key": self.key,
         }
 
+    @classmethod
+    def from_json(cls, data: object, where: str = "peak.devices") -> DevicePeak:
+        """One device's peaks as ``to_json`` wrote them (the rows of the peaks not kept, as in
+        :meth:`PeakAt.from_json`).
+
+        Raises:
+            AnalysisFileError: not a device's peaks.
+        """
+        f = Fields(data, where)
+        phases = {label: PeakAt.from_json(p, f"{f.at('phases')}.{label}", phase=label)
+                  for label, p in f.entries("phases").items()}
+        top, step, time, elapsed = (f.whole_or_none("bytes"), f.whole_or_none("step"), f.text_or_none("time"),
+                                    f.number_or_none("elapsed_s"))
+        phase = f.text_or_none("phase")
+        at = None
+        if top is not None:
+            if phase is None:
+                raise not_an_analysis(f.at("phase"), "is null beside a peak; a peak is read in a phase")
+            at = PeakAt(row=NOT_KEPT_ROW, bytes=top, step=step, phase=phase, time=time, elapsed_s=elapsed)
+        return cls(key=device_key(f), metric=f.text_or_none("metric"), at=at, phases=phases,
+                   max_reserved_bytes=f.whole_or_none("max_reserved_bytes"),
+                   max_device_used_bytes=f.whole_or_none("max_device_used_bytes"),
+                   max_host_rss_bytes=f.whole_or_none("max_host_rss_bytes"), total_bytes=f.whole_or_none("total_bytes"))
+
 
 @dataclass(frozen=True)
 class PeakSummary:
@@ -97,275 +165,13 @@ class PeakSummary:
         return {"devices": {k: p.to_json() for k, p in self.devices.items()},
                 "overall": None if self.overall is None else self.overall.to_json()}
 
-
-# -- leak -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Caching:
-    """Reserved memory grows while allocated memory is flat: the allocator caches (or fragments), no leak."""
-
-    kind: str  # "caching" or "fragmentation"
-    verdict: str
-    reserved_slope_bytes_per_step: float | None
-    reserved_growth_bytes: float | None
-
-
-@dataclass(frozen=True)
-class DeviceLeak:
-    """The leak test's verdict on one device (see :mod:`vramscope.analysis.leak`)."""
-
-    key: str
-    detected: bool
-    kind: str  # "leak", "none", "plateau", "unconfirmed", "batch_growth", "insufficient"
-    verdict: str
-    signal: str | None  # the column tested
-    unit: str  # "step", or "s" for a log without steps
-    slope_per_x: float | None
-    start_x: float | None
-    growth_bytes: float | None
-    z: float | None
-    points: int
-    caching: Caching | None = None  # reserved grows while allocated does not
-    trend: TrendLine | None = None  # a leak over steps: its trend line on the signal's readings
-
-    @property
-    def gpu(self) -> int | None:
-        return None if self.key == "host" else int(self.key)
-
-    @property
-    def slope_bytes_per_step(self) -> float | None:
-        return self.slope_per_x if self.unit == "step" else None
-
-    @property
-    def slope_bytes_per_second(self) -> float | None:
-        return None if self.unit == "step" else self.slope_per_x
-
-    @property
-    def start_step(self) -> int | None:
-        return round(self.start_x) if self.unit == "step" and self.start_x is not None else None
-
-    @property
-    def shown_kind(self) -> str:
-        """The kind people read: caching or fragmentation over the test's own "none"."""
-        return self.caching.kind if self.caching is not None else self.kind
-
-    @property
-    def shown_verdict(self) -> str:
-        return self.caching.verdict if self.caching is not None else self.verdict
-
-    def to_json(self) -> Json:
-        out: Json = {
-            "detected": self.detected,
-            "kind": self.shown_kind,
-            "verdict": self.shown_verdict,
-            "slope_bytes_per_step": self.slope_bytes_per_step,
-            "slope_bytes_per_second": self.slope_bytes_per_second,
-            "start_step": self.start_step,
-            "start_elapsed_s": None if self.unit == "step" else self.start_x,
-            "growth_bytes": self.growth_bytes,
-            "z": self.z,
-            "points": self.points,
-            "signal": self.signal,
-            "key": self.key,
-            "gpu": self.gpu,
-        }
-        if self.caching is not None:
-            out["reserved_slope_bytes_per_step"] = self.caching.reserved_slope_bytes_per_step
-            out["reserved_growth_bytes"] = self.caching.reserved_growth_bytes
-        return out
-
-
-@dataclass(frozen=True)
-class LeakSummary:
-    """The most telling device's verdict (the steepest leak, else the most telling kind), and each device's."""
-
-    worst: DeviceLeak | None  # None: the log has no rows
-    devices: dict[str, DeviceLeak]
-
-    @property
-    def detected(self) -> bool:
-        return self.worst is not None and self.worst.detected
-
-    def to_json(self) -> Json:
-        if self.worst is None:
-            out: Json = {"detected": False, "kind": "insufficient", "verdict": "the log has no rows",
-                         "slope_bytes_per_step": None, "start_step": None}
-        else:
-            out = self.worst.to_json()
-        out["devices"] = {k: lk.to_json() for k, lk in self.devices.items()}
-        return out
-
-
-@dataclass(frozen=True)
-class TrendLine:
-    """The leak's trend over the steps it grew, placed on the signal's readings (what a chart draws dashed): from
-    ``(x0, y0)`` to ``(x1, y1)``, steps against bytes."""
-
-    signal: str  # the column tested, ``allocated_bytes`` say
-    x0: float
-    x1: float
-    y0: float
-    y1: float
-
-
-# -- forecast -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Severity:
-    """How urgent an OOM forecast is: ``level`` is one of ``high``, ``medium``, ``low``; ``why`` says it for people
-    (:func:`vramscope.analysis.verdicts.forecast_severity`)."""
-
-    level: str
-    why: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"level": self.level, "why": self.why}
-
-
-@dataclass(frozen=True)
-class OomForecast:
-    """Steps and seconds until the leak takes the peak to the capacity; None where not predictable."""
-
-    steps_to_oom: float | None
-    seconds_to_oom: float | None
-    capacity_bytes: int | None
-    current_peak_bytes: int | None
-    headroom_bytes: int | None
-    slope_bytes_per_step: float | None
-    seconds_per_step: float | None
-    reason: str
-    slope_bytes_per_second: float | None = None  # a log without steps: the leak's growth per second
-
-    def to_json(self) -> Json:
-        return {
-            "steps_to_oom": self.steps_to_oom,
-            "seconds_to_oom": self.seconds_to_oom,
-            "capacity_bytes": self.capacity_bytes,
-            "current_peak_bytes": self.current_peak_bytes,
-            "headroom_bytes": self.headroom_bytes,
-            "slope_bytes_per_step": self.slope_bytes_per_step,
-            "seconds_per_step": self.seconds_per_step,
-            "slope_bytes_per_second": self.slope_bytes_per_second,
-            "reason": self.reason,
-        }
-
-    def to_dict(self) -> Json:
-        return self.to_json()
-
-
-@dataclass(frozen=True)
-class LongestBatch:
-    """Peak against batch tokens, and what the longest batch will need (a fit, or why there is none)."""
-
-    available: bool
-    reason: str
-    points: int = 0
-    bytes_per_token: float | None = None
-    base_bytes: float | None = None  # the fitted peak at zero tokens (weights, optimizer, ...)
-    tokens_seen_max: int | None = None
-    peak_at_seen_max_bytes: int | None = None  # the measured peak of the longest batch seen so far
-    max_tokens: int | None = None  # the longest batch the run can see (given, or the longest seen)
-    predicted_peak_bytes: float | None = None
-    capacity_bytes: int | None = None
-    max_tokens_that_fit: int | None = None
-    at_risk: bool = False
-    warning: str | None = None
-    brief: bool = False  # nothing to fit at all (no counts, no peaks): only available/reason/at_risk/warning
-
-    def to_json(self) -> Json:
-        if self.brief:
-            return {"available": self.available, "reason": self.reason, "at_risk": self.at_risk,
-                    "warning": self.warning}
-        return {
-            "available": self.available,
-            "reason": self.reason,
-            "points": self.points,
-            "bytes_per_token": self.bytes_per_token,
-            "base_bytes": self.base_bytes,
-            "tokens_seen_max": self.tokens_seen_max,
-            "peak_at_seen_max_bytes": self.peak_at_seen_max_bytes,
-            "max_tokens": self.max_tokens,
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "capacity_bytes": self.capacity_bytes,
-            "max_tokens_that_fit": self.max_tokens_that_fit,
-            "at_risk": self.at_risk,
-            "warning": self.warning,
-        }
-
-    def to_dict(self) -> Json:
-        return self.to_json()
-
-
-def no_batch_fit(reason: str) -> LongestBatch:
-    """A longest-batch forecast that has nothing to fit, for ``reason``."""
-    return LongestBatch(available=False, reason=reason, brief=True)
-
-
-@dataclass(frozen=True)
-class OomOutlook:
-    """What the log says of running out of memory, in words every renderer shows as they are (the page's card,
-    the terminal's line, ``--json``'s ``forecast.outlook``): judged once, by
-    :func:`vramscope.analysis.verdicts.oom_outlook`.
-
-    ``kind`` is ``over_capacity`` (the log already holds more than the capacity given), ``at_capacity`` (the
-    peak is within the allocator's margin of it), ``leak`` (the leak reaches the capacity: ``headline`` says in
-    how many steps or how long), ``longest_batch`` (the longest batch the run can see will not fit), ``none``
-    (nothing ahead) or ``unknown`` (no capacity or no reading to tell). ``level`` is the severity's level
-    (``high``, ``medium``, ``low``), or None.
-    """
-
-    kind: str
-    headline: str  # "out of memory in about 4 min", "no OOM ahead", ...
-    detail: str  # why, with the numbers
-    level: str | None = None
-    key: str | None = None  # the device it is about
-
-    @property
-    def ahead(self) -> bool:
-        """An OOM is ahead, or already here."""
-        return self.kind in ("over_capacity", "at_capacity", "leak", "longest_batch")
-
-    def to_json(self) -> Json:
-        return {"kind": self.kind, "headline": self.headline, "detail": self.detail, "level": self.level,
-                "key": self.key}
-
-
-NO_OUTLOOK = OomOutlook("unknown", "no forecast", "the log has no rows")
-
-
-@dataclass(frozen=True)
-class DeviceForecast:
-    key: str
-    oom: OomForecast
-    longest_batch: LongestBatch
-    severity: Severity | None = None  # how urgent ``oom`` is; None without a time to OOM
-    outlook: OomOutlook = NO_OUTLOOK  # what to say of it
-
-    def to_json(self) -> Json:
-        return {**self.oom.to_json(), "key": self.key, "longest_batch": self.longest_batch.to_json(),
-                "outlook": self.outlook.to_json()}
-
-
-@dataclass(frozen=True)
-class ForecastSummary:
-    """The device that runs out first, the most telling longest-batch forecast, and each device's."""
-
-    soonest: DeviceForecast | None  # None: the log has no rows
-    longest_batch: LongestBatch
-    devices: dict[str, DeviceForecast]
-    outlook: OomOutlook = NO_OUTLOOK  # the one the report leads with: the soonest OOM, else a batch at risk
-
-    def to_json(self) -> Json:
-        if self.soonest is None:
-            out: Json = {"steps_to_oom": None, "seconds_to_oom": None}
-        else:
-            out = {**self.soonest.oom.to_json(), "key": self.soonest.key}
-        out["outlook"] = self.outlook.to_json()
-        out["longest_batch"] = self.longest_batch.to_json()
-        out["devices"] = {k: f.to_json() for k, f in self.devices.items()}
-        return out
+    @classmethod
+    def from_json(cls, data: object, where: str = "peak") -> PeakSummary:
+        """Raises: AnalysisFileError: not a peak summary."""
+        f = Fields(data, where)
+        devices = {k: DevicePeak.from_json(v, f"{f.at('devices')}.{k}") for k, v in f.entries("devices").items()}
+        overall = f.raw("overall")
+        return cls(devices, None if overall is None else DevicePeak.from_json(overall, f.at("overall")))
 
 
 # -- what a report reads of each device -----------------------------------------------------------------
@@ -435,6 +241,29 @@ class Fragmentation:
         out["verdict"] = self.verdict
         return out
 
+    @classmethod
+    def from_json(cls, data: object, where: str = "devices.fragmentation") -> Fragmentation:
+        """The fragmentation as ``to_json`` wrote it (in ``report --json``'s devices); without the inactive split
+        lines the log had no such column.
+
+        Raises:
+            AnalysisFileError: not a fragmentation.
+        """
+        f = Fields(data, where)
+        at = Fields(f.raw("at_peak_reserved"), f.at("at_peak_reserved"))
+        split = f.has("inactive_split_max_bytes")
+        return cls(measured_against=f.text("measured_against"),
+                   at_peak_reserved=AtPeakReserved(at.whole("reserved_bytes"), at.whole("demand_bytes"),
+                                                   at.whole("unused_bytes"), at.number_or_none("unused_fraction"),
+                                                   at.whole_or_none("step")),
+                   demand_over_reserved=f.number_or_none("demand_over_reserved"),
+                   unused_trend_bytes_per=f.text("unused_trend_bytes_per"),
+                   unused_trend=f.number_or_none("unused_trend"),
+                   inactive_split_max_bytes=f.whole_or_none("inactive_split_max_bytes") if split else None,
+                   inactive_split_last_bytes=f.whole_or_none("inactive_split_last_bytes") if split else None,
+                   has_inactive_split=split, alloc_retries=f.whole_or_none("alloc_retries"),
+                   ooms=f.whole_or_none("ooms"), verdict=f.text("verdict"))
+
 
 @dataclass(frozen=True)
 class BatchPeak:
@@ -452,6 +281,19 @@ class BatchPeak:
         return {"step": self.step, "tokens": self.tokens, "peak_allocated_bytes": self.peak_allocated_bytes,
                 "phase": self.phase, "elapsed_s": since}
 
+    @classmethod
+    def from_json(cls, data: object, where: str = "devices.longest_batches") -> BatchPeak:
+        """A batch as ``to_json`` wrote it: its row not kept (:data:`NOT_KEPT_ROW`), its seconds since the start
+        rounded to the millisecond.
+
+        Raises:
+            AnalysisFileError: not a batch.
+        """
+        f = Fields(data, where)
+        return cls(row=NOT_KEPT_ROW, step=f.whole_or_none("step"), tokens=f.whole("tokens"),
+                   peak_allocated_bytes=f.whole_or_none("peak_allocated_bytes"), phase=f.text("phase"),
+                   since_start_s=f.number_or_none("elapsed_s"))
+
 
 @dataclass(frozen=True)
 class Headroom:
@@ -466,6 +308,18 @@ class Headroom:
     def to_json(self) -> Json:
         return {"capacity_bytes": self.capacity_bytes, "peak_used_bytes": self.peak_used_bytes,
                 "headroom_bytes": self.headroom_bytes, "headroom_fraction": self.headroom_fraction}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "devices") -> Headroom:
+        """The headroom's keys of ``data`` (a device of ``report --json`` holds them among its others). The JSON
+        does not keep ``level`` (None): its fraction says the same.
+
+        Raises:
+            AnalysisFileError: not a headroom.
+        """
+        f = Fields(data, where)
+        return cls(f.whole_or_none("capacity_bytes"), f.whole_or_none("peak_used_bytes"),
+                   f.whole_or_none("headroom_bytes"), f.number_or_none("headroom_fraction"))
 
 
 @dataclass(frozen=True)
@@ -497,6 +351,15 @@ class DeviceDetail:
     def title(self) -> str:
         return "host (no GPU in the log)" if self.key == "host" else f"GPU {self.key}"
 
+    @classmethod
+    def not_kept(cls, key: str) -> DeviceDetail:
+        """The detail of a device read back from an analysis file, which keeps none of it: no rows, phases,
+        column peaks, headroom, fragmentation or batches (analyse the log again for them)."""
+        return cls(key=key, rows=0, table_rows=slice(0, 0), step_range=None, stretches=(), peaks={}, phases={},
+                   capacity_bytes=None, capacity_given=False, total_logged=False,
+                   headroom=Headroom(None, None, None, None), fragmentation=None, longest_batches=(),
+                   batch_metric=None)
+
 
 @dataclass(frozen=True)
 class RankPeak:
@@ -513,6 +376,20 @@ class RankPeak:
             if name == "peak_allocated_bytes":
                 out["peak_step"] = self.peak_step
         return out
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "ranks") -> RankPeak:
+        """A rank as ``to_json`` wrote it (``report --json``'s ``ranks``): every key beside its rank, rows, GPUs
+        and ``peak_step`` is one of its peaks, in the file's order.
+
+        Raises:
+            AnalysisFileError: not a rank's peaks.
+        """
+        f = Fields(data, where)
+        own = ("rank", "rows", "gpus", "peak_step")
+        peaks = {name: f.whole_or_none(name) for name in f.names() if name not in own}
+        step = f.whole_or_none("peak_step") if "peak_allocated_bytes" in peaks else None
+        return cls(f.whole("rank"), f.whole("rows"), f.wholes("gpus"), peaks, step)
 
 
 @dataclass(frozen=True)
@@ -541,6 +418,12 @@ class StepRange:
 
     def to_json(self) -> Json:
         return {"count": self.count, "first": self.first, "last": self.last}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "steps") -> StepRange:
+        """Raises: AnalysisFileError: not a step range."""
+        f = Fields(data, where)
+        return cls(f.whole("count"), f.whole_or_none("first"), f.whole_or_none("last"))
 
 
 @dataclass(frozen=True)
@@ -589,3 +472,60 @@ class AnalysisResult:
             "devices": self.keys,
             "warnings": list(self.warnings),
         }
+
+    @classmethod
+    def from_json(cls, data: object) -> AnalysisResult:
+        """The analysis as :meth:`to_json` wrote it (``<log stem>.analysis.json``, ``MemoryMonitor.analysis()``):
+        written again, it is the same JSON.
+
+        What the file does not keep reads back empty, so that a reader knows not to trust it: each device's
+        detail (:meth:`DeviceDetail.not_kept`), the ranks (None), the phases' names (``()``), the start and the
+        clock's duration (None), the forecast's severity (None), a leak's trend line (None), the rows of the
+        peaks (:data:`NOT_KEPT_ROW`); see each part's ``from_json``. A device's leak test without a slope or a
+        start is read as over steps when the log has steps, else over seconds.
+
+        Raises:
+            AnalysisFileError: not an analysis (not an object, a key missing that ``to_json`` always writes, a
+                value of the wrong type, a device named in ``devices`` without its leak, peak or forecast).
+        """
+        f = Fields(data, "")
+        steps = StepRange.from_json(f.raw("steps"))
+        leak = LeakSummary.from_json(f.raw("leak"), unit="step" if steps.first is not None else "s")
+        peak = PeakSummary.from_json(f.raw("peak"))
+        forecast = ForecastSummary.from_json(f.raw("forecast"))
+        devices = []
+        for key in f.texts("devices"):
+            parts = (leak.devices, "leak"), (peak.devices, "peak"), (forecast.devices, "forecast")
+            missing = [name for found, name in parts if key not in found]
+            if missing:
+                raise not_an_analysis("devices", f"names {key!r}, which {missing[0]}.devices has not")
+            devices.append(DeviceAnalysis(key, peak.devices[key], leak.devices[key], forecast.devices[key],
+                                          DeviceDetail.not_kept(key)))
+        return cls(rows=f.whole("rows"), steps=steps, duration_s=f.number_or_none("duration_s"), leak=leak,
+                   peak=peak, forecast=forecast, devices=tuple(devices), warnings=f.texts("warnings"))
+
+
+def read_analysis(path: str | os.PathLike[str]) -> AnalysisResult:
+    """The analysis in ``path`` (``runs/mem.analysis.json`` beside ``runs/mem.csv``: the suffix is
+    ``output.names.ANALYSIS_SUFFIX``), read bounded as every side file is: a regular file (never a FIFO or a
+    device, which could block or never end) of at most :data:`ANALYSIS_FILE_LIMIT` bytes.
+
+    Raises:
+        AnalysisFileError: missing, unreadable, not JSON, or not an analysis; one line that says what to do.
+    """
+    shown = os.fspath(path)
+    try:
+        data = json.loads(read_regular_file(path, "an analysis file", limit=ANALYSIS_FILE_LIMIT).decode("utf-8"))
+    except (NotRegularFileError, FileTooLargeError) as exc:  # /dev/zero, a FIFO, a huge file: said in one line
+        raise AnalysisFileError(str(exc)) from None
+    except IsADirectoryError:
+        raise AnalysisFileError(f"{shown} is a folder, not a file; give the path of an analysis file") from None
+    except FileNotFoundError:
+        raise AnalysisFileError(f"{shown}: no such file; the monitor writes it beside its log at the end "
+                                "(runs/mem.csv -> runs/mem.analysis.json)") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise AnalysisFileError(f"{shown} cannot be read as JSON ({type(exc).__name__}); {REDO}") from None
+    try:
+        return AnalysisResult.from_json(data)
+    except AnalysisFileError as exc:
+        raise AnalysisFileError(f"{shown}: {exc}") from None
