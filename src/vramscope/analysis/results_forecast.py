@@ -165,9 +165,14 @@ class OomOutlook:
     key: str | None = None  # the device it is about
 
     @property
+    def at_capacity(self) -> bool:
+        """The log already holds the capacity given, or more (``over_capacity`` or ``at_capacity``)."""
+        return self.kind in ("over_capacity", "at_capacity")
+
+    @property
     def ahead(self) -> bool:
         """An OOM is ahead, or already here."""
-        return self.kind in ("over_capacity", "at_capacity", "leak", "longest_batch")
+        return self.at_capacity or self.kind in ("leak", "longest_batch")
 
     def to_json(self) -> Json:
         return {"kind": self.kind, "headline": self.headline, "detail": self.detail, "level": self.level,

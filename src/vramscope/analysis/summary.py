@@ -381,7 +381,7 @@ def _overall_forecast(forecasts: list[DeviceForecast]) -> ForecastSummary:
     if not forecasts:
         return ForecastSummary(None, no_batch_fit("the log has no rows"), {})
     # Already over (or at) the capacity first, then the fewest steps, then the fewest seconds (a log without steps).
-    soonest = min(forecasts, key=lambda f: (f.outlook.kind not in ("over_capacity", "at_capacity"),
+    soonest = min(forecasts, key=lambda f: (not f.outlook.at_capacity,
                                             f.oom.steps_to_oom is None, f.oom.steps_to_oom or 0.0,
                                             f.oom.seconds_to_oom is None, f.oom.seconds_to_oom or 0.0))
     batches = [f.longest_batch for f in forecasts]
@@ -401,7 +401,7 @@ def _warnings(devices: list[DeviceAnalysis]) -> list[str]:
         if leak.detected or leak.shown_kind in ("caching", "fragmentation"):
             warnings.append(f"{where}: {leak.shown_verdict}")
         outlook = d.forecast.outlook
-        if outlook.kind in ("over_capacity", "at_capacity"):
+        if outlook.at_capacity:
             warnings.append(outlook.detail)  # it names the device
         elif outlook.kind == "leak" and leak.detected:
             warnings.append(f"{where}: at this rate the run runs {outlook.headline}")
