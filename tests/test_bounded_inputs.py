@@ -394,5 +394,10 @@ def test_report_plan_and_the_strategy_beside_the_log_are_bounded(tmp_path: Path)
         assert "character device" in assert_one_line_usage_error(
             vramscope("report", str(log), "--plan", "/dev/zero", timeout=30))
     os.mkfifo(tmp_path / "m.strategy.json")  # the monitor's side file, as a FIFO: passed over, not waited on
+    os.mkfifo(tmp_path / "m.breakdown.json")  # the breakdown's, the same (read through the same reader)
     result = vramscope("report", str(log), timeout=30)
     assert result.returncode == 0, result.stderr
+    (tmp_path / "m.breakdown.json").unlink()
+    os.symlink("/dev/zero", tmp_path / "m.breakdown.json")
+    result = vramscope("report", str(log), "--json", timeout=30)
+    assert result.returncode == 0 and "breakdown" not in json.loads(result.stdout), result.stderr

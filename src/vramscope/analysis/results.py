@@ -14,7 +14,6 @@ The leak's results are in :mod:`~vramscope.analysis.results_leak`, the forecast'
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ from vramscope.analysis.results_forecast import (
 )
 from vramscope.analysis.results_json import REDO, AnalysisFileError, Fields, Json, device_key, not_an_analysis
 from vramscope.analysis.results_leak import Caching, DeviceLeak, LeakSummary, TrendLine
-from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
+from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_json_file
 
 __all__ = [
     "ANALYSIS_FILE_LIMIT", "NOT_KEPT_ROW", "NO_OUTLOOK", "SCHEMA_VERSION", "AnalysisFileError", "AnalysisResult",
@@ -515,7 +514,7 @@ def read_analysis(path: str | os.PathLike[str]) -> AnalysisResult:
     """
     shown = os.fspath(path)
     try:
-        data = json.loads(read_regular_file(path, "an analysis file", limit=ANALYSIS_FILE_LIMIT).decode("utf-8"))
+        data = read_json_file(path, "an analysis file", ANALYSIS_FILE_LIMIT)
     except (NotRegularFileError, FileTooLargeError) as exc:  # /dev/zero, a FIFO, a huge file: said in one line
         raise AnalysisFileError(str(exc)) from None
     except IsADirectoryError:

@@ -8,6 +8,7 @@ file's cost is then bounded by its size, which a caller can cap.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -48,6 +49,17 @@ def read_regular_file(name: str | os.PathLike[str], what: str, limit: int | None
             raise FileTooLargeError(f"{shown} is {status.st_size:,} bytes, more than the {limit:,} that {what} "
                                     "can be; check the path")
         return handle.read() if limit is None else handle.read(limit + 1)[:limit]
+
+
+def read_json_file(name: str | os.PathLike[str], what: str, limit: int) -> object:
+    """The JSON value in ``name``, read as :func:`read_regular_file` reads (a regular file of at most ``limit``
+    bytes): what every side file and JSON input is read through, so that each has the same safety rules.
+
+    Raises:
+        NotRegularFileError, FileTooLargeError, OSError: as :func:`read_regular_file`.
+        UnicodeDecodeError, ValueError (json.JSONDecodeError among them), RecursionError: not JSON in UTF-8.
+    """
+    return json.loads(read_regular_file(name, what, limit=limit).decode("utf-8"))
 
 
 def open_regular_file(name: str | os.PathLike[str], what: str) -> BinaryIO:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
+from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_json_file
 from vramscope.planner.errors import PlanInputError
 
 # model_type -> how its decoder layer is built. Anything else is read as a LLaMA-style layer.
@@ -136,7 +136,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         p = p / "config.json"
     try:
         # A regular file of at most 16 MiB (a config.json is a few kB): /dev/zero or a FIFO is refused at once.
-        data = json.loads(read_regular_file(p, "a Hugging Face config.json", limit=CONFIG_LIMIT).decode("utf-8"))
+        data = read_json_file(p, "a Hugging Face config.json", CONFIG_LIMIT)
     except (NotRegularFileError, FileTooLargeError) as exc:
         raise PlanInputError(str(exc)) from None
     except FileNotFoundError:

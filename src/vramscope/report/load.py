@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from vramscope.advice.log import RunSettings
 from vramscope.analysis.columns import ANALYSED_COLUMNS
 from vramscope.logs.imports import ImportedTable
+from vramscope.logs.inputfile import read_json_file
 from vramscope.logs.mapping import ColumnSpec
 from vramscope.logs.reader import read_any_log
 from vramscope.output.names import BREAKDOWN_SUFFIX, sibling
@@ -53,9 +52,8 @@ def read_breakdown(log_path: str | os.PathLike[str]) -> MemoryBreakdown | None:
     """The breakdown written beside ``log_path``; None when there is none or it cannot be read (the report
     goes on without it: it is an extra, not the log)."""
     try:
-        side = Path(sibling(log_path, suffix=BREAKDOWN_SUFFIX))
-        if not side.is_file() or side.stat().st_size > MAX_BREAKDOWN_BYTES:
-            return None
-        return MemoryBreakdown.from_dict(json.loads(side.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
+        # Bounded as every side file is: a FIFO or a device of that name is passed over, never read or waited on.
+        data = read_json_file(sibling(log_path, suffix=BREAKDOWN_SUFFIX), "a breakdown file", MAX_BREAKDOWN_BYTES)
+        return MemoryBreakdown.from_dict(data) if isinstance(data, dict) else None
+    except (OSError, ValueError, TypeError, RecursionError):
         return None

@@ -13,7 +13,6 @@ the step's figures alone (an older file, a traced plan) stands for the whole run
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from typing import Any
 
 from vramscope.analysis.devices import RUN, TRAIN
 from vramscope.analysis.results import AnalysisResult, DeviceDetail, PeakAt
-from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_regular_file
+from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_json_file
 from vramscope.output.names import STRATEGY_SUFFIX, sibling
 from vramscope.planner.distributed import STRATEGY_NAMES as PLANNED_STRATEGY_NAMES
 from vramscope.planner.document import PlanDocument, PlanDocumentError, PlannedGpu, PlannedGpus
@@ -116,7 +115,7 @@ def strategy_beside(log_path: str | os.PathLike[str]) -> RunStrategy | None:
     try:
         candidate = sibling(log_path, suffix=STRATEGY_SUFFIX)
         # Bounded like every input: a FIFO or device of that name is passed over, never read or waited on.
-        data = json.loads(read_regular_file(candidate, "a strategy file", limit=SIDE_FILE_LIMIT).decode("utf-8"))
+        data = read_json_file(candidate, "a strategy file", SIDE_FILE_LIMIT)
         return RunStrategy.from_json(data)
     except (OSError, ValueError):
         return None
@@ -130,8 +129,7 @@ def read_plan(path: str | os.PathLike[str]) -> SavedPlan:
     """
     hint = "save one with: vramscope plan ... --gpus N --strategy S --json > plan.json"
     try:
-        data = json.loads(read_regular_file(path, "a plan from 'vramscope plan ... --json'",
-                                            limit=SIDE_FILE_LIMIT).decode("utf-8"))
+        data = read_json_file(path, "a plan from 'vramscope plan ... --json'", SIDE_FILE_LIMIT)
     except (NotRegularFileError, FileTooLargeError) as exc:  # /dev/zero, a FIFO, a huge file
         raise PlanFileError(f"--plan: {exc}") from None
     except FileNotFoundError:
