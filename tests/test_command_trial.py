@@ -186,12 +186,12 @@ def test_trl_sft_trains_at_the_trial_shape(tmp_path: Path, tiny_model: Path) -> 
 @pytest.mark.slow
 def test_tuning_needs_the_trials_on_a_gpu(tmp_path: Path, tiny_model: Path) -> None:
     from vramscope.commands import parse_command
-    from vramscope.tune.command import tune_command
+    from vramscope.tune.command import SearchSettings, tune_command
 
     argv = [PY, str(EXAMPLE), "--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "o"),
             "--report_to", "none", "--use_cpu", "--max_seq_length", "16", "--rows", "4"]
     with pytest.raises(TrialFailed, match="saw no CUDA device"):
-        tune_command(parse_command(argv), timeout_s=300)
+        tune_command(parse_command(argv), SearchSettings(timeout_s=300))
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from vramscope.commands import parse_command
-from vramscope.tune.command import TrialFailed, tune_command
+from vramscope.tune.command import SearchSettings, TrialFailed, tune_command
 from vramscope.tune.search import NoSizeFitsError
 
 PY = sys.executable
@@ -151,14 +151,14 @@ def test_each_trial_ends_with_its_whole_process_group(made: Callable[[str], Setu
     monkeypatch.setattr(tempfile, "tempdir", str(setup.tmpdir))  # the trial folder, kept after a crash, here
     parsed = parse_command(setup.argv)
     if mode in ("done", "oom-above-8"):
-        result = tune_command(parsed, max_trials=3, timeout_s=60)
+        result = tune_command(parsed, SearchSettings(max_trials=3, timeout_s=60))
         assert len(result.trials) == 3
         oks = [t.trial.ok for t in result.trials]
         assert all(oks) if mode == "done" else (True in oks and False in oks)
         assert not Path(result.trials[0].log_path).parent.exists()  # the trial folder went with the search
     else:
         with pytest.raises(TrialFailed if mode == "crash" else NoSizeFitsError):
-            tune_command(parsed, max_trials=3, timeout_s=60)
+            tune_command(parsed, SearchSettings(max_trials=3, timeout_s=60))
         # A crash keeps the trial's output for the message that points to it; running out of memory keeps nothing.
         assert len(setup.tune_folders()) == (1 if mode == "crash" else 0)
     pids = setup.all_pids()

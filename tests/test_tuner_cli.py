@@ -115,3 +115,24 @@ def test_summary_text() -> None:
     assert "2 trials (0 out of memory)" in text  # no fixed part: the safe far point is already the answer
     assert "fitted: 1.00 GiB per sample + 0 B fixed; with no margin the line allows 20" in text
     assert "target batch 64: micro-batch 16 x 4 gradient accumulation steps = 64" in text
+
+
+def test_tunes_flags_are_one_search_setting_for_one_gpu_and_a_rehearsal() -> None:
+    """``tune -- CMD`` and ``tune --gpus N -- CMD`` read the search's flags through one function (each wrote the
+    same ten keyword arguments); unsaid, a command's trials are 3 fresh runs of it, and the batch is its own."""
+    from vramscope.cli import build_parser
+    from vramscope.cli.command import explicit
+    from vramscope.cli.tune_command import search_settings
+    from vramscope.tune.command import SearchSettings
+
+    def settings(*flags: str) -> SearchSettings:
+        args = build_parser().parse_args(["tune", *flags, "--", "python", "train.py"])
+        return search_settings(args, explicit(args))
+
+    plain = settings()
+    assert plain.max_trials == 3 and plain.batch_size is None and not plain.max_seq_len and not plain.keep_logs
+    given = settings("--batch-size", "6", "--max-trials", "5", "--margin", "0.1", "--trial-timeout", "120",
+                     "--max-batch", "64")
+    assert (given.batch_size, given.max_trials, given.margin, given.timeout_s, given.max_size) == (6, 5, 0.1, 120.0, 64)
+    longest = settings("--max-seq-len", "--max-len", "8192", "--gpus", "2")
+    assert longest.max_seq_len and longest.max_size == 8192

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vramscope.commands import parse_command
-from vramscope.tune.command import run_trial_child, tune_command
+from vramscope.tune.command import SearchSettings, run_trial_child, tune_command
 from vramscope.tune.command_trial import TrialRequest
 
 pytestmark = pytest.mark.gpu
@@ -98,7 +98,7 @@ def test_a_trial_measures_its_evaluation_with_the_logits_kept(tmp_path: Path, sc
 def test_tune_names_the_evaluation_that_limits_the_batch(tmp_path: Path, script: Path) -> None:
     parsed = parse_command(_argv(script, tmp_path / "o", "--metric", "true"), cwd=tmp_path)
     assert parsed.eval.evaluates and parsed.eval.per_device_eval_batch_size == EVAL_ROWS
-    result = tune_command(parsed, memory_limit_bytes=8 * GIB, max_trials=4, timeout_s=600)
+    result = tune_command(parsed, SearchSettings(max_trials=4, timeout_s=600), memory_limit_bytes=8 * GIB)
     out = result.to_dict()
     assert out["limiting_phase"] in ("train", "eval")
     assert out["limit"]["words"].startswith(f"batch {result.batch_size} fits")

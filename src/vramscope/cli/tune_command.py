@@ -8,12 +8,15 @@ import contextlib
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.cli.command import SPEC_FIELDS, explicit, read_command
 from vramscope.cli.common import TUNE_SCHEMA_VERSION, CommandError, UsageError
 from vramscope.commands.errors import HOW_INSTEAD
 from vramscope.units import gib
+
+if TYPE_CHECKING:
+    from vramscope.tune.command import SearchSettings
 
 # What tune takes when a command cannot be read: the model folder and the recipe as flags.
 TUNE_INSTEAD = "tune the model itself with --model-dir DIR --seq-len S (and the recipe flags) instead"
@@ -29,6 +32,24 @@ def check_lengths(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-seq-len {args.max_len} is the longest length --find-seq-len tries: add "
                          f"--find-seq-len to find the longest sequence up to {args.max_len}, or give "
                          f"--seq-len {args.max_len} to find the largest batch at {args.max_len} tokens")
+
+
+def search_settings(args: argparse.Namespace, given: set[str]) -> SearchSettings:
+    """The search's settings from tune's flags: one reading for ``tune -- CMD`` and ``tune --gpus N -- CMD``."""
+    from vramscope.tune.command import SearchSettings
+
+    return SearchSettings(
+        max_seq_len=args.max_seq_len,
+        batch_size=args.batch_size if "batch_size" in given else None,
+        seq_len=args.seq_len,
+        start=args.start,
+        max_size=args.max_len if args.max_seq_len else args.max_batch,
+        multiple_of=args.multiple_of,
+        margin=args.margin,
+        max_trials=args.max_trials if "max_trials" in given else 3,  # a command's trial is a fresh run of it
+        trial_steps=args.trial_steps,
+        timeout_s=float(args.trial_timeout),
+    )
 
 
 def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -77,24 +98,10 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             say(f"  trial {count[0]}: {noun} {size}: out of memory ({t.error}) ({t.seconds:.0f} s)")
 
     say(f"vramscope tune: trials of {' '.join(argv[:3])} ... ({parsed.program}, {args.trial_steps} steps each)")
-    max_trials = args.max_trials if "max_trials" in given else 3
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            result = tune_command(
-                parsed,
-                max_seq_len=args.max_seq_len,
-                batch_size=args.batch_size if "batch_size" in given else None,
-                seq_len=args.seq_len,
-                start=args.start,
-                max_size=args.max_len if args.max_seq_len else args.max_batch,
-                multiple_of=args.multiple_of,
-                margin=args.margin,
-                max_trials=max_trials,
-                trial_steps=args.trial_steps,
-                memory_limit_bytes=args.gpu_memory,
-                timeout_s=float(args.trial_timeout),
-                on_trial=progress,
-            )
+            result = tune_command(parsed, search_settings(args, given), memory_limit_bytes=args.gpu_memory,
+                                  on_trial=progress)
     except TrialFailed as exc:
         raise CommandError(str(exc)) from None
     except NoSizeFitsError as exc:

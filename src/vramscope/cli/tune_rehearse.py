@@ -13,6 +13,7 @@ from typing import Any
 
 from vramscope.cli.command import SPEC_FIELDS, explicit, read_command
 from vramscope.cli.common import TUNE_SCHEMA_VERSION, CommandError, UsageError
+from vramscope.cli.tune_command import search_settings
 from vramscope.commands import CommandReadError
 from vramscope.planner.loading import at_moment
 from vramscope.units import gib
@@ -74,16 +75,10 @@ def run_rehearsal(args: argparse.Namespace, argv: Sequence[str]) -> int:
         f"({name}{' + offload' if launch.offload else ''}, torch's fake process group) on this GPU")
     say(f"  worker: {' '.join(launch.argv)[:200]}")
     say(f"  NCCL share per rank (modelled, outside the allocator): {gib(nccl_share(launch))}")
-    max_trials = args.max_trials if "max_trials" in given else 3
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            result = rehearse(
-                parsed, args.gpus, gpu_memory_bytes=args.gpu_memory, on_trial=progress,
-                max_seq_len=args.max_seq_len, batch_size=args.batch_size if "batch_size" in given else None,
-                seq_len=args.seq_len, start=args.start, max_size=args.max_len if args.max_seq_len else args.max_batch,
-                multiple_of=args.multiple_of, margin=args.margin, max_trials=max_trials, trial_steps=args.trial_steps,
-                timeout_s=float(args.trial_timeout),
-            )
+            result = rehearse(parsed, args.gpus, search_settings(args, given), gpu_memory_bytes=args.gpu_memory,
+                              on_trial=progress)
     except RehearsalRefused as exc:
         raise UsageError(str(exc)) from None
     except TrialFailed as exc:

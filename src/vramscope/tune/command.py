@@ -210,36 +210,54 @@ def _set(parsed: ParsedCommand, flag: str, value: int) -> str:
     return f"{flag} {value}"
 
 
+@dataclass(frozen=True)
+class SearchSettings:
+    """How ``vramscope tune -- CMD`` searches, on one GPU or as one rank of ``--gpus N`` (one set of its flags).
+
+    Attributes:
+        max_seq_len: search the longest sequence (in steps of ``multiple_of``) instead of the largest batch.
+        batch_size, seq_len: override the command's (the fixed dimension of the search; in batch mode ``seq_len``
+            is the length every trial batch is tiled to, the command's own maximum by default).
+        start: the first size tried; max_size: the largest (None: 4096 rows, or the model's positions).
+        multiple_of: the length's step; margin: the share of the GPU kept free.
+        max_trials: fresh runs of the command at most; trial_steps: the steps of each.
+        timeout_s: the longest one trial may run; keep_logs: keep the trials' output after a success.
+    """
+
+    max_seq_len: bool = False
+    batch_size: int | None = None
+    seq_len: int | None = None
+    start: int = 1
+    max_size: int | None = None
+    multiple_of: int = 64
+    margin: float = 0.05
+    max_trials: int = 3
+    trial_steps: int = DEFAULT_TRIAL_STEPS
+    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    keep_logs: bool = False
+
+
 def tune_command(
     parsed: ParsedCommand,
+    settings: SearchSettings | None = None,
     *,
-    max_seq_len: bool = False,
-    batch_size: int | None = None,
-    seq_len: int | None = None,
-    start: int = 1,
-    max_size: int | None = None,
-    multiple_of: int = 64,
-    margin: float = 0.05,
-    max_trials: int = 3,
-    trial_steps: int = DEFAULT_TRIAL_STEPS,
     memory_limit_bytes: int | None = None,
-    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
     cwd: str | None = None,
     environ: Mapping[str, str] | None = None,
     on_trial: Callable[[CommandTrial, int], None] | None = None,
-    keep_logs: bool = False,
 ) -> CommandTuneResult:
-    """Search the largest batch (or, with ``max_seq_len``, the longest sequence) for the parsed command.
-
-    ``batch_size`` / ``seq_len`` override the command's (the fixed dimension of the search; in batch mode
-    ``seq_len`` is the length every trial batch is tiled to, the command's own maximum by default).
+    """Search the largest batch (or, with ``settings.max_seq_len``, the longest sequence) for the parsed command,
+    as ``settings`` say (:class:`SearchSettings`; its defaults without).
 
     Raises:
         TrialFailed: a trial failed for a reason other than memory (the message points to its output).
         NoSizeFitsError: even the smallest size ran out of memory.
     """
-    fixed_batch = batch_size or parsed.batch_size
-    length = seq_len if seq_len is not None else parsed.seq_len
+    settings = settings or SearchSettings()
+    max_seq_len, multiple_of = settings.max_seq_len, settings.multiple_of
+    keep_logs = settings.keep_logs  # set once a trial fails for a reason the message points to its output for
+    fixed_batch = settings.batch_size or parsed.batch_size
+    length = settings.seq_len if settings.seq_len is not None else parsed.seq_len
     notes: list[str] = []
     if not max_seq_len and length is None:
         notes.append("the command sets no maximum length: trials used the data's own lengths, so a longer "
@@ -257,13 +275,13 @@ def tune_command(
             request = TrialRequest(
                 batch_size=rows,
                 seq_len=size * multiple_of if max_seq_len else length,
-                max_steps=trial_steps,
+                max_steps=settings.trial_steps,
                 record=str(Path(folder) / f"trial{n}.json"),
                 memory_limit_bytes=memory_limit_bytes,
                 eval_batch_size=eval_batch_for(parsed, rows),  # the command evaluates: so does each trial
             )
             outcome = run_trial_child(parsed.argv, request, log_path=str(Path(folder) / f"trial{n}.log"), cwd=cwd,
-                                      environ=environ, timeout_s=timeout_s)
+                                      environ=environ, timeout_s=settings.timeout_s)
             outcome = replace(outcome, trial=replace(outcome.trial, size=size))
             if outcome.trial.ok and outcome.trial.peak_bytes is None:
                 raise TrialFailed("the trial child saw no CUDA device (no memory peaks recorded); "
@@ -276,7 +294,7 @@ def tune_command(
             return outcome.trial
 
         try:
-            begin = start if not max_seq_len else max(1, (seq_len or 256) // multiple_of)
+            begin = settings.start if not max_seq_len else max(1, (settings.seq_len or 256) // multiple_of)
             first = run(begin)
             if not capacity:
                 raise TrialFailed("the first trial ran out of memory before it could measure the GPU; "
@@ -289,11 +307,12 @@ def tune_command(
                 return run(size)
 
             if max_seq_len:
-                limit = max(begin, (max_size or _max_positions(parsed)) // multiple_of)
+                limit = max(begin, (settings.max_size or _max_positions(parsed)) // multiple_of)
             else:
-                limit = max_size or 4096
-            result = search(trial_runner, capacity[0], start=begin, max_size=limit, margin=margin,
-                            max_trials=max_trials, degree=2 if max_seq_len and parsed.spec.attn == "eager" else 1,
+                limit = settings.max_size or 4096
+            result = search(trial_runner, capacity[0], start=begin, max_size=limit, margin=settings.margin,
+                            max_trials=settings.max_trials,
+                            degree=2 if max_seq_len and parsed.spec.attn == "eager" else 1,
                             scale=multiple_of if max_seq_len else 1)
         except BaseException:
             # Keep the children's output for the message that points to it (an out-of-memory search keeps nothing).
@@ -317,7 +336,7 @@ def tune_command(
     unit = "seq_len" if max_seq_len else "batch"
     phase_limit: Limit | None = None
     if parsed.eval.evaluates:
-        usable = result.capacity_bytes * (1.0 - margin)
+        usable = result.capacity_bytes * (1.0 - settings.margin)
         sized = [(t.size, t.ok, t.limited()[1], o.phases) for t, o in zip(result.trials, done, strict=False)]
         phase_limit = limiting(sized, result.size, usable, step=multiple_of if max_seq_len else 1,
                                capped=result.capped)

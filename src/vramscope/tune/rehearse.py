@@ -27,7 +27,7 @@ from vramscope.commands import ParsedCommand
 from vramscope.planner.distributed import Parallelism, estimate_distributed
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.shapes import shape_from_config
-from vramscope.tune.command import CommandTrial, CommandTuneResult, tune_command
+from vramscope.tune.command import CommandTrial, CommandTuneResult, SearchSettings, tune_command
 from vramscope.tune.launch_env import WorkerLaunch, worker_launch
 from vramscope.tune.rehearsal_pg import rehearsal_environment
 from vramscope.tune.trial_record import TrialRecord
@@ -167,17 +167,17 @@ def plan_for(parsed: ParsedCommand, launch: WorkerLaunch, batch: int, seq: int |
 def rehearse(
     parsed: ParsedCommand,
     world_size: int,
+    settings: SearchSettings | None = None,
     *,
     gpu_memory_bytes: int | None = None,
     environ: Mapping[str, str] | None = None,
     cwd: str | None = None,
     on_trial: Callable[[CommandTrial, int], None] | None = None,
-    **search: Any,
 ) -> RehearsalResult:
     """Search the largest micro-batch per GPU for ``parsed`` run on ``world_size`` GPUs, on this one.
 
-    ``search`` goes to :func:`~vramscope.tune.command.tune_command` (``batch_size``, ``seq_len``, ``max_seq_len``,
-    ``margin``, ``max_trials``, ``trial_steps``, ``timeout_s``, ``start``, ``max_size``, ``keep_logs``).
+    ``settings`` are :func:`~vramscope.tune.command.tune_command`'s (:class:`~vramscope.tune.command.SearchSettings`),
+    the search's of each trial run as rank 0.
 
     Raises:
         RehearsalRefused: DeepSpeed, or one GPU.
@@ -201,7 +201,8 @@ def rehearse(
                      f"NCCL about {nccl / 2**30:.2f} GiB")
     child_env = {**env_in, **launch.env, **rehearsal_environment(world_size)}
     worker = replace(parsed, argv=tuple(launch.argv))
-    result = tune_command(worker, memory_limit_bytes=limit, environ=child_env, cwd=cwd, on_trial=on_trial, **search)
+    result = tune_command(worker, memory_limit_bytes=limit, environ=child_env, cwd=cwd, on_trial=on_trial,
+                          settings=settings)
     at = _trial_at(result)
     ranks = (_rank_peak(at, nccl),)
     batch = result.batch_size
