@@ -78,3 +78,19 @@ def test_a_run_is_named_by_its_log_else_host_pid_start() -> None:
     name = run_name(None, started=0.0)
     assert name.endswith("-19700101T000000") and name.count("-") >= 2
     assert ExportContext().run is None
+
+
+def test_what_waits_to_be_scraped_is_a_field_of_its_row() -> None:
+    """``watch --once`` refuses an exporter that waits for a scraper by its row's ``scraped``, not by its flag's
+    name; a pushed one still sends its reading."""
+    from dataclasses import replace
+
+    from vramscope.exporters.registry import PROMETHEUS, PUSHGATEWAY, Flag, scraped_flags
+
+    assert scraped_flags({"prometheus": "9464"}) == ["--prometheus"]
+    assert scraped_flags({"push": "http://gw:9091"}) == [] and scraped_flags({}) == []
+    other = replace(PUSHGATEWAY, name="otel", flags=(Flag("--otel", "otel", "URL", "serve OTLP"),),
+                    asked=lambda options: options.get("otel") is not None, scraped=True)
+    table = (PROMETHEUS, PUSHGATEWAY, other)
+    assert scraped_flags({"otel": "x", "push": "y"}, table) == ["--otel"]
+    assert scraped_flags({"otel": "x", "prometheus": "9464"}, table) == ["--prometheus", "--otel"]

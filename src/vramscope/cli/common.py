@@ -148,6 +148,13 @@ def _argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:
     return convert
 
 
+def exporter_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The exporters' options as the parsed flags give them, by each flag's ``dest`` (exporters/registry)."""
+    from vramscope.exporters.registry import flags
+
+    return {flag.dest: getattr(args, flag.dest, None) for flag in flags()}
+
+
 def open_exporters_from_args(args: argparse.Namespace, announce: bool = True, run: bool = False) -> list[Sink]:
     """The exporters the flags of :func:`add_exporter_flags` ask for (``--prometheus``, ``--push``, ...).
 
@@ -157,9 +164,9 @@ def open_exporters_from_args(args: argparse.Namespace, announce: bool = True, ru
         run: this is ``vramscope run``: its series carry a ``run`` label (the log's stem, else
             host-pid-start), which is also part of its Pushgateway group, so two runs never share one.
     """
-    from vramscope.exporters.registry import asked_for, flags
+    from vramscope.exporters.registry import asked_for
 
-    options = {flag.dest: getattr(args, flag.dest, None) for flag in flags()}
+    options = exporter_options(args)
     if not asked_for(options):
         return []
     from vramscope.exporters import PrometheusSinkError

@@ -13,6 +13,7 @@ from vramscope.cli.common import (
     UsageError,
     add_exporter_flags,
     add_renamed,
+    exporter_options,
     gpu_list,
     interval,
     log_megabytes,
@@ -52,8 +53,12 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.once and args.prometheus is not None:
-        raise UsageError("--once exits at once, so nothing could scrape --prometheus; drop --once or use --push")
+    from vramscope.exporters.registry import scraped_flags  # the exporters' code loads only where asked for
+
+    scraped = scraped_flags(exporter_options(args)) if args.once else []
+    if scraped:
+        raise UsageError(f"--once exits at once, so nothing could scrape {' or '.join(scraped)}; drop --once or "
+                         "use --push")
     if (args.max_log_bytes is not None or args.fsync) and not args.log:
         raise UsageError("--max-log-mb and --fsync apply to the --log file; add --log FILE")
     if args.log and not args.overwrite:

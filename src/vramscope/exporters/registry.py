@@ -88,6 +88,9 @@ class Exporter:
     asked: Callable[[Options], bool]  # whether the options ask for this exporter
     check: Callable[[Options], None]  # a mistake in the options, raised before anything starts
     open: Callable[[Options, ExportContext], ExporterSink]
+    # Served for a scraper to fetch (Prometheus' /metrics): nothing would read it from a command that exits at
+    # once (``watch --once``), where a pushed exporter still sends its one reading.
+    scraped: bool = False
 
 
 # -- the option parsers (each raises ValueError with the line to show) ---------------------------------------
@@ -192,6 +195,7 @@ PROMETHEUS = Exporter(
     asked=lambda options: options.get("prometheus") is not None,
     check=lambda options: _check_address(options.get("prometheus")),
     open=_prometheus,
+    scraped=True,
 )
 
 PUSHGATEWAY = Exporter(
@@ -237,6 +241,11 @@ def asked_for(options: Options, exporters: Iterable[Exporter] = EXPORTERS) -> bo
     """Whether the options ask for any exporter (or carry an exporter's flag at all, to be checked)."""
     dests = {flag.dest for flag in flags(exporters)}
     return any(e.asked(options) for e in exporters) or any(options.get(dest) for dest in dests)
+
+
+def scraped_flags(options: Options, exporters: Iterable[Exporter] = EXPORTERS) -> list[str]:
+    """The flags (``--prometheus``) of the exporters ``options`` ask for that wait to be scraped."""
+    return [e.flags[0].name for e in exporters if e.scraped and e.flags and e.asked(options)]
 
 
 def open_exporters(
