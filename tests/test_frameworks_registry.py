@@ -165,13 +165,17 @@ def test_every_program_plans_with_the_one_framework_that_names_it(tmp_path: Path
     # place of hf) is what an axolotl command plans with, with no line in the reader.
     (tmp_path / "ax.yml").write_text("base_model: NousResearch/Llama-2-7b-hf\nadapter: qlora\nload_in_4bit: true\n")
     argv = ["axolotl", "train", "ax.yml"]
-    assert parse_command(argv, cwd=tmp_path).framework == "hf"
+    parsed = parse_command(argv, cwd=tmp_path)
+    assert parsed.framework == "hf" and "planned as the hf framework" in " ".join(parsed.notes)
     hf = FRAMEWORK_TABLE["hf"]
     FRAMEWORK_TABLE["hf"] = replace(hf, programs=tuple(p for p in hf.programs if p != "axolotl"))
     try:
         with registered(replace(MINE, programs=("axolotl",)), MINE_STYLE):
             parsed = parse_command(argv, cwd=tmp_path)
             assert parsed.framework == parsed.spec.framework == "my-loop"
+            # the reader's note says the framework the table gave, not the one it was written for
+            notes = " ".join(parsed.notes)
+            assert "planned as the my-loop framework" in notes and "the hf framework" not in notes, notes
     finally:
         FRAMEWORK_TABLE["hf"] = hf
     with pytest.raises(PlanInputError, match="no framework names the program 'nobody'"):
