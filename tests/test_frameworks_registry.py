@@ -123,6 +123,25 @@ def test_the_table_refuses_a_framework_naming_what_it_has_not() -> None:
     assert framework_for(QLoraSpec()).name == "hf"
 
 
+def test_a_framework_planned_in_one_dtype_refuses_the_others_in_its_own_words(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # qlora.py's refusal is its module's field, not the memory model's text: a registered framework with a dtype of
+    # its own is refused in its own words, and the default words name it and the dtype
+    argv = ["plan", "--model", "Llama-2-7B", "--batch-size", "1", "--seq-len", "512", "--gpu", "RTX-4090",
+            "--framework", "my-loop", "--compute-dtype", "fp16"]
+    for refusal, said in ((replace(MINE, compute_dtype_only="bf16"),
+                           "framework my-loop is planned in --compute-dtype bf16 only, not fp16"),
+                          (replace(MINE, compute_dtype_only="bf16", other_dtype_refusal="{name}: {only}, not {dtype}"),
+                           "my-loop: bf16, not fp16")):
+        with registered(refusal, MINE_STYLE):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert said in err and len(err.strip().splitlines()) == 1, err
+            assert main([*argv[:-1], "bf16"]) == 0
+            capsys.readouterr()
+    assert FRAMEWORK_TABLE["qlora"].compute_dtype_only == "bf16"
+
+
 def test_each_framework_names_command_readers_that_exist() -> None:
     from vramscope.commands.dispatch import PROGRAMS
 
@@ -146,13 +165,17 @@ def test_every_program_plans_with_the_one_framework_that_names_it(tmp_path: Path
     # place of hf) is what an axolotl command plans with, with no line in the reader.
     (tmp_path / "ax.yml").write_text("base_model: NousResearch/Llama-2-7b-hf\nadapter: qlora\nload_in_4bit: true\n")
     argv = ["axolotl", "train", "ax.yml"]
-    assert parse_command(argv, cwd=tmp_path).framework == "hf"
+    parsed = parse_command(argv, cwd=tmp_path)
+    assert parsed.framework == "hf" and "planned as the hf framework" in " ".join(parsed.notes)
     hf = FRAMEWORK_TABLE["hf"]
     FRAMEWORK_TABLE["hf"] = replace(hf, programs=tuple(p for p in hf.programs if p != "axolotl"))
     try:
         with registered(replace(MINE, programs=("axolotl",)), MINE_STYLE):
             parsed = parse_command(argv, cwd=tmp_path)
             assert parsed.framework == parsed.spec.framework == "my-loop"
+            # the reader's note says the framework the table gave, not the one it was written for
+            notes = " ".join(parsed.notes)
+            assert "planned as the my-loop framework" in notes and "the hf framework" not in notes, notes
     finally:
         FRAMEWORK_TABLE["hf"] = hf
     with pytest.raises(PlanInputError, match="no framework names the program 'nobody'"):

@@ -127,6 +127,16 @@ def test_the_old_prometheus_port_warns_at_the_users_line_in_the_loop_monitor_too
         assert MemoryMonitor(prometheus="9464").settings.prometheus == "127.0.0.1:9464"  # as the exporter binds it
 
 
+def test_a_bare_port_takes_the_exporters_own_default_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vramscope.exporters import collector
+    from vramscope.training.settings import prometheus_address
+
+    assert prometheus_address(9464) == f"{collector.DEFAULT_HOST}:9464"
+    assert prometheus_address("0.0.0.0:1") == "0.0.0.0:1" and prometheus_address(None) is None
+    monkeypatch.setattr(collector, "DEFAULT_HOST", "localhost")  # one host for the exporter and the monitor's option
+    assert prometheus_address("9464") == "localhost:9464"
+
+
 def test_settings_are_frozen_and_change_only_before_the_start(tmp_path: Path) -> None:
     mon = MemoryMonitor(log=tmp_path / "mem.csv", warn=False, nvml=fake_nvml.no_driver())
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -68,6 +68,22 @@ def test_model_dir_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "required" in one_line_error(capsys, ["tune", "--seq-len", "8"])
 
 
+@pytest.mark.parametrize(("content", "said"), [
+    (b"{not json", "is not valid JSON (Expecting property name"),
+    (b"[1, 2]", "holds a JSON list, not an object"),
+    (b'{"model_type": "\xff"}', "codec can't decode"),
+    (b" " * (16 * 1024 * 1024 + 1), "more than the 16,777,216"),
+])
+def test_a_bad_config_json_is_the_planners_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    content: bytes, said: str) -> None:
+    # tune reads config.json as plan --config does (planner.shapes.load_config_file: bounded, one typed error),
+    # before it looks for CUDA: a list or a 16 MiB file is refused here, not taken for a model
+    (tmp_path / "config.json").write_bytes(content)
+    err = one_line_error(capsys, ["tune", "--model-dir", str(tmp_path), "--seq-len", "8"])
+    assert err.startswith("vramscope: error: cannot read the model's config.json: ") and said in err, err
+    assert str(tmp_path / "config.json") in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_without_cuda_it_says_so(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line_error(capsys, ["tune", "--model-dir", str(model_dir), "--seq-len", "512"], code=1)

@@ -55,9 +55,8 @@ class LogColumns:
     """The columns of one log, each read into arrays when first asked for (the rank, say, rarely is)."""
 
     def __init__(self, n: int, table: LogTable | None = None, lists: Mapping[str, Sequence[Any]] | None = None,
-                 kind: str = "vramscope", path: str = "") -> None:
+                 path: str = "") -> None:
         self.n = n
-        self.kind = kind
         self.path = path
         self._table = table
         self._lists = lists
@@ -67,7 +66,7 @@ class LogColumns:
 
     @classmethod
     def from_table(cls, table: LogTable) -> LogColumns:
-        return cls(len(table), table=table, kind=table.kind, path=table.path)
+        return cls(len(table), table=table, path=table.path)
 
     @classmethod
     def from_lists(cls, columns: Mapping[str, Sequence[Any]]) -> LogColumns:

@@ -182,10 +182,13 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise UsageError(f"{model_dir} has no config.json; give a Hugging Face model folder")
-    try:
-        config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {config_path}: {exc}; check the file") from None
+    from vramscope.planner.errors import PlanInputError
+    from vramscope.planner.shapes import load_config_file
+
+    try:  # the planner's one bounded read: a huge file, a JSON list or bad JSON is one line that names the file
+        config = load_config_file(config_path)
+    except PlanInputError as exc:
+        raise UsageError(f"cannot read the model's config.json: {exc}") from None
     if args.max_seq_len:
         if args.target_batch is not None:
             raise UsageError("--target-batch goes with the batch search, not with --find-seq-len")

@@ -4,8 +4,8 @@ Key names and defaults are axolotl's pydantic schema (``utils/schemas/``): ``mic
 ``gradient_accumulation_steps`` 1, ``sequence_len`` 512, ``gradient_checkpointing`` false, ``optimizer``
 ``adamw_torch_fused``, ``lora_dropout`` 0.0, ``bf16`` ``auto``. A QLoRA model is loaded with NF4 and double
 quantization fixed in its loader, then passed through peft's ``prepare_model_for_kbit_training`` before the HF
-``Trainer`` subclass runs it: the ``hf`` framework. ``--key value`` after the config file override it, as
-axolotl's CLI does.
+``Trainer`` subclass runs it: the ``hf`` framework, which names ``axolotl`` in its ``programs``. ``--key value``
+after the config file override it, as axolotl's CLI does.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from vramscope.commands.launchers import LaunchState
 from vramscope.commands.programs import attention, deepspeed_by_name, default_targets, optimizer
 from vramscope.commands.reading import Context, Reading
 from vramscope.commands.types import Alternative
+from vramscope.planner.frameworks.registry import framework_of_program
 
 # Keys that do not change a step's memory.
 IGNORED = frozenset("""
@@ -61,8 +62,9 @@ def read_axolotl(ctx: Context) -> Reading:
     out = Reading("axolotl", model, {}, 1, 512, 1, None, "sequence_len", batch_flag="micro_batch_size",
                   accum_flag="gradient_accumulation_steps", flags_in_config=True,
                   eval_batch_follows_train=True)  # eval_batch_size follows micro_batch_size
+    # the framework the reading plans with is the table's (commands/__init__._assemble): the note names the same
     out.notes.append("axolotl prepares the model with peft's prepare_model_for_kbit_training and trains it with "
-                     "an HF Trainer: planned as the hf framework")
+                     f"an HF Trainer: planned as the {framework_of_program(out.program).name} framework")
     adapter = reader.text("adapter")
     if adapter is None or adapter.lower() in ("none", "null", ""):
         raise CommandReadError(f"the axolotl config has no adapter (a full fine-tune); vramscope plans LoRA and "

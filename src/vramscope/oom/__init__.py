@@ -14,7 +14,9 @@ One module per job, split so that the analysis can be tested without a GPU:
 * :mod:`~vramscope.oom.recorder` (needs CUDA): :class:`OomRecorder` records torch's allocator history
   into a bounded ring buffer (``torch.cuda.memory._record_memory_history(max_entries=...)``) and, from
   torch's OOM observer (``torch._C._cuda_attach_out_of_memory_observer``), writes at the moment of the
-  OOM a snapshot pickle that https://pytorch.org/memory_viz opens, plus a Markdown and an HTML report.
+  OOM a snapshot pickle that https://pytorch.org/memory_viz opens, the OOM's facts beside it
+  (``oom-N.event.json``, :class:`OomEvent`) and the post-mortem as Markdown, HTML and JSON (``oom-N.md``,
+  ``.html``, ``.json``).
 * :mod:`~vramscope.oom.env`: how ``vramscope run --oom-snapshot DIR`` tells the child where to write.
 
 Imports torch lazily: importing this package costs nothing on a machine without it.

@@ -23,11 +23,9 @@ from vramscope.oom.env import DEFAULT_MAX_ENTRIES, ENV_MAX_ENTRIES, ENV_VAR
 from vramscope.oom.postmortem import post_mortem, report_from_files
 from vramscope.oom.render import write_report
 from vramscope.output.atomic import write_atomically
+from vramscope.output.names import EVENT_SUFFIX
 
 log = logging.getLogger("vramscope.oom")  # the name users filter on, as before the split
-# The file beside each snapshot with what torch's observer and the training said of the OOM (OomEvent.to_json);
-# report_from_files reads it back with the snapshot.
-EVENT_SUFFIX = ".event.json"
 
 _listeners: list[Callable[[int, int, int, int], None]] = []
 _attached = False

@@ -6,7 +6,7 @@ A file that belongs to a log is named after the log without its last suffix (``r
 * another log of the same run takes a tag before the log's suffix: ``mem.rank3.csv`` (rank 3),
   ``mem.steps.csv`` (the step log of ``vramscope run``), ``mem.trainer2.csv`` (a second Trainer);
 * a file of another kind takes its own suffix instead: ``mem.analysis.json``, ``mem.breakdown.json``,
-  ``mem.strategy.json``, ``mem.warnings.jsonl``, ``mem.oom/``.
+  ``mem.strategy.json``, ``mem.warnings.jsonl``, ``mem.oom/`` (each snapshot in it has its ``oom-N.event.json``).
 
 The parts of a rotated log are the one exception, by design: ``mem.csv.1``, ``mem.csv.2`` keep the whole
 name, as logrotate's do (``logs.files.part_path``).
@@ -30,6 +30,10 @@ BREAKDOWN_SUFFIX = ".breakdown.json"
 STRATEGY_SUFFIX = ".strategy.json"
 WARNINGS_SUFFIX = ".warnings.jsonl"  # every warning shown while training, one JSON object a line (analysis.alerts)
 OOM_SUFFIX = ".oom"  # the folder of the OOM post-mortems (oom.env)
+# beside each OOM snapshot in that folder (oom-N.event.json, not beside the log): what torch's observer and the
+# training said of the OOM; written by oom.recorder.OomRecorder; format analysis.oom.OomEvent (to_json /
+# from_json), read back with the snapshot by oom.postmortem.report_from_files
+EVENT_SUFFIX = ".event.json"
 
 
 def sibling(path: str | os.PathLike[str], *, tag: str | None = None, suffix: str | None = None) -> str:

@@ -199,12 +199,9 @@ def validate_spec(spec: QLoraSpec) -> None:
     if spec.quant_type not in ("nf4", "fp4"):
         raise PlanInputError(f"4-bit quant type must be nf4 or fp4, got {spec.quant_type!r}")
     fw = framework_for(spec)
-    if fw.build.casts_back and spec.compute_dtype != "bf16":
-        # qlora.py casts LoRA, embed_tokens and lm_head back only under `if args.bf16` (get_accelerate_model); with
-        # --fp16 it loads fp32 (torch_dtype=float32) and casts nothing back, which its reader plans as hf
-        raise PlanInputError(f"framework {fw.name} is qlora.py with --bf16 (its cast back to bf16): it plans "
-                             f"--compute-dtype bf16 only; qlora.py with --fp16 or without either flag casts nothing "
-                             f"back: plan it with --framework hf --compute-dtype {spec.compute_dtype}")
+    if fw.compute_dtype_only is not None and spec.compute_dtype != fw.compute_dtype_only:
+        raise PlanInputError(fw.other_dtype_refusal.format(name=fw.name, only=fw.compute_dtype_only,
+                                                         dtype=spec.compute_dtype))
 
 
 def _weights(shape: ModelShape, spec: QLoraSpec, pr: Precision) -> tuple[int, int, int]:

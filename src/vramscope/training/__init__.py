@@ -16,6 +16,8 @@
 * :mod:`~vramscope.training.breakdown`: what the model's and optimizer's tensors hold.
 * :mod:`~vramscope.training.strategy`: how the run is spread (FSDP / ZeRO / DDP).
 * :mod:`~vramscope.training.guard`: the guard that keeps a callback's failure out of the training.
+* :mod:`~vramscope.training.claims`: the logs this process writes: a second monitor on one starts a new file.
+* :mod:`~vramscope.training.pacing`: when the live analysis may run without slowing the training.
 
 The callbacks around the monitor are :mod:`vramscope.integrations`; ``vramscope run`` is :mod:`vramscope.run`;
 the tuner's trial child and the QLoRA builders are in :mod:`vramscope.tune`.

@@ -47,6 +47,7 @@ from types import TracebackType
 from typing import Any
 
 from vramscope.analysis.alerts import Alerts, warnings_path
+from vramscope.analysis.devices import TRAIN
 from vramscope.analysis.results import AnalysisResult
 from vramscope.analysis.summary import analyze_columns
 from vramscope.backends.host import HostBackend
@@ -321,7 +322,7 @@ class MemoryMonitor:
 
     @property
     def current_phase(self) -> str:
-        return self._phases[-1] if self._phases else "train"
+        return self._phases[-1] if self._phases else TRAIN  # the name the analysis groups the steps' rows by
 
     def step(self, step: int, tokens: int | None = None) -> Sample | None:
         """Mark the end of training step ``step``; logs a row when ``step % every_n_steps == 0``.

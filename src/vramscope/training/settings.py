@@ -34,11 +34,16 @@ MIN_HISTORY = 256  # fewer rows than this leave the leak test nothing to fit aft
 
 
 def prometheus_address(port: int | str | None) -> str | None:
-    """``19400`` -> ``"127.0.0.1:19400"``; an address with a host is kept as it is."""
+    """``19400`` -> ``"127.0.0.1:19400"`` (the exporter's own default host); an address with a host is kept."""
     if port is None:
         return None
     text = str(port)
-    return text if ":" in text else f"127.0.0.1:{text}"
+    if ":" in text:
+        return text
+    # deferred, as the monitor opens its exporters: a monitor that exports nothing imports none of exporters/
+    from vramscope.exporters.collector import DEFAULT_HOST
+
+    return f"{DEFAULT_HOST}:{text}"
 
 
 def prometheus_option(prometheus: int | str | None, prometheus_port: int | str | None,

@@ -8,6 +8,12 @@
 * :mod:`~vramscope.tune.command`: trials that are runs of the user's own training command.
 * :mod:`~vramscope.tune.command_trial`: inside a trial child, its HF Trainer made to run one trial.
 * :mod:`~vramscope.tune.trial_record`: the trial's request and record (the JSON the tuner and its children exchange).
+* :mod:`~vramscope.tune.trial_eval`: inside a trial child, the evaluation pass after its last step.
+* :mod:`~vramscope.tune.phase_limit`: which phase, the step or the evaluation, limits the answer.
+* :mod:`~vramscope.tune.groups`: trial children end whole (their process groups), and a signal ends the running one.
+* :mod:`~vramscope.tune.rehearse`: ``tune --gpus N -- CMD``, a run of N GPUs rehearsed on one as rank 0.
+* :mod:`~vramscope.tune.launch_env`: the worker behind a launcher and the environment it gives rank 0 of N.
+* :mod:`~vramscope.tune.rehearsal_pg`: inside a rehearsal child, torch's fake process group in place of NCCL.
 * :mod:`~vramscope.tune.qlora`: build and step a real QLoRA/LoRA model (tune, calibration, the demo, benchmarks).
 * :mod:`~vramscope.tune.calibrate`: ``plan --calibrate``, a few real steps fitted to the planner.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,7 +209,8 @@ def build_trainer(model_dir: str | os.PathLike[str], spec: QLoraSpec, device: st
     import torch
 
     model = load_model(model_dir, spec, device)
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
+    # The random ids index the embedding transformers built from the folder's config.json (its text model's, for
+    # a multimodal one): its rows, rather than a second read of the file with a vocabulary rule of our own.
+    vocab = int(model.get_input_embeddings().num_embeddings)
     dev = next(model.parameters()).device if torch.cuda.is_available() and device != "cpu" else None
     return Trainer(model=model, optimizer=make_optimizer(model, spec), vocab_size=vocab, device=dev, spec=spec)

@@ -8,7 +8,7 @@ flags).
 
 from __future__ import annotations
 
-from vramscope.planner.frameworks import trl
+from vramscope.planner.frameworks import hf, trl
 from vramscope.planner.frameworks.record import Build, Framework, Style
 
 # qlora.py's own flags (HfArgumentParser over its ModelArguments, DataArguments and TrainingArguments): the
@@ -26,4 +26,10 @@ FRAMEWORK = Framework(
     build=Build(peft_kbit=True, trainer=True, casts_back=True),
     style=STYLE.name, summary="qlora.py --bf16: LoRA, embeddings and lm_head back in bf16",
     switch_to=trl.FRAMEWORK.name,
+    # qlora.py casts LoRA, embed_tokens and lm_head back only under `if args.bf16` (get_accelerate_model); with
+    # --fp16 it loads fp32 (torch_dtype=float32) and casts nothing back, which its reader plans as hf
+    compute_dtype_only="bf16",
+    other_dtype_refusal="framework {name} is qlora.py with --bf16 (its cast back to bf16): it plans --compute-dtype "
+    "{only} only; qlora.py with --fp16 or without either flag casts nothing back: plan it with --framework "
+    f"{hf.FRAMEWORK.name} --compute-dtype {{dtype}}",
 )  # no programs: qlora.py reads as hf; its reader plans with this one under --bf16

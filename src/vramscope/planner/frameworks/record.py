@@ -102,6 +102,10 @@ class Framework:
             the program's own defaults differ (trl.scripts.sft loads fp32).
         dataset_trainer: how its trainer tokenizes and batches a dataset, in :mod:`vramscope.dataset`'s words
             (``sft``: TRL's SFTTrainer, ``hf``: HF Trainer's), for ``plan --dataset``.
+        compute_dtype_only: the one compute dtype this framework is planned in (qlora.py casts back only under
+            ``--bf16``); None: any.
+        other_dtype_refusal: the planner's one-line refusal of a plan in another compute dtype, saying what to
+            plan instead (``{name}`` is this framework's name, ``{only}`` its dtype, ``{dtype}`` the one asked for).
     """
 
     name: str
@@ -126,6 +130,9 @@ class Framework:
     dtype_advice: str = ""
     defaults_note: str = ""
     dataset_trainer: str = "hf"
+    compute_dtype_only: str | None = None
+    other_dtype_refusal: str = ("framework {name} is planned in --compute-dtype {only} only, not {dtype}; "
+                                "plan it in {only}, or with another --framework")
 
 
 @dataclass(frozen=True)
