@@ -20,7 +20,8 @@ from pathlib import Path
 # The suffix of each kind of file beside a log, written once: the writer and the reader of each import it here.
 # Each file's format has one owner, named here; the writer and the reader go through it, never through a dict of
 # their own. (The plan JSON is no file beside a log: the user names it; its owner is vramscope.planner.document.)
-# the analysis: written by MemoryMonitor.save_analysis; format analysis.results.AnalysisResult.to_json
+# the analysis: written by MemoryMonitor.save_analysis; format analysis.results.AnalysisResult (to_json /
+# from_json; read_analysis reads the file back)
 ANALYSIS_SUFFIX = ".analysis.json"
 # what held memory: written by MemoryMonitor.save_breakdown; format types.MemoryBreakdown (to_dict / from_dict),
 # read back by report.load.read_breakdown
