@@ -168,7 +168,7 @@ def registered(*trainers: Trainer) -> Iterator[None]:
     before = dict(TRAINERS)
     try:
         TRAINERS.update({t.name: t for t in trainers})
-        for trainer in TRAINERS.values():
+        for trainer in (*trainers, *TRAINERS.values()):  # the new rows first: the refusal names them
             _check(trainer)
         yield
     finally:
