@@ -429,7 +429,7 @@ def test_an_hf_evaluation_longer_than_the_step_opens_segments_for_its_fp32_loss_
 def test_a_no_grad_head_frees_its_half_weight_copy_before_the_loss() -> None:
     # HF recipe: lm_head fp32 under bf16 autocast. Without grad the half copy lives only through the matmul, so
     # the head's peak is the logits plus the larger of that copy and the loss' fp32 pair, not their sum.
-    from vramscope.planner.phases import _full_logits_nograd
+    from vramscope.planner.nograd import full_logits_nograd
 
     s = shape("Llama-3-8B")
     fw = FRAMEWORK_TABLE["hf"]
@@ -437,9 +437,9 @@ def test_a_no_grad_head_frees_its_half_weight_copy_before_the_loss() -> None:
     T = 4096
     TV = T * s.vocab
     assert pr.params == 4 and fw.autocast
-    assert _full_logits_nograd(s, fw, pr, T, with_loss=True) == 2 * TV + max(2 * s.vocab * s.hidden, 8 * TV)
+    assert full_logits_nograd(s, fw, pr, T, with_loss=True) == 2 * TV + max(2 * s.vocab * s.hidden, 8 * TV)
     # a tiny eval batch: the copy is the larger
-    assert _full_logits_nograd(s, fw, pr, 8, with_loss=True) == 2 * 8 * s.vocab + 2 * s.vocab * s.hidden
+    assert full_logits_nograd(s, fw, pr, 8, with_loss=True) == 2 * 8 * s.vocab + 2 * s.vocab * s.hidden
 
 
 # --- loading ------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from vramscope.planner.document import Alternative, CommandSection, dataset_fail
 from vramscope.planner.memory import OPTIMIZERS
 from vramscope.planner.phases import GRPO_COMPLETION, RunPhases
 from vramscope.planner.settings import style_of
+from vramscope.trainers import TOKENIZATIONS, TRAINERS, reading_trainer
 from vramscope.units import gib
 
 if TYPE_CHECKING:
@@ -181,20 +182,21 @@ def _dataset(args: argparse.Namespace, command: training_command.CommandInputs |
             raise UsageError(f"cannot read the dataset ({why}), and there is no --seq-len to plan at instead")
         return None, why or "unreadable"
     args.batch_size, args.seq_len = data.peak_batch_rows, data.peak_batch_seq
-    if data.trainer == "dpo" and trainer in (None, "dpo", "reward"):
-        # The planner's DPO and reward phases stack chosen and rejected themselves: they take the pairs, at the
-        # longest's length.
-        args.batch_size = max(1, data.peak_batch_rows // 2)
+    reading = TOKENIZATIONS[data.trainer]
+    # the run's trainer, else the one the reading implies (pairs: DPO; prompts alone: GRPO)
+    planned = TRAINERS[trainer] if trainer is not None else reading_trainer(data.trainer)
+    if planned is not None and planned.dataset == data.trainer:
+        if reading.pairs:
+            # The planner's DPO and reward phases stack chosen and rejected themselves: they take the pairs, at
+            # the longest's length.
+            args.batch_size = max(1, data.peak_batch_rows // planned.rows_per_example)
+        if reading.prompts:
+            # The data holds the prompts; a row of the policy step is a prompt and its completion.
+            args.seq_len = data.peak_batch_seq + _completion(args, command)
         if trainer is None and not step_alone:
-            args.trainer = args.trainer_from_data = "dpo"
-    elif data.trainer == "grpo" and trainer in (None, "grpo"):
-        # The data holds the prompts; a row of the policy step is a prompt and its completion.
-        args.seq_len = data.peak_batch_seq + _completion(args, command)
-        if not step_alone:
-            if trainer is None:
-                args.trainer = args.trainer_from_data = "grpo"
-            if getattr(args, "max_prompt_len", None) is None:
-                args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
+            args.trainer = args.trainer_from_data = planned.name
+        if reading.prompts and not step_alone and getattr(args, "max_prompt_len", None) is None:
+            args.max_prompt_len = data.longest_tokens  # the longest prompt the data holds
     return data, None
 
 
@@ -202,7 +204,7 @@ def _eval_at_data(run: RunPhases, data: DatasetLengths | None) -> RunPhases:
     """The eval phase's rows at the data's longest example: an eval batch pads its rows to its longest (a packed
     one fills rows of max_length); the training batch's length is no measure of it when that batch is one
     padding-free row of many examples."""
-    if data is None or run.eval_batch is None or run.eval_seq is not None or data.trainer == "grpo":
+    if data is None or run.eval_batch is None or run.eval_seq is not None or TOKENIZATIONS[data.trainer].prompts:
         return run
     packed = data.batching == "packed" and data.max_length is not None
     return replace(run, eval_seq=data.max_length if packed else data.longest_tokens)
@@ -232,13 +234,14 @@ def _with_data(command: training_command.CommandInputs, data: DatasetLengths | N
     (``step_alone``: ``--trace``, or ``--gpus`` for a command over several GPUs) leaves out of the run."""
     parsed = command.parsed
     changes: dict[str, Any] = {}
-    if data is not None and data.trainer == "grpo":
+    if data is not None and TOKENIZATIONS[data.trainer].prompts:
         # The prompts were read: their length is no longer a guess, nor worth a second reading.
         changes["assumed"] = tuple(a for a in parsed.assumed if not a.startswith("GRPO prompt length"))
         changes["alternatives"] = tuple(a for a in parsed.alternatives if a.seq_len is None)
     run = command_phases.run_phases(parsed)
-    if step_alone is not None and (run.trainer != "sft" or run.eval_batch is not None):
-        what = [f"the {run.trainer.upper()} trainer"] if run.trainer != "sft" else []
+    trl_step = TRAINERS[run.trainer].trl_step
+    if step_alone is not None and (trl_step or run.eval_batch is not None):
+        what = [f"the {run.trainer.upper()} trainer"] if trl_step else []
         what += [f"evaluation at {run.eval_batch} rows"] if run.eval_batch is not None else []
         how = ("--trace traces one SFT training step, without the whole run's phases (plan without --trace has "
                "them)" if step_alone == "--trace" else

@@ -7,6 +7,8 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING
 
+from vramscope.trainers import TOKENIZATIONS, TRAINERS
+
 if TYPE_CHECKING:  # the dataset reading imports numpy: only when --dataset is given, not to build the parser
     from vramscope.dataset import DatasetLengths
 
@@ -42,7 +44,7 @@ def read_dataset(args: argparse.Namespace, run_trainer: str | None = None
     try:
         # qlora.py's two cuts, from its command (cli/command.apply_dataset), unless --dataset-field names a column
         qlora = None if args.dataset_field else getattr(args, "dataset_qlora", None)
-        named = {"dpo": "dpo", "reward": "dpo", "grpo": "grpo"}.get(run_trainer or "")
+        named = TRAINERS[run_trainer].dataset if run_trainer is not None else None
         trainer = named or framework_named(args.framework).dataset_trainer
         data = dataset_plan_input(args.dataset, args.tokenizer, args.dataset_field, trainer,
                                   args.seq_len, args.packing, args.padding_free, args.batch_size,
@@ -57,11 +59,11 @@ def read_dataset(args: argparse.Namespace, run_trainer: str | None = None
 def _named_for(data: DatasetLengths, run_trainer: str | None) -> DatasetLengths:
     """The reading's first words name the run's trainer: a reward run reads its pairs as DPO does, and a KTO run
     its prompt + completion as SFT does, but they are not DPO or SFT runs."""
-    label = {"reward": "TRL reward", "kto": "TRL KTO"}.get(run_trainer or "")
-    for prefix in ("TRL DPO", "TRL SFT", "HF Trainer"):
-        if label and data.how.startswith(prefix + ";"):
-            return dataclasses.replace(data, how=label + data.how[len(prefix):])
-    return data
+    label = TRAINERS[run_trainer].label if run_trainer is not None else None
+    # qlora.py's collator keeps its own name, and a reading of prompts alone is GRPO's whatever the run
+    if label is None or data.cut_apart or TOKENIZATIONS[data.trainer].prompts:
+        return data
+    return dataclasses.replace(data, label=label)
 
 
 def fallback_line(args: argparse.Namespace, why: str) -> str:
@@ -72,8 +74,7 @@ def fallback_line(args: argparse.Namespace, why: str) -> str:
 def format_dataset(d: DatasetLengths) -> str:
     """The distribution (a small histogram), the longest examples and the longest batch, for a terminal."""
     sample = f" (tokenized {d.tokenized:,}: sampled)" if d.sampled else ""
-    where = ("cut at the source's or the target's length" if d.how.startswith("qlora.py")
-             else f"truncated at {d.max_length}")
+    where = "cut at the source's or the target's length" if d.cut_apart else f"truncated at {d.max_length}"
     truncated = (f"; {d.truncated_examples:,} {where} (the longest was {d.longest_untruncated_tokens:,})"
                  if d.truncated_examples else "")
     lines = [

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 
 from vramscope.cli.common import UsageError, positive_int
 from vramscope.cli.labels import BREAKDOWN_LABELS
 from vramscope.planner.api import Plan
 from vramscope.planner.loading import at_moment
-from vramscope.planner.phases import EVAL_LOGITS, TRAINERS, RunPhases
+from vramscope.planner.phases import EVAL_LOGITS, RunPhases, trainer_of
+from vramscope.trainers import TRAINERS, Trainer, trainer_help
 from vramscope.units import gib
 
 
@@ -30,8 +32,7 @@ def _beta(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that describe the run beyond its training step (all optional; none = one SFT step)."""
     g = parser.add_argument_group("the whole run (trainer, evaluation, generation)")
-    g.add_argument("--trainer", choices=TRAINERS, help="the trainer: sft (default), dpo, grpo (no vLLM), reward, "
-                   "kto; the last four are TRL's")
+    g.add_argument("--trainer", choices=tuple(TRAINERS), help=trainer_help())
     g.add_argument("--eval-batch", type=positive_int, metavar="N",
                    help="per_device_eval_batch_size: plan an evaluation phase at N rows")
     g.add_argument("--eval-seq-len", type=positive_int, metavar="S",
@@ -85,12 +86,19 @@ def run_phases_from_args(args: argparse.Namespace, base: RunPhases | None = None
     if flag is not None and run.eval_batch is None:
         raise UsageError(f"--{flag.replace('_', '-')} describes the evaluation: add --eval-batch N "
                          "(per_device_eval_batch_size)")
+    trainer = trainer_of(run)
     flag = next((f for f in _GRPO_FLAGS if getattr(args, f, None) is not None), None)
-    if flag is not None and run.trainer != "grpo":
-        raise UsageError(f"--{flag.replace('_', '-')} is a GRPO setting: add --trainer grpo")
-    if run.precompute_ref and run.trainer not in ("dpo", "kto"):
-        raise UsageError("--precompute-ref is a DPO/KTO setting: add --trainer dpo or --trainer kto")
+    if flag is not None and not trainer.generates:
+        raise UsageError(f"--{flag.replace('_', '-')} is a {_who(lambda t: t.generates)}")
+    if run.precompute_ref and not trainer.reference:
+        raise UsageError(f"--precompute-ref is a {_who(lambda t: t.reference)}")
     return run
+
+
+def _who(has: Callable[[Trainer], bool]) -> str:
+    """"GRPO setting: add --trainer grpo": the trainers a flag belongs to, and how to name one."""
+    names = [name for name, t in TRAINERS.items() if has(t)]
+    return f"{'/'.join(n.upper() for n in names)} setting: add {' or '.join(f'--trainer {n}' for n in names)}"
 
 
 def refuse_phases(args: argparse.Namespace, what: str) -> None:
@@ -113,7 +121,7 @@ def format_lines(p: Plan) -> list[str]:
         return []
     load = run.phases.get("load")
     quiet_load = load is None or load.peak_allocated_bytes <= run.phases["train"].peak_allocated_bytes
-    if set(run.phases) - {"load"} == {"train"} and run.trainer == "sft" and quiet_load:
+    if set(run.phases) - {"load"} == {"train"} and not TRAINERS[run.trainer].trl_step and quiet_load:
         return []
     lines = ["", f"  the whole run ({run.trainer}), peak allocated per phase:"]
     for name, ph in run.phases.items():

@@ -11,23 +11,23 @@ from typing import Any
 
 from vramscope.commands.types import ParsedCommand
 from vramscope.planner.phases import GRPO_COMPLETION, RunPhases
+from vramscope.trainers import trainer_of_kind
 
-# TRL trainers the planner models; ORPO (chosen and rejected in one forward of 2b rows, no reference model) is
-# closest to DPO with the reference precomputed, and "pretrain" is a supervised step.
-_TRAINERS = {"sft": "sft", "pretrain": "sft", "dpo": "dpo", "grpo": "grpo", "kto": "kto", "reward": "reward",
-             "orpo": "dpo"}
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size's default
 
 
 def run_phases(command: ParsedCommand) -> RunPhases:
     """The phases ``command`` runs: its trainer (with its lengths) and, when it evaluates, its evaluation."""
     settings = command.trainer
-    fields: dict[str, Any] = {"trainer": _TRAINERS.get(settings.kind, "sft"), "grad_accum": command.grad_accum}
-    if settings.kind == "orpo":
+    # The kind's row of the trainers' table (``Trainer.kinds``): "pretrain" is a supervised step, and ORPO (chosen
+    # and rejected in one forward of 2b rows, no reference model) is closest to DPO with the reference precomputed.
+    trainer = trainer_of_kind(settings.kind)
+    fields: dict[str, Any] = {"trainer": trainer.name, "grad_accum": command.grad_accum}
+    if settings.kind in trainer.kinds_without_reference:
         fields["precompute_ref"] = True
     elif settings.precompute_ref_log_probs:
-        fields["precompute_ref"] = fields["trainer"] in ("dpo", "kto")
-    if fields["trainer"] == "grpo":
+        fields["precompute_ref"] = trainer.reference
+    if trainer.generates:
         completion = settings.max_completion_length or GRPO_COMPLETION
         if settings.max_prompt_length is not None:
             fields["max_prompt_len"] = settings.max_prompt_length

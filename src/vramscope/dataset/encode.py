@@ -18,7 +18,14 @@ import numpy as np
 
 from vramscope.dataset.readers import Rows
 from vramscope.dataset.tokenizer import RunTokenizer
-from vramscope.dataset.types import DatasetError, Trainer
+from vramscope.dataset.types import DatasetError
+from vramscope.trainers import (
+    DEFAULT_TOKENIZATION,
+    PAIRS_TOKENIZATION,
+    PROMPTS_TOKENIZATION,
+    TOKENIZATIONS,
+    Tokenization,
+)
 
 ID_COLUMNS = ("input_ids",)
 DPO_ID_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
@@ -28,46 +35,57 @@ DPO_ID_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 class Layout:
     """Which columns hold the examples, and how they are tokenized."""
 
-    trainer: Trainer
+    trainer: str  # a key of vramscope.trainers.TOKENIZATIONS
     fields: tuple[str, ...]
     kind: str  # "ids", "dpo_ids", "text", "messages", "prompt_completion", "pairs", "prompts"
 
+    @property
+    def tokenization(self) -> Tokenization:
+        return TOKENIZATIONS[self.trainer]
 
-def layout_of(columns: Sequence[str], trainer: Trainer | None, field: str | None, first: dict[str, Any]) -> Layout:
+
+def layout_of(columns: Sequence[str], trainer: str | None, field: str | None, first: dict[str, Any]) -> Layout:
     """The dataset's layout from its columns (and its first row, to tell text from conversations).
 
-    The columns decide DPO (chosen/rejected) and GRPO (a prompt alone) unless ``trainer`` says which; ``sft`` or
-    ``hf`` (None: sft) then decides how the rest is tokenized.
+    The columns decide DPO (chosen/rejected) and GRPO (a prompt alone) unless ``trainer`` (a key of
+    :data:`~vramscope.trainers.TOKENIZATIONS`) says which; ``sft`` or ``hf`` (None: sft) then decides how the rest
+    is tokenized.
     """
     cols = set(columns)
+    asked = TOKENIZATIONS[trainer] if trainer is not None else None
+    asks_pairs, asks_prompts = asked is not None and asked.pairs, asked is not None and asked.prompts
+    # what the rest is read as: the asked reading where it is of whole examples, else the default
+    plain = asked.name if asked is not None and not (asks_pairs or asks_prompts) else DEFAULT_TOKENIZATION
     if field is not None:
         if field not in cols:
             raise DatasetError(f"no column {field!r} in the dataset; it has {', '.join(columns)}")
         value = first.get(field)
         kind = "ids" if _is_ids(value) else "messages" if _is_conversation(value) else "text"
-        return Layout(trainer if trainer in ("sft", "hf") else "sft", (field,), kind)
+        return Layout(plain, (field,), kind)
     pairs = {"chosen", "rejected"} <= cols
-    if trainer == "dpo" or (trainer != "grpo" and pairs):  # chosen/rejected: a preference dataset, for DPO
+    if asks_pairs or (not asks_prompts and pairs):  # chosen/rejected: a preference dataset, for DPO
+        reading = asked.name if asked is not None and asks_pairs else PAIRS_TOKENIZATION
         if set(DPO_ID_COLUMNS) <= cols:
-            return Layout("dpo", DPO_ID_COLUMNS, "dpo_ids")
+            return Layout(reading, DPO_ID_COLUMNS, "dpo_ids")
         if not pairs:
             raise DatasetError(f"a DPO dataset needs chosen and rejected columns; it has {', '.join(columns)}")
-        return Layout("dpo", ("prompt", "chosen", "rejected") if "prompt" in cols else ("chosen", "rejected"), "pairs")
-    if "input_ids" in cols and trainer != "grpo":
-        return Layout(trainer or "sft", ("input_ids",), "ids")
+        return Layout(reading, ("prompt", "chosen", "rejected") if "prompt" in cols else ("chosen", "rejected"),
+                      "pairs")
+    if "input_ids" in cols and not asks_prompts:
+        return Layout(plain, ("input_ids",), "ids")
     prompts_only = "prompt" in cols and not ({"completion", "text", "messages", "conversations"} & cols)
-    if trainer == "grpo" or prompts_only:  # prompts alone: nothing to train on but generations (GRPO)
+    if asks_prompts or prompts_only:  # prompts alone: nothing to train on but generations (GRPO)
         if "prompt" not in cols:
             raise DatasetError(f"a GRPO dataset needs a prompt column; it has {', '.join(columns)}")
-        return Layout("grpo", ("prompt",), "prompts")
-    chosen: Trainer = trainer or "sft"
+        return Layout(asked.name if asked is not None and asks_prompts else PROMPTS_TOKENIZATION, ("prompt",),
+                      "prompts")
     for name in ("messages", "conversations"):
         if name in cols and _is_conversation(first.get(name)):
-            return Layout(chosen, (name,), "messages")
+            return Layout(plain, (name,), "messages")
     if {"prompt", "completion"} <= cols:
-        return Layout(chosen, ("prompt", "completion"), "prompt_completion")
+        return Layout(plain, ("prompt", "completion"), "prompt_completion")
     if "text" in cols:
-        return Layout(chosen, ("text",), "text")
+        return Layout(plain, ("text",), "text")
     raise DatasetError("no column to tokenize (text, messages, prompt+completion, chosen+rejected, prompt, "
                        f"input_ids); it has {', '.join(columns) or 'none'}: pass --dataset-field NAME")
 
@@ -91,7 +109,7 @@ def lengths(rows: Rows, layout: Layout, tokenizer: RunTokenizer | None, picked: 
     if tokenizer is None:
         raise DatasetError(f"the dataset's {'+'.join(layout.fields)} must be tokenized, and no tokenizer was found: "
                            "pass --tokenizer DIR (a folder with tokenizer.json)")
-    eos = tokenizer.eos_token if layout.trainer in ("sft", "dpo") else None
+    eos = tokenizer.eos_token if layout.tokenization.eos else None
     if layout.kind == "text":
         return _texts(tokenizer, [_text(v) for v in rows.values(layout.fields[0], picked)], eos)
     if layout.kind == "messages":

@@ -15,7 +15,8 @@ from vramscope.dataset.files import locate
 from vramscope.dataset.qlora import QloraCut, columns_for, source_target
 from vramscope.dataset.readers import Rows, read_rows
 from vramscope.dataset.tokenizer import RunTokenizer, find_tokenizer
-from vramscope.dataset.types import TRAINERS, Batching, DatasetError, DatasetLengths, Trainer
+from vramscope.dataset.types import Batching, DatasetError, DatasetLengths
+from vramscope.trainers import TOKENIZATIONS
 
 SAMPLE_ROWS = 200_000  # above this, a random sample plus the longest rows by characters is tokenized
 TAIL_ROWS = 2_000  # the longest rows by characters, always tokenized: the longest batch is made of them
@@ -100,7 +101,8 @@ def dataset_plan_input(
                                f"found{where}: pass --tokenizer DIR (a folder with tokenizer.json)")
         tokenizer = RunTokenizer(folder)
     picked, sample, sampled = _pick(rows, layout, sample_rows, seed)
-    truncate = max_length is not None and layout.trainer != "grpo"
+    reading = layout.tokenization
+    truncate = max_length is not None and not reading.prompts  # a prompt's completion is generated, not cut
     if qlora is not None and tokenizer is not None:
         source, target = source_target(rows, qlora, layout.fields, tokenizer, picked)
         raw = source + target
@@ -115,7 +117,7 @@ def dataset_plan_input(
     per_example = cut.max(axis=1) if cut.ndim == 2 else cut
     untruncated = raw.max(axis=1) if raw.ndim == 2 else raw
     batching = _batching(layout, packing, padding_free, group_by_length, notes)
-    if batching == "padding_free" and truncate and layout.trainer == "sft":
+    if batching == "padding_free" and truncate and reading.trl:
         notes.append(f"TRL 1.16 refuses padding_free without packing when max_length is set (it would not "
                      f"truncate); the lengths here are cut at {max_length}, as a pre-truncated dataset would be")
     one_row = packing and (padding_free or packing_strategy in ("bfd", "bfd_split"))
@@ -130,11 +132,12 @@ def dataset_plan_input(
     if sampled:
         notes.append(f"sampled: {len(dist):,} random rows of {rows.num_rows:,} for the distribution, plus the "
                      f"{min(TAIL_ROWS, rows.num_rows):,} longest by characters for the longest batch")
-    if layout.trainer == "grpo":
+    if reading.prompts:
         notes.append("GRPO: the prompts only; each is followed by up to max_completion_length generated tokens")
     return DatasetLengths(
         source=located.source, files=tuple(str(f) for f in located.files), trainer=layout.trainer,
-        fields=layout.fields, how=_how(layout, tokenizer, max_length if truncate else None, qlora),
+        fields=layout.fields, label=_label(layout, qlora), steps=_steps(layout, tokenizer, max_length if truncate
+                                                                                else None, qlora),
         examples=rows.num_rows,
         sampled=sampled, tokenized=int(per_example.shape[0]), max_length=max_length if truncate else None,
         longest_tokens=int(per_example.max()), p50_tokens=percentile(dist, 50), p99_tokens=percentile(dist, 99),
@@ -142,17 +145,17 @@ def dataset_plan_input(
         batching=batching, peak_batch_rows=peak.rows, peak_batch_seq=peak.seq, peak_batch_tokens=peak.tokens,
         peak_batch_real_tokens=peak.real_tokens, typical_epoch_peak_tokens=peak.typical_epoch_tokens,
         longest=tuple((int(index[i]), int(untruncated[i])) for i in order), histogram=histogram(dist),
-        notes=tuple(notes), seconds=time.perf_counter() - started,
+        notes=tuple(notes), seconds=time.perf_counter() - started, cut_apart=qlora is not None,
     )
 
 
-def _trainer(name: str | None) -> Trainer | None:
+def _trainer(name: str | None) -> str | None:
     if name is None:
         return None
     # a framework's name becomes its trainer's word where the plan asks (Framework.dataset_trainer)
-    if name not in TRAINERS:
-        raise DatasetError(f"unknown trainer {name!r}; choose one of {', '.join(TRAINERS)}")
-    return name  # type: ignore[return-value]
+    if name not in TOKENIZATIONS:
+        raise DatasetError(f"unknown trainer {name!r}; choose one of {', '.join(TOKENIZATIONS)}")
+    return name
 
 
 def _pick(rows: Rows, layout: Layout, limit: int, seed: int) -> tuple[np.ndarray | None, np.ndarray | None, bool]:
@@ -172,7 +175,7 @@ def _pick(rows: Rows, layout: Layout, limit: int, seed: int) -> tuple[np.ndarray
 
 
 def _batching(layout: Layout, packing: bool, padding_free: bool, group_by_length: bool, notes: list[str]) -> Batching:
-    if layout.trainer == "dpo":
+    if layout.tokenization.pairs:  # each pair's two rows padded together
         if packing or padding_free:
             notes.append("TRL's DPOTrainer pads (padding_free and packing are off in TRL 1.16): planned padded")
         return "grouped" if group_by_length else "padded"
@@ -183,27 +186,33 @@ def _batching(layout: Layout, packing: bool, padding_free: bool, group_by_length
     return "grouped" if group_by_length else "padded"
 
 
-def _how(layout: Layout, tokenizer: RunTokenizer | None, truncated_at: int | None, qlora: QloraCut | None) -> str:
+def _label(layout: Layout, qlora: QloraCut | None) -> str:
+    """Whose tokens they are: qlora.py's collator, or the trainer the layout tokenizes as."""
+    return f"qlora.py (--dataset_format {qlora.format})" if qlora is not None else layout.tokenization.label
+
+
+def _steps(layout: Layout, tokenizer: RunTokenizer | None, truncated_at: int | None,
+           qlora: QloraCut | None) -> tuple[str, ...]:
+    """How the tokens were made, a clause each (after :func:`_label`'s words)."""
     if qlora is not None:
-        parts = [f"qlora.py (--dataset_format {qlora.format})",
-                 f"BOS + source cut at {qlora.source_max_len} and target + EOS cut at {qlora.target_max_len}, "
+        parts = [f"BOS + source cut at {qlora.source_max_len} and target + EOS cut at {qlora.target_max_len}, "
                  f"tokenized apart and joined (from {' + '.join(layout.fields)})"]
         if tokenizer is not None:
             parts.append(f"tokenizer {tokenizer.folder} via {tokenizer.how}")
-        return "; ".join(parts)
+        return tuple(parts)
+    eos = " + EOS" if layout.tokenization.eos else ""
     what = {
         "ids": "input_ids used as they are",
         "dpo_ids": "prompt_ids + chosen_ids / rejected_ids used as they are",
-        "text": f"{layout.fields[0]}" + (" + EOS" if layout.trainer == "sft" else "") + ", tokenized",
+        "text": f"{layout.fields[0]}{eos}, tokenized",
         "messages": f"{layout.fields[0]} through the chat template",
-        "prompt_completion": "prompt + completion" + (" + EOS" if layout.trainer == "sft" else "") + ", tokenized",
+        "prompt_completion": f"prompt + completion{eos}, tokenized",
         "pairs": "prompt + chosen and prompt + rejected (+ EOS on plain text)",
         "prompts": "the prompts (with the generation prompt on conversations)",
     }[layout.kind]
-    trainer = {"sft": "TRL SFT", "hf": "HF Trainer", "dpo": "TRL DPO", "grpo": "TRL GRPO"}[layout.trainer]
-    parts = [trainer, what]
+    parts = [what]
     if tokenizer is not None:
         parts.append(f"tokenizer {tokenizer.folder} via {tokenizer.how}")
     if truncated_at is not None:
         parts.append(f"truncated at {truncated_at}")
-    return "; ".join(parts)
+    return tuple(parts)

@@ -9,14 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Trainer = Literal["sft", "hf", "dpo", "grpo"]
-"""How the trainer turns an example into tokens: ``sft`` TRL's SFTTrainer (EOS appended to plain text, chat
-template for ``messages``, truncation at ``max_length``); ``hf`` the HF Trainer after the usual
-``tokenizer(text, truncation=True, max_length=...)`` map (no EOS); ``dpo`` TRL's DPOTrainer (prompt+chosen and
-prompt+rejected, all 2b rows padded together); ``grpo`` TRL's GRPOTrainer (the prompts only: the completions are
-generated, up to ``max_completion_length``)."""
-
-TRAINERS: tuple[str, ...] = ("sft", "hf", "dpo", "grpo")
+# How the trainer turns an example into tokens is a row of vramscope.trainers.TOKENIZATIONS (``sft`` TRL's
+# SFTTrainer, ``hf`` the HF Trainer after the usual tokenizer map, ``dpo`` TRL's DPOTrainer, ``grpo`` TRL's
+# GRPOTrainer), named by its key here.
 
 Batching = Literal["padded", "grouped", "packed", "padding_free"]
 """How the collator forms a batch: ``padded`` (random order, each batch padded to its longest), ``grouped``
@@ -46,9 +41,14 @@ class DatasetLengths:
     Attributes:
         source: the file or folder that was read (a hub id resolves to its cached files).
         files: the data files read.
-        trainer: how examples were tokenized (:data:`Trainer`).
+        trainer: how examples were tokenized (a key of :data:`vramscope.trainers.TOKENIZATIONS`).
         fields: the columns tokenized (``text``; ``messages``; ``prompt``+``completion``; ``input_ids``...).
-        how: how the tokens were made, in words (EOS, chat template, input_ids used as they are).
+        label: whose tokens they are, in words: the trainer's ("TRL SFT", "TRL reward" for a reward run reading
+            DPO's pairs) or qlora.py's collator; the first words of :attr:`how`.
+        steps: how the tokens were made, a clause each (EOS, chat template, input_ids used as they are, the
+            tokenizer, the truncation); the rest of :attr:`how`.
+        cut_apart: qlora.py's collator cut the source and the target apart, each at its own length
+            (``max_length`` is their sum); else ``max_length`` cut the example whole.
         examples: rows in the dataset (all of them, also when only a sample was tokenized).
         sampled: only a sample was tokenized (a huge dataset); ``tokenized`` says how many rows.
         tokenized: rows whose tokens were counted.
@@ -72,9 +72,10 @@ class DatasetLengths:
 
     source: str
     files: tuple[str, ...]
-    trainer: Trainer
+    trainer: str
     fields: tuple[str, ...]
-    how: str
+    label: str
+    steps: tuple[str, ...]
     examples: int
     sampled: bool
     tokenized: int
@@ -95,6 +96,12 @@ class DatasetLengths:
     histogram: Histogram
     notes: tuple[str, ...] = field(default=())
     seconds: float = 0.0
+    cut_apart: bool = False
+
+    @property
+    def how(self) -> str:
+        """How the tokens were made, in words: the label, then each step."""
+        return "; ".join((self.label, *self.steps))
 
     def to_json(self) -> dict[str, Any]:
         """The reading as JSON-ready data (``vramscope plan --json``'s ``"dataset"`` object)."""

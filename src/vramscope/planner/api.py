@@ -24,7 +24,7 @@ from vramscope.planner.layer import expert_dropout_refusal
 from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
 from vramscope.planner.nofit import explain
 from vramscope.planner.phase_advice import load_reason, phase_reason, phase_recommendations
-from vramscope.planner.phases import RunPhases, RunPlan, load_phase, plan_run
+from vramscope.planner.phases import RunPhases, RunPlan, load_phase, plan_run, trainer_of
 from vramscope.planner.recommendation import Recommendation as Recommendation  # re-exported: its old home
 from vramscope.planner.search import largest_fitting
 from vramscope.planner.settings import offered, written_as
@@ -445,7 +445,8 @@ def plan(
         spec = spec.with_(compute_dtype="fp16")
         notes.append(f"{gpus.get_gpu(gpu).name} has no bf16 arithmetic (before Ampere): planned in fp16, as runs "
                      "there train (--fp16 / fp16=True; bf16=True is refused or emulated, slowly)")
-    if run.trainer != "sft" and spec.framework != TRL_TRAINERS.name:
+    trainer = trainer_of(run)
+    if trainer.trl_step and spec.framework != TRL_TRAINERS.name:
         # DPO, GRPO, KTO and the reward trainer are TRL's: its dtypes (no kbit preparation, bf16 adapters) and
         # its fused LM head, whatever framework the recipe named
         notes.append(f"trainer {run.trainer} is TRL's: planned with TRL's dtypes and fused LM head")
@@ -453,7 +454,7 @@ def plan(
     whole = plan_run(shape, spec, batch_size, seq_len, hw, run)
     top = whole.peak
     step_rows, step_len = whole.phases["train"].rows, whole.phases["train"].seq
-    est = estimate(shape, spec, batch_size, seq_len, hw) if run.trainer == "sft" else whole.train
+    est = whole.train if trainer.trl_step else estimate(shape, spec, batch_size, seq_len, hw)
     capacity = gpus.capacity_note(gpu, gpu_memory)  # which capacity, in which unit (GB vs GiB)
     if capacity is not None:
         notes.append(capacity)
@@ -464,7 +465,7 @@ def plan(
         notes.append(f"sequence length {seq_len} exceeds the model's max_position_embeddings {shape.max_positions}")
     defaults_note = framework_for(spec).defaults_note
     if (defaults_note and spec.bits in (4, 8) and spec.compute_dtype != "fp32" and not read_from_command
-            and run.trainer == "sft"):
+            and not trainer.trl_step):
         notes.append(defaults_note)
     refusal = expert_dropout_refusal(shape, spec)
     warnings = (*((refusal,) if refusal else ()), *moe_warnings(shape, spec, whole.train))
@@ -474,7 +475,7 @@ def plan(
     at_context = False
     if cap is not None:
         fits = top.device_bytes <= cap
-        if whole.phases.keys() - {"load"} == {"train"} and run.trainer == "sft":
+        if whole.phases.keys() - {"load"} == {"train"} and not trainer.trl_step:
             # loading holds the same at every batch and length: where it alone overflows, nothing fits
             loads = whole.phases["load"].device_bytes <= cap if "load" in whole.phases else True
             mb = max_batch_size(shape, spec, seq_len, cap, hw) if loads else 0
@@ -501,7 +502,7 @@ def plan(
     grad_accum = _positive("gradient accumulation", grad_accum, MAX_COUNT)
     recs = _recommendations(shape, spec, step_rows, step_len, hw, est, est.device_bytes, cap, style, grad_accum,
                             run.trainer, loading=True)
-    if run.trainer != "sft":
+    if trainer.trl_step:
         # the step's rows are 2 x batch (DPO, reward) or prompt + completion long (GRPO): batch and length
         # changes are the phases' own recommendations, written in the trainer's settings
         recs = [r for r in recs if r.name not in ("micro_batch", "seq_len", "framework", "drop_output", "use_cache")]

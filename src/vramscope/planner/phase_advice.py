@@ -11,14 +11,11 @@ from dataclasses import replace
 
 from vramscope.planner.loading import at_moment
 from vramscope.planner.memory import Hardware
-from vramscope.planner.phases import RunPhases, RunPlan, plan_run
+from vramscope.planner.phases import RunPhases, RunPlan, plan_run, trainer_of
 from vramscope.planner.recommendation import Recommendation
-from vramscope.planner.settings import TRAINER_CONFIGS
 from vramscope.planner.shapes import ModelShape
 from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MIB
-
-_CONFIG = {"sft": "TrainingArguments", **TRAINER_CONFIGS}
 
 
 def phase_recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, run: RunPhases,
@@ -26,7 +23,8 @@ def phase_recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: i
     """Changes to the run's settings that lower its peak, largest saving first (only those that save)."""
     base = whole.peak.device_bytes
     deficit = None if capacity is None else base - capacity
-    config = _CONFIG[run.trainer]
+    trainer = trainer_of(run)
+    config = trainer.config or "TrainingArguments"  # the HF Trainer's, for a run that names no TRL config
     out: list[Recommendation] = []
 
     def add(name: str, new: RunPhases, text: str, how: str) -> None:
@@ -36,7 +34,7 @@ def phase_recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: i
             out.append(Recommendation(name, saving, text.format(saving=saving / GIB), {"run": _diff(run, new)},
                                       None if deficit is None else saving >= deficit, how))
 
-    if "eval" in whole.phases and run.trainer != "grpo":
+    if "eval" in whole.phases and not trainer.generates:  # a generating run's evaluation generates
         if run.eval_logits == "kept":
             add("eval_argmax", replace(run, eval_logits="argmax"),
                 "reduce the logits to token ids before they are gathered (preprocess_logits_for_metrics): "
@@ -50,10 +48,10 @@ def phase_recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: i
             half = max(1, run.eval_batch // 2)
             add("eval_batch", replace(run, eval_batch=half),
                 # DPO and reward evaluate pairs: per_device_eval_batch_size counts pairs, each two rows
-                f"evaluate {half} {'pairs' if run.trainer in ('dpo', 'reward') else 'rows'} at a time: saves "
+                f"evaluate {half} {'pairs' if trainer.rows_per_example == 2 else 'rows'} at a time: saves "
                 f"{{saving:.2f}} GiB",
                 f"{config}(per_device_eval_batch_size={half})")
-    if run.trainer == "grpo":
+    if trainer.generates:
         steps = run.steps_per_generation or run.grad_accum
         # the fewest micro-batches generated at once that still divide the step and make whole groups of G
         fewer = [n for n in range(1, steps) if steps % n == 0
@@ -67,7 +65,7 @@ def phase_recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: i
             add("max_completion_len", replace(run, max_completion_len=completion // 2),
                 f"cap completions at {completion // 2} tokens: saves {{saving:.2f}} GiB",
                 f"{config}(max_completion_length={completion // 2})")
-    if run.trainer in ("dpo", "kto") and not run.precompute_ref:
+    if trainer.reference and not run.precompute_ref:
         add("precompute_ref", replace(run, precompute_ref=True),
             "compute the reference log-probabilities once before training: saves {saving:.2f} GiB",
             f"{config}(precompute_ref_log_probs=True)")

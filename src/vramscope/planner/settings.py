@@ -17,6 +17,7 @@ from vramscope.planner.frameworks.registry import (
     style_named,
     style_of_program,
 )
+from vramscope.trainers import DEFAULT_TRAINER, TRAINERS
 
 __all__ = ["STYLES", "offered", "style_of", "written_as"]
 
@@ -54,15 +55,15 @@ def offered(change: dict[str, Any], style: str | None) -> bool:
     return style is None or not (style_named(style).not_offered & change.keys())
 
 
-# TRL's trainers other than SFT take their own config class, with the same field names (TrainingArguments').
-TRAINER_CONFIGS = {"dpo": "DPOConfig", "grpo": "GRPOConfig", "reward": "RewardConfig", "kto": "KTOConfig"}
-
-
-def written_as(change: dict[str, Any], style: str, run_trainer: str = "sft") -> str:
+def written_as(change: dict[str, Any], style: str, run_trainer: str = DEFAULT_TRAINER) -> str:
     """``change`` as the user writes it in ``style`` (one of :data:`STYLES`) for a ``run_trainer`` run (a DPO run's
     fields go in ``DPOConfig``, not ``SFTConfig``); ``;``-separated when several."""
     how = style_named(style)
-    config = TRAINER_CONFIGS.get(run_trainer, how.config) if how.config == "SFTConfig" else how.config
+    # TRL's trainers other than SFT take their own config class (``Trainer.config``), with the same field names
+    # (TrainingArguments')
+    row = TRAINERS.get(run_trainer)
+    own = row.config if row is not None else None
+    config = (own or how.config) if how.config == "SFTConfig" else how.config
     parts: list[str] = []
     trainer: dict[str, Any] = {}
     lora: dict[str, Any] = {}
