@@ -16,6 +16,7 @@ from typing import Any
 
 from vramscope.cli.common import UsageError
 from vramscope.commands import ASSUMED_SHARDED_WORLD, ParsedCommand, parse_command
+from vramscope.planner.document import Alternative
 from vramscope.planner.errors import PlanInputError
 from vramscope.recipe import QLoraSpec
 
@@ -272,13 +273,14 @@ def format_alternatives(alternatives: list[tuple[str, Any, int | None]], capacit
     return "\n".join(lines)
 
 
-def alternatives_json(alternatives: list[tuple[str, Any, int | None]], capacity: int | None) -> list[dict[str, Any]]:
-    """``plan --json``'s ``alternatives``: each other reading's label, process count, bytes and verdict."""
+def alternatives_of(alternatives: list[tuple[str, Any, int | None]], capacity: int | None) -> tuple[Alternative, ...]:
+    """``plan --json``'s ``alternatives``: each other reading's label, process count, bytes and verdict (the plan
+    document's own type, which writes them)."""
     out = []
     for label, result, world in alternatives:
         need, fits = _needs(result, capacity)
-        out.append({"label": label, "world_size": world, "device_bytes": need, "fits": fits})
-    return out
+        out.append(Alternative(label, world, need, fits))
+    return tuple(out)
 
 
 def apply_dataset(args: argparse.Namespace, inputs: CommandInputs) -> str | None:

@@ -21,7 +21,7 @@ from vramscope.cli.recipe import add_recipe_arguments, spec_from_args
 from vramscope.commands import phases as command_phases
 from vramscope.planner import PlanInputError, load_config_file, plan, registry
 from vramscope.planner.api import Plan
-from vramscope.planner.document import Alternative, CommandSection, dataset_failure, plan_document
+from vramscope.planner.document import CommandSection, dataset_failure, plan_document
 from vramscope.planner.memory import OPTIMIZERS
 from vramscope.planner.phases import GRPO_COMPLETION, RunPhases
 from vramscope.planner.settings import style_of
@@ -152,7 +152,7 @@ def _command_section(command: training_command.CommandInputs, others: list[tuple
     """The document's part for a pasted command: its reading, what was assumed, and the other readings."""
     fields = training_command.json_fields(command)
     return CommandSection(command.to_dict(), tuple(fields["assumed"]), tuple(fields["unsupported"]),
-                          tuple(Alternative.from_json(a) for a in training_command.alternatives_json(others, capacity)))
+                          training_command.alternatives_of(others, capacity))
 
 
 def _per_gpu(model: Any, spec: Any, args: argparse.Namespace, hardware: Any, gpus: int) -> int:
