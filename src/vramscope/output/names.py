@@ -17,6 +17,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The tag of each other log of the same run, written once (``sibling(path, tag=...)``): rank N's log
+# (training.ranks; a trial's record of rank N too, tune.trial_record), vramscope run's step log (run.inject),
+# the Nth Trainer's log of one program (run.inject).
+RANK_TAG = "rank"
+STEPS_TAG = "steps"
+TRAINER_TAG = "trainer"
+
 # The suffix of each kind of file beside a log, written once: the writer and the reader of each import it here.
 # Each file's format has one owner, named here; the writer and the reader go through it, never through a dict of
 # their own. (The plan JSON is no file beside a log: the user names it; its owner is vramscope.planner.document.)

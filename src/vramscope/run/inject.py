@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.exporters.relay import ENV_RELAY
-from vramscope.output.names import sibling
+from vramscope.output.names import STEPS_TAG, TRAINER_TAG, sibling
 from vramscope.run.relay import relay_into
 
 SITE_DIR = str(Path(__file__).resolve().with_name("_sitecustomize"))
@@ -49,7 +49,7 @@ def steps_log_path(log_path: str | os.PathLike[str]) -> str:
     """``runs/mem.csv`` -> ``/abs/runs/mem.steps.csv`` (absolute: the child may change directory)."""
     path = Path(log_path).resolve()
     suffix = path.suffix if path.suffix in (".csv", ".jsonl", ".ndjson") else ".csv"  # a format the callback writes
-    return sibling(path, tag="steps", suffix=suffix)
+    return sibling(path, tag=STEPS_TAG, suffix=suffix)
 
 
 def child_env(log_path: str | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -118,7 +118,7 @@ def _callback_options(env: Mapping[str, str]) -> dict[str, Any]:
     log_path = env.get(ENV_STEP_LOG) or None
     number = next(_trainers)
     if log_path is not None and number > 1:  # a second Trainer in the same program gets its own log
-        log_path = sibling(log_path, tag=f"trainer{number}")
+        log_path = sibling(log_path, tag=f"{TRAINER_TAG}{number}")
     try:
         every = max(1, int(env.get(ENV_EVERY, "1")))
     except ValueError:

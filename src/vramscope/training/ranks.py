@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from vramscope.output.atomic import write_atomically
-from vramscope.output.names import sibling
+from vramscope.output.names import RANK_TAG, sibling
 
 
 def current_rank() -> int:
@@ -30,7 +30,7 @@ def current_rank() -> int:
 
 def rank_path(path: str, rank: int) -> str:
     """``mem.csv`` for rank 0, ``mem.rank3.csv`` for rank 3 (:func:`vramscope.output.names.sibling`)."""
-    return path if rank == 0 else sibling(path, tag=f"rank{rank}")
+    return path if rank == 0 else sibling(path, tag=f"{RANK_TAG}{rank}")
 
 
 def beside(path: str, suffix: str) -> str:

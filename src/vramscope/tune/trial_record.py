@@ -22,11 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vramscope.output.names import sibling
-
 # Rank k > 0 writes <stem>.rank<k><suffix>, the name a rank's log has (training.ranks.rank_path): the writer's name
-# and the reader's pattern are both made from it.
-RANKS_TAG = "rank"
+# and the reader's pattern are both made from output.names.RANK_TAG.
+from vramscope.output.names import RANK_TAG, sibling
 
 
 @dataclass(frozen=True)
@@ -292,14 +290,14 @@ def _text(value: object) -> str | None:
 
 def record_path(record: str, rank: int) -> str:
     """Rank 0 writes ``record``; rank k > 0 writes ``<stem>.rank<k><suffix>`` beside it, as a rank's log."""
-    return record if rank == 0 else sibling(record, tag=f"{RANKS_TAG}{rank}")
+    return record if rank == 0 else sibling(record, tag=f"{RANK_TAG}{rank}")
 
 
 def rank_record_paths(record: str) -> list[str]:
     """Where the ranks of a trial wrote: ``record`` (rank 0), then each ``<stem>.rank<k><suffix>`` found beside it.
 
     The record's name is escaped, so that a ``[`` in a folder or file name is not read as a pattern."""
-    return [record, *sorted(glob.glob(sibling(glob.escape(record), tag=f"{RANKS_TAG}*")))]
+    return [record, *sorted(glob.glob(sibling(glob.escape(record), tag=f"{RANK_TAG}*")))]
 
 
 def read_record(path: str) -> TrialRecord | None:
