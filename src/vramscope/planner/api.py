@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vramscope.planner import gpus, hub_cache, registry
+from vramscope.planner import gpus, hub_cache, registry, rules
 from vramscope.planner.batching import largest_divisor as _largest_divisor
 from vramscope.planner.errors import PlanInputError, UnknownModelError
 from vramscope.planner.frameworks import TRL_TRAINERS, component_notes, framework_for, style_named
@@ -20,7 +20,7 @@ from vramscope.planner.nofit import explain
 from vramscope.planner.phase_advice import load_reason, phase_reason, phase_recommendations
 from vramscope.planner.phases import RunPhases, RunPlan, load_phase, plan_run, trainer_of
 from vramscope.planner.recommendation import Recommendation as Recommendation  # re-exported: its old home
-from vramscope.planner.rules import RULES, Candidate, Situation
+from vramscope.planner.rules import Candidate, Situation
 from vramscope.planner.search import MAX_BATCH, MAX_SEQ, largest_fitting
 from vramscope.planner.search import max_batch_size as max_batch_size  # re-exported: its old home
 from vramscope.planner.search import max_seq_len as max_seq_len  # re-exported: its old home
@@ -199,7 +199,7 @@ def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, h
         framework=fw, style=style or fw.style,  # qlora.py takes HF TrainingArguments flags: its framework's is hf
         trainer=trainer, grad_accum=grad_accum)
     out: list[Recommendation] = []
-    for rule in RULES:
+    for rule in rules.RULES:  # read at each call: a rule added to the tuple is walked at once
         for candidate in rule(situation):
             if candidate.under_trl_step or not trl_step:
                 out += _judged(candidate, situation, loading)
