@@ -1,6 +1,7 @@
 """The one shape of a piece of advice, whoever gives it: an OOM's post-mortem, a log's analysis or the planner.
 
-Pure data, importing nothing of vramscope, so that every floor that gives advice can build it.
+Pure data, importing nothing of vramscope but one constant of the planner's settings, so that every floor that
+gives advice can build it.
 """
 
 from __future__ import annotations
@@ -9,12 +10,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramscope.planner.settings import EXPANDABLE_SEGMENTS as EXPANDABLE_SEGMENTS  # re-exported: its old home
+
 # Who says it. "snapshot": vramscope's rules over an OOM's measured numbers; "log": a rule over what a
 # memory log shows; "planner": a prediction of the memory model (vramscope.planner.recommend).
 SOURCES = ("snapshot", "log", "planner")
-# The allocator setting that lets segments grow in place instead of keeping split blocks, as a change in neutral
-# keys: OOM and log advice both give it.
-EXPANDABLE_SEGMENTS: Mapping[str, Any] = {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
 
 
 @dataclass(frozen=True)

@@ -10,23 +10,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vramscope.planner import gpus, hub_cache, registry
+from vramscope.planner import gpus, hub_cache, registry, rules
+from vramscope.planner.batching import largest_divisor as _largest_divisor
 from vramscope.planner.errors import PlanInputError, UnknownModelError
-from vramscope.planner.frameworks import (
-    FRAMEWORK_TABLE,
-    TRL_TRAINERS,
-    Framework,
-    component_notes,
-    framework_for,
-    style_named,
-)
+from vramscope.planner.frameworks import TRL_TRAINERS, component_notes, framework_for, style_named
 from vramscope.planner.layer import expert_dropout_refusal
-from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate, lora_modules
+from vramscope.planner.memory import Breakdown, Estimate, Hardware, estimate
 from vramscope.planner.nofit import explain
 from vramscope.planner.phase_advice import load_reason, phase_reason, phase_recommendations
 from vramscope.planner.phases import RunPhases, RunPlan, load_phase, plan_run, trainer_of
 from vramscope.planner.recommendation import Recommendation as Recommendation  # re-exported: its old home
-from vramscope.planner.search import largest_fitting
+from vramscope.planner.rules import Candidate, Situation
+from vramscope.planner.search import MAX_BATCH, MAX_SEQ, largest_fitting
+from vramscope.planner.search import max_batch_size as max_batch_size  # re-exported: its old home
+from vramscope.planner.search import max_seq_len as max_seq_len  # re-exported: its old home
 from vramscope.planner.settings import offered, written_as
 from vramscope.planner.shapes import ModelShape, shape_from_config
 from vramscope.planner.totals import PlanTotals
@@ -34,11 +31,6 @@ from vramscope.recipe import QLoraSpec
 from vramscope.units import GIB, MAX_BYTES
 
 ModelRef = str | Mapping[str, Any] | ModelShape
-MAX_BATCH = 1 << 16
-MAX_SEQ = 1 << 20
-# expandable_segments lets the allocator grow segments in place instead of keeping freed blocks it cannot
-# reuse; what stays is rounding to 2 MiB pages, so most of the fragmentation goes away.
-EXPANDABLE_SEGMENTS_RECLAIM = 0.8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,23 +140,6 @@ def _positive(name: str, value: Any, most: int | None = None) -> int:
     return value
 
 
-def _largest_divisor(n: int, limit: int) -> int:
-    """The largest divisor of ``n`` that is at most ``limit`` (1 at least), by trial division up to sqrt(n).
-
-    A divisor pairs with its cofactor, so sqrt(n) steps find them all: a batch of 10**12 takes 10**6 steps,
-    where trying every d up to the limit took hours.
-    """
-    best = 1
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            for candidate in (d, n // d):
-                if best < candidate <= limit:
-                    best = candidate
-        d += 1
-    return best
-
-
 # The cards people fine-tune on, smallest first: what a plan without --gpu names as fitting or not.
 COMMON_CARDS = ("T4", "RTX-4080", "L4", "RTX-4090", "RTX-5090", "A100-40GB", "L40S", "A6000", "A100-80GB",
                 "H100-80GB", "H200")
@@ -200,136 +175,56 @@ def capacity_of(gpu_memory: int | str | None = None, gpu: str | None = None) -> 
     return cap, hw
 
 
-def max_batch_size(shape: ModelShape, spec: QLoraSpec, seq_len: int, capacity: int, hw: Hardware | None = None) -> int:
-    """The largest micro-batch whose predicted peak fits in ``capacity`` bytes (0 if none does)."""
-    return largest_fitting(lambda b: estimate(shape, spec, b, seq_len, hw).device_bytes <= capacity, MAX_BATCH)
-
-
-def max_seq_len(shape: ModelShape, spec: QLoraSpec, batch_size: int, capacity: int, hw: Hardware | None = None,
-                limit: int | None = None) -> int:
-    """The longest sequence whose predicted peak fits in ``capacity`` bytes at ``batch_size`` (0 if none),
-    at most ``limit`` (the model's context, ``max_position_embeddings``, when given)."""
-    top = min(MAX_SEQ, limit) if limit else MAX_SEQ
-    return largest_fitting(lambda s: estimate(shape, spec, batch_size, s, hw).device_bytes <= capacity, top)
-
-
 MIN_SAVING_SHARE = 0.01  # the smallest saving worth offering, as a share of the planned step
 
 
 def _recommendations(shape: ModelShape, spec: QLoraSpec, batch: int, seq: int, hw: Hardware, current: Estimate,
-                     peak: int, capacity: int | None, style: str | None = None,
-                     grad_accum: int = 1, trainer: str = "sft", loading: bool = False) -> list[Recommendation]:
-    """Alternatives ranked by predicted saving; each saving is a difference of two model predictions, so it
-    stays meaningful when ``peak`` is a measurement rather than the model's own figure. ``style`` says in whose
-    keys ``how`` is written (default: the recipe's framework).
+                     peak: int, capacity: int | None, style: str | None = None, grad_accum: int = 1,
+                     trainer: str = "sft", loading: bool = False, trl_step: bool = False) -> list[Recommendation]:
+    """Alternatives ranked by predicted saving: what each rule of :data:`~vramscope.planner.rules.RULES` proposes,
+    kept where it saves enough. Each saving is a difference of two model predictions, so it stays meaningful when
+    ``peak`` is a measurement rather than the model's own figure. ``style`` says in whose keys ``how`` is written
+    (default: the recipe's framework); with ``trl_step`` (the step is a TRL trainer's own) the changes that are
+    its phases' own are left out.
 
     With ``loading`` (a plan, whose run loads the model first) each side is the larger of the step and the
     loading (:func:`~vramscope.planner.phases.load_phase`): a change to the step's batch or length saves only
     down to what loading holds, and is not enough where loading alone overflows the capacity."""
-    out: list[Recommendation] = []
-
-    def loads(new_spec: QLoraSpec, est: Estimate, framework: Framework | None = None) -> int:
-        """What loading holds on the device (0 without ``loading``: the step alone is compared)."""
-        return load_phase(shape, new_spec, est, framework or framework_for(new_spec)).device_bytes if loading else 0
-
-    loaded = loads(spec, current)
-    base = max(current.device_bytes, loaded)
-    deficit = max(peak, base) - capacity if capacity is not None else None
     fw = framework_for(spec)
-    style = style or fw.style  # qlora.py takes HF TrainingArguments flags: its framework's style is hf
-
-    def add(name: str, new_spec: QLoraSpec, b: int, s: int, text: str, change: dict[str, Any],
-            framework: Framework | None = None) -> None:
-        if not offered(change, style):  # a change the user's program has no key for (axolotl's own trainer)
-            return
-        after = estimate(shape, new_spec, b, s, hw, framework=framework)
-        saving = base - max(after.device_bytes, loads(new_spec, after, framework))
-        # A change that saves less than 1% of the step is noise, not advice ("saves 0.01 GiB").
-        if saving > 0 and saving >= MIN_SAVING_SHARE * base:
-            enough = None if deficit is None else saving >= deficit
-            out.append(Recommendation(name, saving, text.format(saving=saving / GIB), change, enough,
-                                      written_as(change, style, trainer)))
-
-    _framework_recommendations(add, spec, fw, batch, seq)
-
-    if not spec.gradient_checkpointing:
-        add("gradient_checkpointing", spec.with_(gradient_checkpointing=True), batch, seq,
-            "turn gradient checkpointing on (recompute each layer in backward): saves {saving:.2f} GiB",
-            {"gradient_checkpointing": True})
-    if batch > 1:
-        # Prefer a divisor of the batch, so that accumulation keeps the effective batch exactly.
-        limit = batch // 2
-        if capacity is not None and deficit is not None and deficit > 0:
-            # the largest micro-batch that fits, judged against the measured peak's excess over the model
-            limit = min(limit, max(1, max_batch_size(shape, spec, seq, capacity - (peak - base), hw)))
-        micro = _largest_divisor(batch, limit)
-        # The user's own accumulation carries over: the effective batch is micro-batch x accumulation.
-        accum, effective = batch // micro * grad_accum, batch * grad_accum
-        add("micro_batch", spec, micro, seq,
-            f"micro-batch {micro} with gradient accumulation {accum} (same effective batch {effective}): "
-            "saves {saving:.2f} GiB", {"batch_size": micro, "grad_accum": accum})
-    if spec.optim in ("adamw_torch", "adamw_torch_fused", "adamw_8bit"):
-        add("optimizer", spec.with_(optim="paged_adamw_8bit"), batch, seq,
-            "use paged_adamw_8bit (8-bit states in unified memory, paged out under pressure): saves {saving:.2f} GiB",
-            {"optim": "paged_adamw_8bit"})
-    if seq > 64:
-        shorter = max(64, seq // 2)
-        add("seq_len", spec, batch, shorter,
-            f"cap the maximum length at {shorter} tokens, or pack short examples into full rows: "
-            "saves {saving:.2f} GiB", {"seq_len": shorter})
-    frag = current.breakdown.allocator_overhead
-    # expandable segments shrink the step's fragments, not what loading holds (planned without any)
-    saving = base - max(current.device_bytes - int(frag * EXPANDABLE_SEGMENTS_RECLAIM), loaded)
-    if frag > 0 and saving > 0:
-        out.append(Recommendation(
-            "expandable_segments", saving,
-            f"set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation): "
-            f"saves about {saving / GIB:.2f} GiB",
-            {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
-            None if deficit is None else saving >= deficit,
-            written_as({"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}, style, trainer)))
-    if spec.lora_r > 8:
-        lower = max(8, spec.lora_r // 4)
-        add("lora_rank", spec.with_(lora_r=lower), batch, seq,
-            f"lower the LoRA rank from {spec.lora_r} to {lower}: saves {{saving:.2f}} GiB", {"lora_r": lower})
-    attn_only = tuple(n for n in shape.linear_names() if n in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj",
-                                                                  "query_key_value", "dense"))
-    current_targets = {m.name for m in lora_modules(shape, spec)}
-    if attn_only and set(attn_only) < current_targets:
-        add("lora_targets", spec.with_(lora_targets=attn_only), batch, seq,
-            f"put LoRA on the attention projections only ({','.join(attn_only)}): saves {{saving:.2f}} GiB",
-            {"lora_targets": list(attn_only)})
+    loaded = load_phase(shape, spec, current, fw).device_bytes if loading else 0
+    base = max(current.device_bytes, loaded)
+    situation = Situation(
+        shape=shape, spec=spec, batch=batch, seq=seq, hw=hw, current=current, peak=peak, capacity=capacity,
+        loaded=loaded, base=base, deficit=max(peak, base) - capacity if capacity is not None else None,
+        framework=fw, style=style or fw.style,  # qlora.py takes HF TrainingArguments flags: its framework's is hf
+        trainer=trainer, grad_accum=grad_accum)
+    out: list[Recommendation] = []
+    for rule in rules.RULES:  # read at each call: a rule added to the tuple is walked at once
+        for candidate in rule(situation):
+            if candidate.under_trl_step or not trl_step:
+                out += _judged(candidate, situation, loading)
     out.sort(key=lambda r: r.saving_bytes, reverse=True)
     return out
 
 
-def _framework_recommendations(add: Any, spec: QLoraSpec, fw: Framework, batch: int, seq: int) -> None:
-    """Savings that belong to the training program rather than to the recipe's numbers."""
-    if fw.logits == "kept":
-        add("drop_output", spec, batch, seq,
-            "drop the model output before backward (keep only `loss`; the logits"
-            + (" and the KV cache" if not spec.gradient_checkpointing and fw.keeps_kv_cache else "")
-            + " otherwise live until the next forward returns): saves {saving:.2f} GiB",
-            {"keep_output": False}, _output_dropped(fw))
-    if fw.keeps_kv_cache and not spec.gradient_checkpointing:
-        add("use_cache", spec, batch, seq,
-            "pass `use_cache=False` to the forward (without checkpointing, train mode still builds the KV "
-            "cache and `out` keeps it): saves {saving:.2f} GiB", {"use_cache": False},
-            replace(fw, keeps_kv_cache=False))
-    if fw.dtype_advice and spec.compute_dtype == "fp32":
-        add("model_dtype", spec.with_(compute_dtype="bf16"), batch, seq, fw.dtype_advice, {"dtype": "bfloat16"})
-    if fw.switch_to is not None and spec.bits in (4, 8):
-        target = FRAMEWORK_TABLE[fw.switch_to]
-        add("framework", spec.with_(framework=target.name), batch, seq, target.switch_advice,
-            {"framework": target.name})
-
-
-def _output_dropped(fw: Framework) -> Framework:
-    """What ``fw`` becomes when its step keeps only the loss: the framework it names (a loop: ``loop-loss``, with
-    its own allocator constants), else itself with the output dropped."""
-    if fw.output_dropped is not None:
-        return FRAMEWORK_TABLE[fw.output_dropped]
-    return replace(fw, logits="dropped", keeps_kv_cache=False)
+def _judged(c: Candidate, s: Situation, loading: bool) -> list[Recommendation]:
+    """The candidate as a recommendation, when its style can say it and it saves enough (else none)."""
+    if not offered(c.change, s.style):  # a change the user's program has no key for (axolotl's own trainer)
+        return []
+    saving = c.saving
+    if saving is None:
+        new_spec = c.spec or s.spec
+        after = estimate(s.shape, new_spec, s.batch if c.batch is None else c.batch,
+                         s.seq if c.seq is None else c.seq, s.hw, framework=c.framework)
+        framework = c.framework or framework_for(new_spec)
+        held = load_phase(s.shape, new_spec, after, framework).device_bytes if loading else 0
+        saving = s.base - max(after.device_bytes, held)
+    # A change that saves less than 1% of the step is noise, not advice ("saves 0.01 GiB").
+    if saving <= 0 or (c.noise_floor and saving < MIN_SAVING_SHARE * s.base):
+        return []
+    return [Recommendation(c.name, saving, c.text.format(saving=saving / GIB), c.change,
+                           None if s.deficit is None else saving >= s.deficit,
+                           written_as(c.change, s.style, s.trainer))]
 
 
 def recommend(
@@ -501,11 +396,7 @@ def plan(
         raise PlanInputError("--target-batch needs a GPU memory: add --gpu-memory 24GiB or --gpu NAME")
     grad_accum = _positive("gradient accumulation", grad_accum, MAX_COUNT)
     recs = _recommendations(shape, spec, step_rows, step_len, hw, est, est.device_bytes, cap, style, grad_accum,
-                            run.trainer, loading=True)
-    if trainer.trl_step:
-        # the step's rows are 2 x batch (DPO, reward) or prompt + completion long (GRPO): batch and length
-        # changes are the phases' own recommendations, written in the trainer's settings
-        recs = [r for r in recs if r.name not in ("micro_batch", "seq_len", "framework", "drop_output", "use_cache")]
+                            run.trainer, loading=True, trl_step=trainer.trl_step)
     reason = None
     if cap is not None and not fits:
         reason = phase_reason(whole, cap)

@@ -1,4 +1,5 @@
-"""Split a batch into micro-batches and accumulation steps: pure arithmetic that the tuner and the OOM advice share."""
+"""Split a batch into micro-batches and accumulation steps: pure arithmetic that the tuner, the OOM advice and the
+planner share."""
 
 from __future__ import annotations
 
@@ -18,3 +19,20 @@ def split_batch(target: int, max_micro: int) -> tuple[int, int]:
         if target % steps == 0:
             return target // steps, steps
     return math.ceil(target / fewest), fewest
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit`` (1 at least), by trial division up to sqrt(n).
+
+    A divisor pairs with its cofactor, so sqrt(n) steps find them all: a batch of 10**12 takes 10**6 steps,
+    where trying every d up to the limit took hours.
+    """
+    best = 1
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            for candidate in (d, n // d):
+                if best < candidate <= limit:
+                    best = candidate
+        d += 1
+    return best

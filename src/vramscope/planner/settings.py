@@ -7,6 +7,7 @@ fields, axolotl's YAML keys, a hand-written loop's code, or an ``export`` for th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from vramscope.planner.frameworks.record import Style
@@ -19,7 +20,11 @@ from vramscope.planner.frameworks.registry import (
 )
 from vramscope.trainers import DEFAULT_TRAINER, TRAINERS
 
-__all__ = ["STYLES", "offered", "style_of", "written_as"]
+__all__ = ["EXPANDABLE_SEGMENTS", "STYLES", "offered", "style_of", "written_as"]
+
+# The allocator setting that lets segments grow in place instead of keeping split blocks, as a change in neutral
+# keys: the planner's recommendation, the OOM advice and the log advice all give it.
+EXPANDABLE_SEGMENTS: Mapping[str, Any] = {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
 
 # Neutral keys that are fields of TrainingArguments / SFTConfig under the same name.
 _TRAINER_KEYS = ("learning_rate", "max_grad_norm", "bf16", "fp16")
