@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from name_checks import string_checks
 from vramscope.cli import main
 from vramscope.planner.errors import PlanInputError
 from vramscope.planner.frameworks import (
@@ -214,39 +215,9 @@ def _names_a_framework(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and "framework" in node.id
 
 
-def _strings(node: ast.expr) -> bool:
-    if isinstance(node, ast.Constant):
-        return isinstance(node.value, str)
-    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_strings(e) for e in node.elts)
-
-
 def framework_string_checks(source: str) -> list[str]:
-    """Each place in ``source`` that compares a framework's name with a string literal: ``==``/``in`` a literal,
-    ``startswith``/``endswith`` on it, or a dict literal looked up by it."""
-    tree = ast.parse(source)
-    # the module's dict constants keyed by strings ({"qlora": "hf", ...}), a lookup of which is a chain of ifs
-    tables = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-              and isinstance(node.value, ast.Dict) and node.value.keys and all(_strings(k) for k in node.value.keys
-                                                                               if k is not None)
-              for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
-
-    def keyed(table: ast.expr) -> bool:
-        return isinstance(table, ast.Dict) or (isinstance(table, ast.Name) and table.id in tables)
-
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            hit = any(_names_a_framework(o) for o in operands) and any(_strings(o) for o in operands)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            target, method = node.func.value, node.func.attr
-            hit = ((method in ("startswith", "endswith") and _names_a_framework(target))
-                   or (method == "get" and keyed(target) and bool(node.args) and _names_a_framework(node.args[0])))
-        else:
-            hit = isinstance(node, ast.Subscript) and keyed(node.value) and _names_a_framework(node.slice)
-        if hit:
-            found.append(f"{getattr(node, 'lineno', 0)}: {ast.unparse(node)}")
-    return found
+    """Each place in ``source`` that compares a framework's name with a string literal (:mod:`name_checks`)."""
+    return string_checks(ast.parse(source), _names_a_framework)
 
 
 def test_the_scan_sees_the_checks_that_were_there() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from name_checks import string_checks
 from vramscope.cli import main
 from vramscope.commands.types import TRAINER_KINDS
 from vramscope.planner.frameworks import FRAMEWORK_TABLE
@@ -150,49 +151,15 @@ def _names_a_trainer(node: ast.expr, aliases: set[str]) -> bool:
     return isinstance(node, ast.Name) and ("trainer" in node.id or node.id in aliases)
 
 
-def _strings(node: ast.expr) -> bool:
-    if isinstance(node, ast.Constant):
-        return isinstance(node.value, str)
-    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_strings(e) for e in node.elts)
-
-
 def trainer_string_checks(source: str) -> list[str]:
-    """Each place in ``source`` that compares a trainer's name with a string literal: ``==``, or ``in`` a literal,
-    ``startswith``/``endswith`` on it, or a dict keyed by strings (a literal or a module constant) looked up by it."""
+    """Each place in ``source`` that compares a trainer's name with a string literal (:mod:`name_checks`)."""
     tree = ast.parse(source)
-    tables = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-              and isinstance(node.value, ast.Dict) and node.value.keys
-              and all(k is not None and _strings(k) for k in node.value.keys)
-              for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
     aliases: set[str] = set()  # bound to a trainer's name itself; not to a default (kind = ... or "sft")
     for node in ast.walk(tree):
         if (isinstance(node, ast.Assign) and not isinstance(node.value, ast.BoolOp)
                 and _names_a_trainer(node.value, set())):
             aliases |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-
-    def names(node: ast.expr) -> bool:
-        return _names_a_trainer(node, aliases)
-
-    def keyed(table: ast.expr) -> bool:
-        return isinstance(table, ast.Dict) or (isinstance(table, ast.Name) and table.id in tables)
-
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            # the name is what is tested: "max_length" in trainer (a dict of settings) tests no name
-            tested = node.left if isinstance(node.ops[0], (ast.In, ast.NotIn)) else None
-            operands = [node.left, *node.comparators]
-            hit = (names(tested) and any(_strings(c) for c in node.comparators) if tested is not None
-                   else any(names(o) for o in operands) and any(_strings(o) for o in operands))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            target, method = node.func.value, node.func.attr
-            hit = ((method in ("startswith", "endswith") and names(target))
-                   or (method == "get" and keyed(target) and bool(node.args) and names(node.args[0])))
-        else:
-            hit = isinstance(node, ast.Subscript) and keyed(node.value) and names(node.slice)
-        if hit:
-            found.append(f"{getattr(node, 'lineno', 0)}: {ast.unparse(node)}")
-    return found
+    return string_checks(tree, lambda node: _names_a_trainer(node, aliases), membership_left_only=True)
 
 
 def test_the_scan_sees_the_checks_that_were_there() -> None:
