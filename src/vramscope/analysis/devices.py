@@ -15,6 +15,7 @@ from vramscope.analysis.results import PeakAt, PhaseStretch
 from vramscope.logs.cells import Column
 
 TRAIN = "train"
+START = "start"  # the monitor's first row, before any step: its peak is loading's (the allocator counts from the start)
 RUN = "run"  # the rows of a log without steps or phases: the watched command's run
 TRAIN_PHASES = (None, "", "train")  # the logged phases whose rows the leak test reads
 

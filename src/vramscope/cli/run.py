@@ -60,7 +60,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oom-snapshot", metavar="DIR", nargs="?", const="",
                         help="on a CUDA OOM in the command, write an allocator snapshot and a report into DIR "
                              "(default: beside --log, or ./vramscope-oom)")
-    add_exporter_flags(parser)  # --prometheus, --push, --push-interval, --push-job, --push-label (exporters/registry)
+    add_exporter_flags(parser)  # every flag of every row of exporters/registry.EXPORTERS
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the command to run")
     set_examples(parser,
                  "vramscope run --log mem.csv -- python train.py --per_device_train_batch_size 4",

@@ -45,7 +45,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N readings")
     parser.add_argument("--json", action="store_true",
                         help="print each reading as one JSON object on one line (with --once: one object)")
-    add_exporter_flags(parser)  # --prometheus, --push, --push-interval, --push-job, --push-label (exporters/registry)
+    add_exporter_flags(parser)  # every flag of every row of exporters/registry.EXPORTERS
     set_examples(parser,
                  "vramscope watch --once",
                  "vramscope watch --devices 0,1 --interval 2",

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vramscope.analysis.devices import RUN, TRAIN
+from vramscope.analysis.devices import RUN, START, TRAIN
 from vramscope.analysis.results import AnalysisResult, DeviceDetail, PeakAt
 from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, read_json_file
 from vramscope.output.names import STRATEGY_SUFFIX, sibling
@@ -32,7 +32,7 @@ SIDE_FILE_LIMIT = 16 << 20  # a plan or a strategy file is a few kB; 16 MiB is n
 STRATEGY_NAMES = {**PLANNED_STRATEGY_NAMES, "zero1": "ZeRO-1", "zero": "ZeRO", "single": "one process"}
 # A log's phases as the plan names them: the monitor's start row carries loading's peak (the allocator's counter
 # runs from the process's start until that row), the steps are "train", an evaluation "eval" (Lightning's "test").
-PLANNED_PHASE_OF_LOGGED = {"start": "load", "train": "train", "eval": "eval", "test": "eval"}
+PLANNED_PHASE_OF_LOGGED = {START: "load", TRAIN: "train", "eval": "eval", "test": "eval"}
 # The plan's phases in words (planner/phases.py names them).
 PHASE_WORDS = {"load": "loading", "train": "the training step", "eval": "evaluation", "generation": "generation",
                "precompute_ref": "the reference pass"}

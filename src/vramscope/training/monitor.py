@@ -47,7 +47,7 @@ from types import TracebackType
 from typing import Any
 
 from vramscope.analysis.alerts import Alerts, warnings_path
-from vramscope.analysis.devices import TRAIN
+from vramscope.analysis.devices import START, TRAIN
 from vramscope.analysis.results import AnalysisResult
 from vramscope.analysis.summary import analyze_columns
 from vramscope.backends.host import HostBackend
@@ -201,7 +201,7 @@ class MemoryMonitor:
         self._started = True
         if settings.oom_snapshot:
             opened.oom = start_oom_recorder(settings.oom_snapshot, self.log_path, self.rank, self.oom_context)
-        self._log_row(step=None, phase="start")
+        self._log_row(step=None, phase=START)
         if settings.interval is not None:
             # A second collector for the thread: its allocator reads must not reset the peak
             # counter, or the step rows would lose the exact peak since the previous step.
