@@ -23,7 +23,7 @@ from vramscope.commands.files import load_json_or_text, load_yaml
 from vramscope.commands.fsdp import ACCELERATE_DEFAULT, fsdp_version_of
 from vramscope.commands.types import Launch, Strategy
 
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
+PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")  # python, python3, python3.11, python.exe
 _PYTHON_FLAGS_WITH_VALUE = {"-W", "-X"}
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -385,7 +385,7 @@ def split_launcher(argv: Sequence[str], environ: Mapping[str, str], cwd: Path) -
         raise CommandReadError(f"no training command after '--'; {HOW_INSTEAD}")
     state.executable = tokens[0]
     head = os.path.basename(tokens[0])
-    if _PYTHON.match(head):
+    if PYTHON_NAME.match(head):
         return _after_python(tokens, state, environ, cwd)
     if head == "accelerate":
         if len(tokens) < 2 or tokens[1] != "launch":

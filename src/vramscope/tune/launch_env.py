@@ -27,7 +27,6 @@ Pure: reads argv and the config files it names; imports no torch and no launcher
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -41,6 +40,7 @@ from vramscope.commands.files import load_yaml
 from vramscope.commands.launchers import (
     ACCELERATE_BOOL,
     ACCELERATE_VALUED,
+    PYTHON_NAME,
     LaunchState,
     RankLauncher,
     apply_accelerate,
@@ -48,7 +48,6 @@ from vramscope.commands.launchers import (
 )
 
 DEFAULT_PORT = 29500
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
 
 # accelerate launch's defaults for the FSDP flags (accelerate 1.x `launch_command_parser`), the variable each one
 # sets, and whether its value is lower-cased (booleans) or kept (strategy names, numbers); None: unset unless given.
@@ -130,7 +129,7 @@ def interpreter_of(executable: str, environ: Mapping[str, str]) -> str:
             words = first[2:].split()
             if words and os.path.basename(words[0]) == "env" and len(words) > 1:
                 words = words[1:]
-            if words and _PYTHON.match(os.path.basename(words[0])):
+            if words and PYTHON_NAME.match(os.path.basename(words[0])):
                 return words[0]
     return sys.executable
 
@@ -268,7 +267,7 @@ def worker_launch(argv: Sequence[str], world_size: int, *, environ: Mapping[str,
     if state.nodes > 1:
         notes.append(f"the command spans {state.nodes} machines; rehearsed as {world_size} ranks of one")
     launch_opts: list[Option] = list(state.launch_options)
-    if _PYTHON.match(os.path.basename(state.executable)):
+    if PYTHON_NAME.match(os.path.basename(state.executable)):
         python = state.executable  # python train.py, python -m torch.distributed.run ...
     elif state.starts is not None or target.worker is not None:
         python = interpreter_of(state.executable, env_in)  # a console script: the Python its #! names
