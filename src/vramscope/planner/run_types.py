@@ -19,6 +19,9 @@ from vramscope.trainers import DEFAULT_TRAINER, TRAINERS, Trainer
 #   none    prediction_loss_only (the Trainer's choice when no compute_metrics is given): nothing
 #   kept    compute_metrics without preprocess_logits_for_metrics: the [b, s, V] fp32 logits and the labels
 #   argmax  preprocess_logits_for_metrics returning argmax(-1): [b, s] int64 ids and the labels
+# Each phase a run is planned in, in words: what the report's plan check and the tuner's limit say of a phase.
+PHASE_WORDS = {"load": "loading", "train": "the training step", "eval": "evaluation", "generation": "generation",
+               "precompute_ref": "the reference pass"}
 EVAL_LOGITS = ("none", "kept", "argmax")
 # TRL 1.16 defaults (grpo_config.py, dpo_config.py / base_config.py).
 GRPO_COMPLETION = 512

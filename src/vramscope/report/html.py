@@ -14,6 +14,7 @@ from vramscope import __version__
 from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, PeakAt
+from vramscope.planner.run_types import PHASE_WORDS
 from vramscope.report.charts import Chart
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
@@ -25,7 +26,7 @@ from vramscope.report.figures import (
     seconds_shown,
 )
 from vramscope.report.model import LogReport
-from vramscope.report.plan_check import PHASE_WORDS, ParallelismCheck
+from vramscope.report.plan_check import ParallelismCheck
 from vramscope.report.svg import chart_svg
 from vramscope.types import MemoryBreakdown
 from vramscope.units import gib

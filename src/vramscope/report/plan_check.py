@@ -25,6 +25,7 @@ from vramscope.logs.inputfile import FileTooLargeError, NotRegularFileError, rea
 from vramscope.output.names import STRATEGY_SUFFIX, sibling
 from vramscope.planner.distributed import STRATEGY_NAMES as PLANNED_STRATEGY_NAMES
 from vramscope.planner.document import PlanDocument, PlanDocumentError, PlannedGpu, PlannedGpus
+from vramscope.planner.run_types import PHASE_WORDS
 from vramscope.types import RunStrategy
 
 SIDE_FILE_LIMIT = 16 << 20  # a plan or a strategy file is a few kB; 16 MiB is not one
@@ -33,9 +34,6 @@ STRATEGY_NAMES = {**PLANNED_STRATEGY_NAMES, "zero1": "ZeRO-1", "zero": "ZeRO", "
 # A log's phases as the plan names them: the monitor's start row carries loading's peak (the allocator's counter
 # runs from the process's start until that row), the steps are "train", an evaluation "eval" (Lightning's "test").
 PLANNED_PHASE_OF_LOGGED = {START: "load", TRAIN: "train", "eval": "eval", "test": "eval"}
-# The plan's phases in words (planner/phases.py names them).
-PHASE_WORDS = {"load": "loading", "train": "the training step", "eval": "evaluation", "generation": "generation",
-               "precompute_ref": "the reference pass"}
 
 
 class PlanFileError(ValueError):

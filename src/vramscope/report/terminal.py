@@ -18,6 +18,7 @@ from vramscope.advice.types import Advice
 from vramscope.analysis.details import METRICS
 from vramscope.analysis.results import DeviceDetail, RankImbalance
 from vramscope.output.safetext import printable
+from vramscope.planner.run_types import PHASE_WORDS
 from vramscope.report.charts import DeviceView
 from vramscope.report.compare import change_tone, compare, format_change, format_value
 from vramscope.report.figures import (
@@ -28,7 +29,7 @@ from vramscope.report.figures import (
     seconds_shown,
 )
 from vramscope.report.model import LogReport
-from vramscope.report.plan_check import PHASE_WORDS, ParallelismCheck
+from vramscope.report.plan_check import ParallelismCheck
 from vramscope.types import MemoryBreakdown, RunStrategy
 from vramscope.units import gib
 

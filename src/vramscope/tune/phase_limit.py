@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramscope.commands import ParsedCommand
+from vramscope.planner.run_types import PHASE_WORDS
 from vramscope.tune.trial_record import TrialEval, TrialRecord
 
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size's default
-PHASE_WORDS = {"train": "the training step", "eval": "evaluation"}
 _LOGITS_WORDS = {"kept": "logits kept", "preprocessed": "preprocessed logits kept", "none": "loss only",
                  "per_batch": "metrics per batch"}
 
